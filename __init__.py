@@ -1,0 +1,3 @@
+"""kselect: select the best existing native kernel configuration per op."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,284 @@
+"""The command handlers behind ``kselect``: each reads its arguments, calls into core, and shows
+the result with rich."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kselect.core import plugins
+from kselect.core.device import this_device
+from kselect.core.errors import KselectError
+from kselect.core.model import load_model
+from kselect.core.tasks import Task, extract_tasks, model_stats
+
+console = Console()
+
+EMULATED_NOTE = "[bold yellow]EMULATED[/]: timed under qemu user-mode emulation; not Arm performance"
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _shape(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _us(value) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _model_and_tasks(args):
+    model = load_model(args.model, args.input_shape)
+    return model, extract_tasks(model)
+
+
+# -- models, tasks, space, plugins ----------------------------------------------------------
+def cmd_models(args) -> None:
+    rows = []
+    for name, (description, _) in plugins.models().items():
+        params, macs = model_stats(load_model(name))
+        rows.append({"name": name, "description": description, "parameters": params, "macs": macs})
+    if args.json:
+        return _print_json(rows)
+    table = Table(title="Built-in models (input 1x3x224x224, seeded random weights)")
+    for column in ("model", "description", "params (M)", "MACs (G)"):
+        table.add_column(column, justify="right" if "(" in column else "left")
+    for row in rows:
+        table.add_row(row["name"], row["description"], f"{row['parameters'] / 1e6:.2f}", f"{row['macs'] / 1e9:.2f}")
+    console.print(table)
+
+
+def cmd_tasks(args) -> None:
+    model, tasks = _model_and_tasks(args)
+    if args.json:
+        return _print_json({"model": model.name, "tasks": [{**t.to_json(), "macs_per_op": t.macs} for t in tasks]})
+    table = Table(title=f"Tuning tasks of {model.name}")
+    for column in ("task", "op", "input", "weight", "output", "attributes", "ops", "MMACs"):
+        table.add_column(column, justify="right" if column in ("ops", "MMACs") else "left")
+    for task in tasks:
+        table.add_row(task.id, task.kind, _shape(task.input_shape), _shape(task.weight_shape), _shape(task.output_shape),
+                      task.describe_attrs(), str(len(task.nodes)), f"{task.macs * len(task.nodes) / 1e6:,.1f}")
+    console.print(table)
+    for kind in ("conv", "fc"):
+        kind_tasks = [t for t in tasks if t.kind == kind]
+        if kind_tasks:
+            ops = sum(len(t.nodes) for t in kind_tasks)
+            macs = sum(t.macs * len(t.nodes) for t in kind_tasks)
+            console.print(f"{ops} {kind} ops in {len(kind_tasks)} {kind} tasks, {macs / 1e9:.3f} GMACs")
+
+
+def cmd_space(args) -> None:
+    library = plugins.get_library(args.library)
+    model, tasks = _model_and_tasks(args)
+    device = this_device()
+    tasks = [t for t in tasks if library.supports(t)]
+    if args.task:
+        chosen = [t for t in tasks if t.id == args.task]
+        if not chosen:
+            raise KselectError(f"no task {args.task!r} for {library.name} in {model.name} (tasks: {', '.join(t.id for t in tasks)})")
+        task = chosen[0]
+        space = library.space(task, device)
+        table = Table(title=f"{library.name} space of {task.id} ({task.kind} {_shape(task.input_shape)} -> {_shape(task.output_shape)} {task.describe_attrs()})")
+        for column in ("dimension", "kind", "role", "values", "applies when"):
+            table.add_column(column)
+        for row in space.describe():
+            when = "; ".join(f"{k} in {v}" for k, v in row["when"].items()) or "always"
+            table.add_row(row["name"], row["kind"], row["role"], row["values"], when)
+        console.print(table)
+        for constraint in space.constraints:
+            console.print(f"constraint: {constraint.text}")
+        console.print(f"{len(space)} valid configurations; library default: {library.default_config(task, device)}")
+        return
+    table = Table(title=f"{library.name} spaces for {model.name}")
+    for column in ("task", "op", "input", "attributes", "dimensions", "size"):
+        table.add_column(column)
+    for task in tasks:
+        space = library.space(task, device)
+        table.add_row(task.id, task.kind, _shape(task.input_shape), task.describe_attrs(),
+                      ", ".join(d.name for d in space.dims), str(len(space)))
+    console.print(table)
+
+
+def cmd_plugins(args) -> None:
+    infos = plugins.plugin_infos()
+    if args.json:
+        return _print_json([info.__dict__ for info in infos])
+    table = Table(title="kselect plugins")
+    for column in ("plugin", "kind", "provides", "version", "status"):
+        table.add_column(column)
+    for info in infos:
+        style = "green" if info.status.startswith("available") or info.status == "loaded" else "red"
+        table.add_row(info.name, info.kind, ", ".join(info.provides), info.version, f"[{style}]{info.status}[/]")
+    console.print(table)
+
+
+# -- tune -----------------------------------------------------------------------------------
+class ProgressReporter:
+    def __init__(self, progress: Progress, total: int):
+        self.progress = progress
+        self.overall = progress.add_task("all tasks", total=total, best="")
+        self.current = None
+
+    def task_started(self, task, outcome, budget) -> None:
+        if self.current is not None:
+            self.progress.remove_task(self.current)
+        self.current = self.progress.add_task(f"{task.id} {task.kind} {_shape(task.input_shape)} {task.describe_attrs()}",
+                                              total=min(budget, max(outcome.space_size, 1)), completed=outcome.samples, best="")
+        self.progress.advance(self.overall, outcome.samples)
+        self._show_best(outcome)
+
+    def _show_best(self, outcome) -> None:
+        if outcome.best is not None:
+            speedup = f" ({outcome.speedup:.2f}x)" if outcome.speedup else ""
+            self.progress.update(self.current, best=f"best {outcome.best.median_us:,.1f} us{speedup}")
+
+    def measured(self, task, config, result, outcome) -> None:
+        self.progress.advance(self.current)
+        self.progress.advance(self.overall)
+        self._show_best(outcome)
+
+    def task_finished(self, task, outcome) -> None:
+        self.progress.update(self.current, completed=self.progress.tasks[-1].total)
+
+
+def cmd_tune(args) -> None:
+    from kselect.core.measure import MeasureSettings
+    from kselect.core.plan import build_plan
+    from kselect.core.records import DEFAULT_DB, RecordDB
+    from kselect.core.tune import TuneOptions, stored_outcomes, tune
+
+    library = plugins.get_library(args.library)
+    plugins.get_searcher(args.search)
+    if args.budget < 1:
+        raise KselectError("--budget must be at least 1")
+    model, tasks = _model_and_tasks(args)
+    tasks = [t for t in tasks if library.supports(t)]
+    if not tasks:
+        raise KselectError(f"{library.name} supports none of {model.name}'s tunable ops")
+    device = this_device()
+    db = RecordDB(args.db or DEFAULT_DB)
+    options = TuneOptions(args.search, args.budget, args.time_budget, args.seed,
+                          MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time,
+                                          max_time_s=15 * args.min_time))
+    spaces = {t.key: library.space(t, device) for t in tasks}
+    total = sum(min(args.budget, len(spaces[t.key])) for t in tasks)
+    console.print(f"tuning {model.name} on {library.name} ({library.version()}), {len(tasks)} tasks, "
+                  f"search {args.search}, budget {args.budget} per task; device {device.summary()}; records in {db.path}")
+    if library.emulated:
+        console.print(EMULATED_NOTE)
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
+    with Progress(*columns, console=console, transient=False) as progress:
+        outcomes = tune(tasks, library, device, db, options, ProgressReporter(progress, total))
+
+    records = stored_outcomes(tasks, library, device, db)
+    defaults = {o.task.key: o.default_config for o in outcomes}
+    plan = build_plan(model, device, library, library.version(), tasks, records, defaults)
+    plan_path = Path(args.output or f"{model.name}.{library.name}.plan.json")
+    plan.save(plan_path)
+    artifacts = library.apply(plan, model, plan_path.parent)
+    _tune_table(outcomes, plan, library)
+    console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+
+
+def _tune_table(outcomes, plan, library) -> None:
+    chosen = {t["key"]: t for t in plan.tasks}
+    title = f"{library.name}: default vs plan per task" + (" [EMULATED]" if library.emulated else "")
+    table = Table(title=title)
+    for column in ("task", "op", "input", "attributes", "ops", "default us", "best us", "plan us", "speedup", "samples", "bad"):
+        table.add_column(column, justify="left" if column in ("task", "op", "input", "attributes") else "right")
+    default_total = plan_total = 0.0
+    for outcome in outcomes:
+        task, entry = outcome.task, chosen[outcome.task.key]
+        default_us = entry["default_us"]
+        speedup = f"{default_us / entry['time_us']:.2f}x" if default_us else "-"
+        table.add_row(task.id, task.kind, _shape(task.input_shape), task.describe_attrs(), str(len(task.nodes)),
+                      _us(default_us), _us(outcome.best.median_us if outcome.best else None), _us(entry["time_us"]),
+                      speedup, str(entry["samples"]), str(outcome.failed + outcome.invalid))
+        if default_us:
+            default_total += default_us * len(task.nodes)
+            plan_total += entry["time_us"] * len(task.nodes)
+    console.print(table)
+    if plan_total:
+        console.print(f"sum over ops: default {default_total / 1000:.2f} ms, plan {plan_total / 1000:.2f} ms "
+                      f"({default_total / plan_total:.3f}x, isolated ops; `kselect bench` measures the whole model)"
+                      + (" [EMULATED]" if library.emulated else ""))
+    if plan.plan_level:
+        console.print(f"plan-level settings: {plan.plan_level}")
+
+
+# -- plans ----------------------------------------------------------------------------------
+def cmd_plan_show(args) -> None:
+    from kselect.core.plan import load_plan_file
+
+    plan = load_plan_file(args.plan)
+    libraries = ", ".join(f"{k} {v}" for k, v in plan.libraries.items())
+    console.print(f"plan for {plan.model['name']} ({plan.model['fingerprint']}) on {plan.device.get('cpu_model')} "
+                  f"({plan.device.get('fingerprint')}); {libraries}")
+    if plan.emulated:
+        console.print(EMULATED_NOTE)
+    if plan.plan_level:
+        console.print(f"plan-level settings: {plan.plan_level}")
+    table = Table(title="per task")
+    for column in ("task", "op", "input", "attributes", "nodes", "library", "config", "default us", "plan us", "speedup"):
+        table.add_column(column, justify="right" if column in ("nodes", "default us", "plan us", "speedup") else "left")
+    for entry in plan.tasks:
+        task = Task.from_json(entry)
+        config = ", ".join(f"{k}={v}" for k, v in entry["config"].items())
+        speedup = f"{entry['default_us'] / entry['time_us']:.2f}x" if entry.get("default_us") else "-"
+        table.add_row(entry["id"], entry["kind"], _shape(entry["input"]), task.describe_attrs(), str(len(entry["nodes"])),
+                      entry["library"], config, _us(entry.get("default_us")), _us(entry["time_us"]), speedup)
+    console.print(table)
+
+
+def _checked_plan(args, model):
+    from kselect.core.plan import check_plan, load_plan_file
+
+    plan = load_plan_file(args.plan)
+    versions = {}
+    for name in plan.libraries:
+        library = plugins.libraries().get(name)
+        if library is not None and library.availability()[0]:
+            versions[name] = library.version()
+    for problem in check_plan(plan, model, this_device(), versions, force=args.force):
+        console.print(f"[yellow]warning (--force):[/] {problem}")
+    return plan
+
+
+def cmd_plan_apply(args) -> None:
+    model = load_model(args.model, args.input_shape)
+    plan = _checked_plan(args, model)
+    library = plugins.get_library(plan.library)
+    for path in library.apply(plan, model, Path(args.output_dir)):
+        console.print(f"wrote {path}")
+
+
+def cmd_bench(args) -> None:
+    from kselect.core.bench import bench
+
+    model = load_model(args.model, args.input_shape)
+    plan = _checked_plan(args, model)
+    library = plugins.get_library(plan.library)
+    with console.status(f"benchmarking {model.name}: {library.name} default vs plan, interleaved"):
+        result = bench(library.model_runner(model, None), library.model_runner(model, plan), model,
+                       args.rounds, args.runs_per_round)
+    result = {"model": model.name, "library": library.name, "library_version": library.version(),
+              "emulated": library.emulated, "device": this_device().summary(), **result}
+    table = Table(title=f"{model.name} on {library.name}: whole-model latency (median of {result['runs']} runs each)"
+                  + (" [EMULATED]" if library.emulated else ""))
+    for column in ("default ms", "plan ms", "speedup", "spread default / plan", "max output error"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{result['default_ms']:.3f}", f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
+                  f"{result['default_spread']:.1%} / {result['plan_spread']:.1%}", f"{result['max_relative_output_error']:.1e}")
+    console.print(table)
+    if library.emulated:
+        console.print(EMULATED_NOTE)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {args.json_out}")

@@ -1,0 +1,67 @@
+"""Whole-model latency: the library's default against a plan, measured in the same run,
+interleaved (default, plan, default, plan, ...) so machine noise hits both alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from kselect.core.model import Model
+
+
+def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in model.input_shapes.items()}
+
+
+def interleaved(runners: dict[str, callable], feeds: dict, rounds: int = 10, runs_per_round: int = 5,
+                warmup: int = 3) -> dict[str, list[float]]:
+    """Milliseconds per run for each runner, alternating runners every few runs."""
+    for run in runners.values():
+        for _ in range(warmup):
+            run(feeds)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    names = list(runners)
+    for round_index in range(rounds):
+        order = names if round_index % 2 == 0 else names[::-1]
+        for name in order:
+            for _ in range(runs_per_round):
+                start = time.perf_counter()
+                runners[name](feeds)
+                times[name].append((time.perf_counter() - start) * 1000.0)
+    return times
+
+
+def compare_outputs(reference: list, candidate: list) -> float:
+    """Largest error of any output relative to that output's largest magnitude."""
+    worst = 0.0
+    for ref, out in zip(reference, candidate):
+        ref, out = np.asarray(ref, dtype=np.float64), np.asarray(out, dtype=np.float64)
+        if ref.shape != out.shape:
+            return float("inf")
+        scale = max(float(np.max(np.abs(ref))), 1e-12)
+        worst = max(worst, float(np.max(np.abs(ref - out))) / scale)
+    return worst
+
+
+def bench(default_runner, plan_runner, model: Model, rounds: int = 10, runs_per_round: int = 5) -> dict:
+    feeds = random_feeds(model)
+    error = compare_outputs(default_runner(feeds), plan_runner(feeds))
+    times = interleaved({"default": default_runner, "plan": plan_runner}, feeds, rounds, runs_per_round)
+    default_ms, plan_ms = statistics.median(times["default"]), statistics.median(times["plan"])
+    return {
+        "default_ms": round(default_ms, 4),
+        "plan_ms": round(plan_ms, 4),
+        "speedup": round(default_ms / plan_ms, 4),
+        "runs": len(times["plan"]),
+        "default_spread": round(_relative_iqr(times["default"]), 4),
+        "plan_spread": round(_relative_iqr(times["plan"]), 4),
+        "max_relative_output_error": error,
+    }
+
+
+def _relative_iqr(samples: list[float]) -> float:
+    q1, q3 = np.percentile(samples, [25, 75])
+    return float((q3 - q1) / statistics.median(samples))

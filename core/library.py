@@ -1,0 +1,91 @@
+"""What a library plugin provides. A plugin subclasses ``Library`` and registers an instance
+through the ``register_libraries`` hook.
+
+The tuner calls, in order: ``availability``/``version`` (is it here, which build),
+``supports(task)``, ``space(task, device)``, ``default_config(task, device)`` (the library's own
+heuristic, the baseline), then ``measure`` for each candidate, inside a child process. A plan is
+turned into something that runs by ``apply`` and ``model_runner``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kselect.core.device import Device
+from kselect.core.space import Space
+from kselect.core.tasks import Task
+
+
+class Candidate:
+    """One configured kernel for one task, ready to run on fixed input data."""
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def output(self) -> np.ndarray:
+        """The result of the last run, in the task's NCHW / (M, N) layout."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Library:
+    name: str = ""
+    emulated: bool = False  # timings are taken under emulation: never real performance
+    fresh_instances: int = 1  # candidates built and timed this many times from scratch
+    plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
+
+    def availability(self) -> tuple[bool, str]:
+        return True, ""
+
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def supports(self, task: Task) -> bool:
+        raise NotImplementedError
+
+    def space(self, task: Task, device: Device) -> Space:
+        raise NotImplementedError
+
+    def default_config(self, task: Task, device: Device) -> dict:
+        raise NotImplementedError
+
+    def tolerance(self, task: Task, config: dict) -> float:
+        """Largest accepted error relative to the reference's largest magnitude."""
+        return 1e-3
+
+    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        """Build a candidate (runs in the measuring child process)."""
+        raise NotImplementedError
+
+    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+        """Time one candidate; returns ``{"times_us": [...], "output": array}``. The default
+        builds ``fresh_instances`` candidates with ``prepare`` and times each with the core
+        protocol; a library that times inside its own runner overrides this."""
+        from kselect.core.measure import time_candidate
+
+        times, output = [], None
+        for _ in range(self.fresh_instances):
+            candidate = self.prepare(task, config, inputs)
+            try:
+                candidate.run()
+                if output is None:
+                    output = candidate.output()
+                times.append(time_candidate(candidate.run, settings))
+            finally:
+                candidate.close()
+        return {"times_us": times, "output": output}
+
+    # -- plans ----------------------------------------------------------------------------
+    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+        """Write what a deployment needs to run the plan; returns the files written."""
+        return []
+
+    def model_runner(self, model, plan) -> Callable[[dict], list]:
+        """A callable running the whole model: with the library's defaults when ``plan`` is
+        None, else as the plan says. Used by ``kselect bench``."""
+        raise NotImplementedError

@@ -1,0 +1,145 @@
+"""The measuring protocol shared by every library.
+
+Each candidate runs in a child process (a crash, abort or hang there is recorded as a failed
+candidate, and a fresh child takes over), on seeded random data, after a warm-up, repeated until
+a minimum time has passed and the median is stable. Its output is checked against a numpy
+reference; a wrong output makes the candidate invalid, never selectable.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kselect.core.tasks import Task
+
+
+@dataclass
+class MeasureSettings:
+    warmup: int = 2
+    min_repeats: int = 10
+    min_time_s: float = 0.1
+    max_time_s: float = 1.5
+    max_repeats: int = 2000
+    stable_within: float = 0.03  # median of the first half vs the second half
+    timeout_s: float = 120.0  # per candidate, in the child
+
+
+# -- data and reference -------------------------------------------------------------------
+def task_inputs(task: Task) -> dict[str, np.ndarray]:
+    """Seeded random data in the task's canonical layouts: conv x NCHW, w OIHW; fc x (M, K),
+    w (N, K). Random values matter: some kernels run faster on zeros."""
+    rng = np.random.default_rng(int(task.key, 16) % (2**32))
+    weight_shape = task.weight_shape
+    fan_in = int(np.prod(weight_shape[1:]))
+    inputs = {
+        "x": rng.standard_normal(task.input_shape, dtype=np.float32),
+        "w": (rng.standard_normal(weight_shape, dtype=np.float32) * np.sqrt(2.0 / fan_in)).astype(np.float32),
+    }
+    if task.has_bias:
+        inputs["b"] = (rng.standard_normal(weight_shape[0], dtype=np.float32) * 0.1).astype(np.float32)
+    return inputs
+
+
+def conv_reference(x, w, b, strides, pads, dilations, group) -> np.ndarray:
+    """Direct convolution in float64 (NCHW, OIHW, pads [top, left, bottom, right])."""
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    span_h, span_w = (kh - 1) * dilations[0] + 1, (kw - 1) * dilations[1] + 1
+    windows = np.lib.stride_tricks.sliding_window_view(x, (span_h, span_w), axis=(2, 3))
+    windows = windows[:, :, :: strides[0], :: strides[1], :: dilations[0], :: dilations[1]]
+    oh, ow = windows.shape[2], windows.shape[3]
+    windows = windows.reshape(n, group, cg, oh, ow, kh, kw)
+    weights = w.astype(np.float64).reshape(group, o // group, cg, kh, kw)
+    y = np.einsum("ngchwij,gocij->ngohw", windows, weights, optimize=True).reshape(n, o, oh, ow)
+    if b is not None:
+        y += b.astype(np.float64).reshape(1, -1, 1, 1)
+    return y
+
+
+def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    if task.kind == "conv":
+        a = task.attrs
+        return conv_reference(inputs["x"], inputs["w"], inputs.get("b"), a["strides"], a["pads"], a["dilations"], a["group"])
+    y = task.attrs["alpha"] * (inputs["x"].astype(np.float64) @ inputs["w"].astype(np.float64).T)
+    if "b" in inputs:
+        y += task.attrs["beta"] * inputs["b"].astype(np.float64)
+    return y
+
+
+def relative_error(output: np.ndarray, reference: np.ndarray) -> float:
+    if output is None or output.shape != reference.shape:
+        return float("inf")
+    if not np.all(np.isfinite(output)):
+        return float("inf")
+    scale = max(float(np.max(np.abs(reference))), 1e-12)
+    return float(np.max(np.abs(output.astype(np.float64) - reference))) / scale
+
+
+# -- timing -------------------------------------------------------------------------------
+def time_candidate(run, settings: MeasureSettings) -> list[float]:
+    """Sample times in microseconds of ``run()``, after warm-up, until enough and stable."""
+    for _ in range(settings.warmup):
+        run()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter_ns()
+        run()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0)
+        elapsed = time.perf_counter() - start
+        if len(samples) < settings.min_repeats or elapsed < settings.min_time_s:
+            continue
+        if elapsed >= settings.max_time_s or len(samples) >= settings.max_repeats:
+            break
+        half = len(samples) // 2
+        first, second = statistics.median(samples[:half]), statistics.median(samples[half:])
+        if abs(first - second) <= settings.stable_within * statistics.median(samples):
+            break
+    return samples
+
+
+def summarise(times_per_instance: list[list[float]]) -> dict:
+    """Median of the per-instance medians; spread = the larger of the pooled interquartile
+    range and the range of instance medians, both relative to the median."""
+    medians = [statistics.median(times) for times in times_per_instance]
+    median = statistics.median(medians)
+    pooled = sorted(t for times in times_per_instance for t in times)
+    q1, q3 = np.percentile(pooled, [25, 75])
+    spread = max((q3 - q1) / median, (max(medians) - min(medians)) / median)
+    return {"median_us": median, "spread": float(spread), "count": len(pooled)}
+
+
+@dataclass
+class Result:
+    status: str  # "ok", "invalid" (wrong output), "failed" (error, crash, time-out)
+    median_us: float | None = None
+    spread: float | None = None
+    count: int = 0
+    error: float | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def measure_in_this_process(library, task: Task, config: dict, settings: MeasureSettings, cache: dict) -> Result:
+    if task.key not in cache:
+        cache.clear()  # keep one task's data at a time
+        inputs = task_inputs(task)
+        cache[task.key] = (inputs, reference_output(task, inputs))
+    inputs, reference = cache[task.key]
+    try:
+        measured = library.measure(task, config, inputs, settings)
+    except Exception as exc:
+        return Result("failed", reason=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300])
+    error = relative_error(measured["output"], reference)
+    summary = summarise(measured["times_us"])
+    tolerance = library.tolerance(task, config)
+    if not error <= tolerance:
+        return Result("invalid", error=error, reason=f"output differs from reference: error {error:.2e} > {tolerance:.0e}", **summary)
+    return Result("ok", error=error, **summary)

@@ -1,0 +1,184 @@
+"""From records to a plan: per op, the best measured config; dims a library can only set once
+per model (``Library.plan_level_dims``, e.g. a session's thread count) are chosen to minimise
+the whole model's time. A plan is JSON that apps read (schema in docs/plan-schema.md)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kselect.core.device import Device
+from kselect.core.errors import KselectError
+from kselect.core.model import Model
+from kselect.core.records import Record
+from kselect.core.space import config_key
+from kselect.core.tasks import Task
+
+PLAN_FORMAT = "kselect-plan/1"
+# A non-default config must beat the default by more than its measured noise, and at least this.
+MIN_GAIN = 0.02
+MAX_ASSIGNMENTS = 4096
+
+
+@dataclass
+class TaskChoice:
+    task: Task
+    config: dict
+    time_us: float
+    default_config: dict
+    default_us: float | None
+    samples: int
+    emulated: bool
+
+
+def _consistent(config: dict, assignment: dict) -> bool:
+    return all(config[name] == value for name, value in assignment.items() if name in config)
+
+
+def _pick(records: list[Record], default_key: str, assignment: dict) -> Record | None:
+    candidates = [r for r in records if r.result.status == "ok" and _consistent(r.config, assignment)]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda r: r.result.median_us)
+    default = next((r for r in candidates if r.config_key == default_key), None)
+    if default is not None and best is not default:
+        noise = max(MIN_GAIN, best.result.spread or 0.0, default.result.spread or 0.0)
+        if best.result.median_us > default.result.median_us * (1 - noise):
+            return default
+    return best
+
+
+def _evaluate(tasks, records, defaults, assignment) -> tuple[float, list[Record]] | None:
+    picks, total = [], 0.0
+    for task in tasks:
+        record = _pick(records.get(task.key, []), config_key(defaults[task.key]), assignment)
+        if record is None:
+            return None
+        picks.append(record)
+        total += record.result.median_us * len(task.nodes)
+    return total, picks
+
+
+def choose(tasks: list[Task], records: dict[str, list[Record]], defaults: dict[str, dict],
+           plan_level_dims: tuple[str, ...]) -> tuple[dict, list[TaskChoice]]:
+    """Returns (plan-level assignment, one choice per task) minimising the summed op time. The
+    library's default plan-level values are kept unless another assignment is clearly faster."""
+    values: dict[str, set] = {name: set() for name in plan_level_dims}
+    default_assignment: dict = {}
+    for task in tasks:
+        for name in plan_level_dims:
+            if name in defaults[task.key]:
+                default_assignment.setdefault(name, defaults[task.key][name])
+        for record in records.get(task.key, []):
+            for name in plan_level_dims:
+                if name in record.config and record.result.status == "ok":
+                    values[name].add(json.dumps(record.config[name]))
+    names = [n for n in plan_level_dims if values[n]]
+    combos = itertools.islice(itertools.product(*(sorted(values[n]) for n in names)), MAX_ASSIGNMENTS)
+    assignments = [dict(zip(names, (json.loads(v) for v in combo))) for combo in combos]
+
+    best = None  # (total, assignment, picks)
+    for assignment in assignments:
+        evaluated = _evaluate(tasks, records, defaults, assignment)
+        if evaluated and (best is None or evaluated[0] < best[0]):
+            best = (evaluated[0], assignment, evaluated[1])
+    if best is None:
+        missing = [t.id for t in tasks if not any(r.result.status == "ok" for r in records.get(t.key, []))]
+        raise KselectError(f"no valid measurement for tasks {', '.join(missing) or '(none consistent)'}: run kselect tune first")
+    default = _evaluate(tasks, records, defaults, default_assignment)
+    if default and best[0] > default[0] * (1 - MIN_GAIN / 2):
+        best = (default[0], default_assignment, default[1])
+    _, assignment, picks = best
+
+    choices = []
+    for task, record in zip(tasks, picks):
+        default_record = next((r for r in records.get(task.key, []) if r.config_key == config_key(defaults[task.key])), None)
+        default_us = default_record.result.median_us if default_record and default_record.result.status == "ok" else None
+        choices.append(TaskChoice(task, record.config, record.result.median_us, defaults[task.key], default_us,
+                                  len(records.get(task.key, [])), record.emulated))
+    return assignment, choices
+
+
+@dataclass
+class Plan:
+    model: dict
+    device: dict
+    libraries: dict[str, str]
+    emulated: bool
+    plan_level: dict
+    tasks: list[dict]
+    nodes: dict[str, dict]
+    format: str = PLAN_FORMAT
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "model": self.model, "device": self.device, "libraries": self.libraries,
+                "emulated": self.emulated, "plan_level": self.plan_level, "tasks": self.tasks, "nodes": self.nodes,
+                **({"extra": self.extra} if self.extra else {})}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @property
+    def library(self) -> str:
+        return next(iter(self.libraries))
+
+    def estimated_us(self) -> float:
+        return sum(t["time_us"] * len(t["nodes"]) for t in self.tasks)
+
+
+def build_plan(model: Model, device: Device, library, library_version: str, tasks: list[Task],
+               records: dict[str, list[Record]], defaults: dict[str, dict]) -> Plan:
+    assignment, choices = choose(tasks, records, defaults, library.plan_level_dims)
+    task_entries, nodes = [], {}
+    for choice in choices:
+        task = choice.task
+        entry = {"id": task.id, "key": task.key, "kind": task.kind, "input": task.input_shape,
+                 "weight": task.weight_shape, "output": task.output_shape, "attrs": task.attrs,
+                 "bias": task.has_bias, "nodes": task.nodes, "library": library.name, "config": choice.config,
+                 "time_us": round(choice.time_us, 3), "default_config": choice.default_config,
+                 "default_us": round(choice.default_us, 3) if choice.default_us else None,
+                 "samples": choice.samples, "emulated": choice.emulated}
+        task_entries.append(entry)
+        for node in task.nodes:
+            nodes[node] = {"task": task.id, "library": library.name, "config": choice.config}
+    return Plan(
+        model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
+        device=device.to_json(), libraries={library.name: library_version}, emulated=library.emulated,
+        plan_level=assignment, tasks=task_entries, nodes=nodes)
+
+
+def load_plan_file(path: str | Path) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise KselectError(f"no such plan file: {path}")
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != PLAN_FORMAT:
+            raise KselectError(f"{path} is not a kselect plan (format {data.get('format')!r}, expected {PLAN_FORMAT!r})")
+        return Plan(data["model"], data["device"], data["libraries"], bool(data["emulated"]), data["plan_level"],
+                    data["tasks"], data["nodes"], data["format"], data.get("extra", {}))
+    except KselectError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise KselectError(f"{path} is not a valid kselect plan ({type(exc).__name__}: {exc})") from None
+
+
+def check_plan(plan: Plan, model: Model, device: Device, library_versions: dict[str, str], force: bool = False) -> list[str]:
+    """Refuses a plan made for another model, device or library build (unless ``force``); returns
+    the mismatches that ``force`` let through."""
+    problems = []
+    if plan.model.get("fingerprint") != model.fingerprint():
+        problems.append(f"the plan is for model {plan.model.get('name')!r} ({plan.model.get('fingerprint')}), not this {model.name!r} ({model.fingerprint()})")
+    if plan.device.get("fingerprint") != device.fingerprint:
+        problems.append(f"the plan was tuned on another device ({plan.device.get('cpu_model')}, {plan.device.get('fingerprint')})")
+    for name, version in plan.libraries.items():
+        if name not in library_versions:
+            problems.append(f"the plan uses library {name!r}, which is not available here")
+        elif library_versions[name] != version:
+            problems.append(f"the plan was tuned with {name} {version}, this is {name} {library_versions[name]}")
+    if problems and not force:
+        raise KselectError(problems[0] + " (use --force to run it anyway)")
+    return problems

@@ -1,0 +1,149 @@
+"""The plugin manager: built-in plugins and third-party ones (entry-point group ``kselect``)
+are loaded the same way, then asked through the hooks in ``hookspecs``.
+
+``KSELECT_PLUGINS=mlas,xnnpack`` restricts which library and third-party plugins load; the
+built-in search backends and model zoo always load, since every command needs them.
+``KSELECT_TRACE=1`` prints every hook call (pluggy's tracing).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+
+import pluggy
+
+from kselect.core import hookspecs
+from kselect.core.errors import KselectError
+
+ENTRY_POINT_GROUP = "kselect"
+
+# name -> module; registered exactly like third-party plugins.
+CORE_PLUGINS = {
+    "zoo": "kselect.core.zoo_plugin",
+    "random": "kselect.search.random",
+    "exhaustive": "kselect.search.exhaustive",
+}
+LIBRARY_PLUGINS = {
+    "mlas": "kselect.plugins.mlas",
+    "xnnpack": "kselect.plugins.xnnpack",
+    "acl": "kselect.plugins.acl",
+}
+
+_pm: pluggy.PluginManager | None = None
+
+
+def allowed_plugins() -> set[str] | None:
+    value = os.environ.get("KSELECT_PLUGINS")
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    global _pm
+    if _pm is not None:
+        return _pm
+    pm = pluggy.PluginManager("kselect")
+    pm.add_hookspecs(hookspecs)
+    allowed = allowed_plugins()
+    for name, module_name in CORE_PLUGINS.items():
+        pm.register(importlib.import_module(module_name), name=name)
+    for name, module_name in LIBRARY_PLUGINS.items():
+        if allowed is None or name in allowed:
+            module = importlib.import_module(module_name)
+            if hasattr(module, "register_libraries"):
+                pm.register(module, name=name)
+    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if allowed is not None and entry_point.name not in allowed:
+            continue
+        if pm.get_plugin(entry_point.name) is not None:
+            continue
+        try:
+            pm.register(entry_point.load(), name=entry_point.name)
+        except Exception as exc:  # a broken third-party plugin must not take kselect down
+            print(f"kselect: plugin {entry_point.name!r} failed to load: {exc}", file=sys.stderr)
+    if os.environ.get("KSELECT_TRACE"):
+        pm.trace.root.setwriter(lambda text: print(text, end="", file=sys.stderr))
+        pm.enable_tracing()
+    _pm = pm
+    return pm
+
+
+def _collect(hook) -> list[tuple]:
+    found: list[tuple] = []
+    hook(register=lambda *args: found.append(args))
+    return found
+
+
+def libraries() -> dict:
+    return {lib.name: lib for (lib,) in _collect(plugin_manager().hook.register_libraries)}
+
+
+def searchers() -> dict:
+    return dict(_collect(plugin_manager().hook.register_searchers))
+
+
+def models() -> dict:
+    return {name: (description, build) for name, description, build in _collect(plugin_manager().hook.register_models)}
+
+
+def get_library(name: str):
+    libs = libraries()
+    if name not in libs:
+        known = ", ".join(sorted(libs)) or "none"
+        raise KselectError(f"unknown library {name!r} (available plugins: {known})")
+    lib = libs[name]
+    ok, reason = lib.availability()
+    if not ok:
+        raise KselectError(f"library {name!r} is not available here: {reason}")
+    return lib
+
+
+def get_searcher(name: str):
+    found = searchers()
+    if name not in found:
+        raise KselectError(f"unknown search {name!r} (choose from: {', '.join(sorted(found))})")
+    return found[name]
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    kind: str
+    version: str
+    status: str
+    provides: list[str]
+
+
+def _distribution_version(module) -> str:
+    top = module.__name__.split(".")[0]
+    for dist_name in metadata.packages_distributions().get(top, []):
+        return metadata.version(dist_name)
+    return getattr(module, "__version__", "")
+
+
+def plugin_infos() -> list[PluginInfo]:
+    """Every loaded plugin with its kind, version and status (for ``kselect plugins``)."""
+    pm = plugin_manager()
+    infos = []
+    for name, plugin in pm.list_name_plugin():
+        found_libraries = _collect(lambda register: plugin.register_libraries(register)) if hasattr(plugin, "register_libraries") else []
+        found_searchers = _collect(lambda register: plugin.register_searchers(register)) if hasattr(plugin, "register_searchers") else []
+        found_models = _collect(lambda register: plugin.register_models(register)) if hasattr(plugin, "register_models") else []
+        if found_libraries:
+            for (lib,) in found_libraries:
+                ok, reason = lib.availability()
+                version = lib.version() if ok else ""
+                status = "available" + (" (emulated)" if ok and lib.emulated else "") if ok else f"unavailable: {reason}"
+                infos.append(PluginInfo(name, "library", version, status, [lib.name]))
+        elif found_searchers:
+            infos.append(PluginInfo(name, "search", _distribution_version(plugin), "available", [n for n, _ in found_searchers]))
+        elif found_models:
+            infos.append(PluginInfo(name, "models", _distribution_version(plugin), "available", [m[0] for m in found_models]))
+        else:
+            infos.append(PluginInfo(name, "other", _distribution_version(plugin), "loaded", []))
+    return infos

@@ -1,0 +1,114 @@
+"""Every measurement, stored as it is made (SQLite), so a tune resumes where it stopped.
+
+Records are keyed by device fingerprint, library and library version, task and config: records
+from another device or library build are never reused. Each insert is committed at once, so
+Ctrl-C or kill -9 loses at most the candidate being measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kselect.core.errors import KselectError
+from kselect.core.measure import Result
+
+SCHEMA_VERSION = "1"
+DEFAULT_DB = Path(os.environ.get("KSELECT_DB", "~/.cache/kselect/records.db")).expanduser()
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS devices (fingerprint TEXT PRIMARY KEY, description TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY,
+    device TEXT NOT NULL,
+    library TEXT NOT NULL,
+    library_version TEXT NOT NULL,
+    task TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'invalid', 'failed')),
+    median_us REAL,
+    spread REAL,
+    count INTEGER NOT NULL DEFAULT 0,
+    error REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    emulated INTEGER NOT NULL,
+    is_default INTEGER NOT NULL DEFAULT 0,
+    task_json TEXT NOT NULL,
+    created REAL NOT NULL,
+    UNIQUE (device, library, library_version, task, config)
+);
+"""
+
+
+@dataclass
+class Record:
+    task: str
+    config: dict
+    config_key: str
+    result: Result
+    emulated: bool
+    is_default: bool
+
+
+class RecordDB:
+    def __init__(self, path: str | Path = DEFAULT_DB):
+        self.path = Path(path).expanduser()
+        if self.path.is_dir():
+            raise KselectError(f"--db {self.path} is a directory, not a database file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        try:
+            self.connection = sqlite3.connect(self.path, timeout=30)
+            if existed:
+                tables = {row[0] for row in self.connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                if "records" not in tables or "meta" not in tables:
+                    raise KselectError(f"{self.path} is an SQLite database but not a kselect record database")
+                version = self.connection.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+                if not version or version[0] != SCHEMA_VERSION:
+                    raise KselectError(f"{self.path} has record schema {version and version[0]!r}, this kselect reads {SCHEMA_VERSION!r}")
+                self.connection.execute("PRAGMA quick_check").fetchone()
+            else:
+                self.connection.executescript(SCHEMA)
+                self.connection.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+                self.connection.commit()
+        except sqlite3.DatabaseError as exc:
+            raise KselectError(f"{self.path} is corrupt or not a kselect record database ({exc})") from None
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def add_device(self, fingerprint: str, description: dict) -> None:
+        self.connection.execute("INSERT OR REPLACE INTO devices VALUES (?, ?)", (fingerprint, json.dumps(description)))
+        self.connection.commit()
+
+    def add(self, device: str, library: str, version: str, task_json: dict, config_key: str, result: Result,
+            emulated: bool, is_default: bool = False) -> None:
+        self.connection.execute(
+            "INSERT OR REPLACE INTO records (device, library, library_version, task, config, status, median_us, spread,"
+            " count, error, reason, emulated, is_default, task_json, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (device, library, version, task_json["key"], config_key, result.status, result.median_us, result.spread,
+             result.count, result.error, result.reason, int(emulated), int(is_default), json.dumps(task_json), time.time()),
+        )
+        self.connection.commit()
+
+    def records(self, device: str, library: str, version: str, task: str | None = None) -> list[Record]:
+        query = ("SELECT task, config, status, median_us, spread, count, error, reason, emulated, is_default FROM records"
+                 " WHERE device=? AND library=? AND library_version=?")
+        params: list = [device, library, version]
+        if task is not None:
+            query += " AND task=?"
+            params.append(task)
+        try:
+            rows = self.connection.execute(query + " ORDER BY id", params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise KselectError(f"{self.path} is corrupt ({exc})") from None
+        return [Record(task_key, json.loads(key), key, Result(status, median, spread, count, error, reason), bool(emulated), bool(is_default))
+                for task_key, key, status, median, spread, count, error, reason, emulated, is_default in rows]
+
+    def count(self) -> int:
+        return self.connection.execute("SELECT COUNT(*) FROM records").fetchone()[0]

@@ -1,0 +1,196 @@
+"""From a model's ops to tuning tasks: ops with identical input, output and weight shapes and
+attributes share one task, measured once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import onnx
+
+from kselect.core.errors import KselectError
+from kselect.core.model import Model
+
+TUNABLE_OPS = ("Conv", "Gemm", "MatMul")
+
+
+@dataclass
+class Op:
+    """One tunable node, described by what a kernel needs to know."""
+
+    node: str
+    kind: str  # "conv" or "fc"
+    input_shape: list[int]
+    weight_shape: list[int]  # conv: OIHW; fc: [N, K] (output features, input features)
+    output_shape: list[int]
+    attrs: dict
+    has_bias: bool
+
+    def signature(self) -> dict:
+        return {"kind": self.kind, "input": self.input_shape, "weight": self.weight_shape,
+                "output": self.output_shape, "attrs": self.attrs, "bias": self.has_bias}
+
+    @property
+    def macs(self) -> int:
+        if self.kind == "conv":
+            n, cout, oh, ow = self.output_shape
+            _, cin_per_group, kh, kw = self.weight_shape
+            return n * cout * oh * ow * cin_per_group * kh * kw
+        m = self.input_shape[0]
+        n, k = self.weight_shape
+        return m * n * k
+
+
+@dataclass
+class Task:
+    id: str
+    key: str
+    kind: str
+    input_shape: list[int]
+    weight_shape: list[int]
+    output_shape: list[int]
+    attrs: dict
+    has_bias: bool
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def macs(self) -> int:  # per op
+        return Op("", self.kind, self.input_shape, self.weight_shape, self.output_shape, self.attrs, self.has_bias).macs
+
+    @property
+    def is_depthwise(self) -> bool:
+        return self.kind == "conv" and self.attrs["group"] > 1 and self.attrs["group"] == self.input_shape[1] \
+            and self.weight_shape[1] == 1
+
+    @property
+    def is_pointwise(self) -> bool:
+        return self.kind == "conv" and self.attrs["kernel"] == [1, 1] and self.attrs["group"] == 1
+
+    def describe_attrs(self) -> str:
+        a = self.attrs
+        if self.kind == "fc":
+            return ""
+        text = f"k{a['kernel'][0]}x{a['kernel'][1]} s{a['strides'][0]}x{a['strides'][1]} p{','.join(map(str, a['pads']))}"
+        if a["dilations"] != [1, 1]:
+            text += f" d{a['dilations'][0]}x{a['dilations'][1]}"
+        if a["group"] > 1:
+            text += f" g{a['group']}"
+        return text
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "key": self.key, "kind": self.kind, "input": self.input_shape,
+                "weight": self.weight_shape, "output": self.output_shape, "attrs": self.attrs,
+                "bias": self.has_bias, "nodes": self.nodes}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Task":
+        return cls(data["id"], data["key"], data["kind"], data["input"], data["weight"], data["output"],
+                   data["attrs"], data["bias"], list(data.get("nodes", [])))
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def _conv_pads(node, input_shape, weight_shape, strides, dilations) -> list[int]:
+    """Explicit [top, left, bottom, right] pads, auto_pad resolved."""
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("NOTSET", ""):
+        pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+        return [pads[0], pads[1], pads[2], pads[3]]
+    if auto_pad == "VALID":
+        return [0, 0, 0, 0]
+    begin, end = [], []
+    for axis in range(2):
+        size = input_shape[2 + axis]
+        out = -(-size // strides[axis])
+        kernel = (weight_shape[2 + axis] - 1) * dilations[axis] + 1
+        total = max(0, (out - 1) * strides[axis] + kernel - size)
+        small, large = total // 2, total - total // 2
+        begin.append(large if auto_pad == "SAME_LOWER" else small)
+        end.append(small if auto_pad == "SAME_LOWER" else large)
+    return [begin[0], begin[1], end[0], end[1]]
+
+
+def _shape(model: Model, name: str, node: onnx.NodeProto) -> list[int]:
+    if name not in model.shapes:
+        raise KselectError(f"could not infer the shape of {name!r} (input of {node.op_type} node {node.name!r})")
+    return model.shapes[name]
+
+
+def find_ops(model: Model) -> list[Op]:
+    ops = []
+    for node in model.proto.graph.node:
+        if node.op_type not in TUNABLE_OPS:
+            continue
+        name = node.name
+        if node.op_type == "Conv":
+            if node.input[1] not in model.initializers:
+                continue  # weights computed at run time: not a fixed kernel to select for
+            x = _shape(model, node.input[0], node)
+            w = list(model.initializers[node.input[1]].dims)
+            if len(x) != 4:
+                continue  # 1-D and 3-D convolutions are not tuned
+            y = _shape(model, node.output[0], node)
+            strides = list(_attr(node, "strides", [1, 1]))
+            dilations = list(_attr(node, "dilations", [1, 1]))
+            attrs = {"kernel": w[2:], "strides": strides, "pads": _conv_pads(node, x, w, strides, dilations),
+                     "dilations": dilations, "group": int(_attr(node, "group", 1))}
+            ops.append(Op(name, "conv", x, w, y, attrs, len(node.input) > 2 and node.input[2] != ""))
+        else:
+            weight_name = node.input[1]
+            if weight_name not in model.initializers:
+                continue
+            a = _shape(model, node.input[0], node)
+            w = list(model.initializers[weight_name].dims)
+            if len(a) != 2 or len(w) != 2:
+                continue  # batched MatMul is not a fully connected layer
+            if node.op_type == "Gemm":
+                if _attr(node, "transA", 0):
+                    continue
+                n_k = w if _attr(node, "transB", 0) else [w[1], w[0]]
+                has_bias = len(node.input) > 2 and node.input[2] != ""
+                attrs = {"alpha": float(_attr(node, "alpha", 1.0)), "beta": float(_attr(node, "beta", 1.0)) if has_bias else 1.0,
+                         "transB": int(_attr(node, "transB", 0))}
+            else:
+                n_k, has_bias, attrs = [w[1], w[0]], False, {"alpha": 1.0, "beta": 1.0, "transB": 0}
+            y = _shape(model, node.output[0], node)
+            ops.append(Op(name, "fc", a, n_k, y, attrs, has_bias))
+    return ops
+
+
+def task_key(signature: dict) -> str:
+    return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def extract_tasks(model: Model) -> list[Task]:
+    """Group the model's tunable ops into tasks, in order of first appearance."""
+    tasks: dict[str, Task] = {}
+    for op in find_ops(model):
+        key = task_key(op.signature())
+        if key not in tasks:
+            tasks[key] = Task(f"T{len(tasks) + 1:02d}", key, op.kind, op.input_shape, op.weight_shape,
+                              op.output_shape, op.attrs, op.has_bias)
+        tasks[key].nodes.append(op.node)
+    if not tasks:
+        raise KselectError(f"{model.name} has nothing to tune (no Conv, Gemm or MatMul with constant weights)")
+    return list(tasks.values())
+
+
+def model_stats(model: Model) -> tuple[int, int]:
+    """(parameters, multiply-accumulates of the tunable ops)."""
+    params = sum(_prod(t.dims) for t in model.proto.graph.initializer)
+    macs = sum(op.macs for op in find_ops(model))
+    return params, macs
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out

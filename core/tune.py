@@ -1,0 +1,121 @@
+"""The tuning loop: for each task, measure the library's default config (the baseline), then
+let a searcher propose configs until the budget is spent, storing every result as it is made.
+Stored results are reused, never re-measured: running the same tune again resumes it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kselect.core.device import Device
+from kselect.core.library import Library
+from kselect.core.measure import MeasureSettings, Result
+from kselect.core.worker import MeasureWorker
+from kselect.core.records import Record, RecordDB
+from kselect.core.space import config_key
+from kselect.core.tasks import Task
+
+
+@dataclass
+class TaskOutcome:
+    task: Task
+    space_size: int
+    default_config: dict
+    default: Result | None = None
+    best_config: dict | None = None
+    best: Result | None = None
+    samples: int = 0  # configs with a stored result, the default included
+    measured_now: int = 0
+    failed: int = 0
+    invalid: int = 0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default and self.best and self.default.median_us and self.best.median_us:
+            return self.default.median_us / self.best.median_us
+        return None
+
+
+class Reporter:
+    """What the tuner tells its user interface; the CLI shows it with rich."""
+
+    def task_started(self, task: Task, outcome: TaskOutcome, budget: int) -> None: ...
+    def measured(self, task: Task, config: dict, result: Result, outcome: TaskOutcome) -> None: ...
+    def task_finished(self, task: Task, outcome: TaskOutcome) -> None: ...
+
+
+@dataclass
+class TuneOptions:
+    search: str = "random"
+    budget: int = 16  # configs per task, the default included
+    time_budget_s: float | None = None  # whole tune
+    seed: int = 0
+    settings: MeasureSettings = field(default_factory=MeasureSettings)
+
+
+def _update_best(outcome: TaskOutcome, config: dict, result: Result) -> None:
+    if result.status == "ok" and (outcome.best is None or result.median_us < outcome.best.median_us):
+        outcome.best, outcome.best_config = result, config
+
+
+def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, options: TuneOptions,
+         reporter: Reporter | None = None) -> list[TaskOutcome]:
+    from kselect.core import plugins
+
+    reporter = reporter or Reporter()
+    searcher_class = plugins.get_searcher(options.search)
+    version = library.version()
+    db.add_device(device.fingerprint, device.to_json())
+    deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
+    outcomes = []
+    with MeasureWorker(library.name, options.settings) as worker:
+
+        def measure(task: Task, config: dict, outcome: TaskOutcome, is_default: bool) -> Result:
+            result = worker.measure(task, config)
+            db.add(device.fingerprint, library.name, version, task.to_json(), config_key(config), result,
+                   library.emulated, is_default)
+            outcome.samples += 1
+            outcome.measured_now += 1
+            outcome.failed += result.status == "failed"
+            outcome.invalid += result.status == "invalid"
+            _update_best(outcome, config, result)
+            reporter.measured(task, config, result, outcome)
+            return result
+
+        for task in tasks:
+            space = library.space(task, device)
+            default = space.normalise(library.default_config(task, device))
+            outcome = TaskOutcome(task, len(space), default)
+            outcomes.append(outcome)
+            stored = {r.config_key: r for r in db.records(device.fingerprint, library.name, version, task.key)}
+            searcher = searcher_class(space, task=task, seed=options.seed)
+            for record in stored.values():
+                config = space.normalise(record.config)
+                searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
+                outcome.samples += 1
+                outcome.failed += record.result.status == "failed"
+                outcome.invalid += record.result.status == "invalid"
+                _update_best(outcome, config, record.result)
+            reporter.task_started(task, outcome, options.budget)
+
+            default_key = config_key(default)
+            if default_key in stored:
+                outcome.default = stored[default_key].result
+            elif deadline is None or time.monotonic() < deadline:
+                outcome.default = measure(task, default, outcome, is_default=True)
+                searcher.tell(default, outcome.default.median_us if outcome.default.status == "ok" else None)
+
+            while outcome.samples < options.budget and (deadline is None or time.monotonic() < deadline):
+                config = searcher.ask()
+                if config is None:
+                    break
+                result = measure(task, config, outcome, is_default=False)
+                searcher.tell(config, result.median_us if result.status == "ok" else None)
+            reporter.task_finished(task, outcome)
+    return outcomes
+
+
+def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: RecordDB) -> dict[str, list[Record]]:
+    """Every stored record per task key, for this device and library build."""
+    version = library.version()
+    return {task.key: db.records(device.fingerprint, library.name, version, task.key) for task in tasks}

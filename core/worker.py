@@ -1,0 +1,123 @@
+"""Measuring in a child process, so that a candidate kernel that crashes, aborts or hangs is
+recorded as failed instead of taking the tuner down.
+
+The child is a plain ``python -m kselect.core.worker`` process (no multiprocessing start-method
+caveats for apps that embed kselect); it talks to the parent over two pipes of its own, so
+whatever a native library prints cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+
+from kselect.core.measure import MeasureSettings, Result, measure_in_this_process
+from kselect.core.tasks import Task
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class MeasureWorker:
+    """Runs candidates one at a time in a child process, replacing it after a crash or hang."""
+
+    def __init__(self, library_name: str, settings: MeasureSettings):
+        self.library_name = library_name
+        self.settings = settings
+        self.process: subprocess.Popen | None = None
+        self.to_child: Connection | None = None
+        self.from_child: Connection | None = None
+
+    def _start(self) -> None:
+        child_reads, parent_writes = os.pipe()
+        parent_reads, child_writes = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kselect.core.worker", str(child_reads), str(child_writes), self.library_name,
+             json.dumps(asdict(self.settings))],
+            pass_fds=(child_reads, child_writes), stdin=subprocess.DEVNULL, start_new_session=True)
+        os.close(child_reads)
+        os.close(child_writes)
+        self.to_child = Connection(parent_writes, readable=False)
+        self.from_child = Connection(parent_reads, writable=False)
+
+    def measure(self, task: Task, config: dict) -> Result:
+        if self.process is None or self.process.poll() is not None:
+            self.stop(kill=True)
+            self._start()
+        try:
+            self.to_child.send((task.to_json(), config))
+            if self.from_child.poll(self.settings.timeout_s):
+                return Result(**self.from_child.recv())
+            self.stop(kill=True)
+            return Result("failed", reason=f"timed out after {self.settings.timeout_s:g} s (killed)")
+        except (EOFError, OSError):
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            reason = f"crashed ({_signal_name(self.process.returncode)})"
+            self.stop(kill=True)
+            return Result("failed", reason=reason)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if not kill:
+            try:
+                self.to_child.send(None)
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for connection in (self.to_child, self.from_child):
+            connection.close()
+        self.process = self.to_child = self.from_child = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop(kill=exc[0] is not None)
+
+
+def child_main(read_fd: int, write_fd: int, library_name: str, settings_json: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    from kselect.core import plugins
+
+    incoming, outgoing = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    library = plugins.libraries()[library_name]
+    settings = MeasureSettings(**json.loads(settings_json))
+    cache: dict = {}
+    while True:
+        try:
+            message = incoming.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        task_json, config = message
+        try:
+            result = measure_in_this_process(library, Task.from_json(task_json), config, settings, cache)
+        except Exception:
+            result = Result("failed", reason="internal error: " + traceback.format_exc().strip().splitlines()[-1])
+        outgoing.send(result.to_json())
+
+
+if __name__ == "__main__":
+    child_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,0 +1,72 @@
+"""Turning an MLAS plan into what plain ONNX Runtime runs: an ONNX model whose convs are in the
+layout the plan chose (kselect writes the com.microsoft.nchwc nodes and the reorders between
+layouts) and a session-options file with the plan-level knobs.
+
+Loading the result anywhere::
+
+    options = json.load(open("model.kselect.session.json"))
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = options["intra_op_num_threads"]
+    for key, value in options["config_entries"].items():
+        so.add_session_config_entry(key, value)
+    session = onnxruntime.InferenceSession("model.kselect.onnx", so)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+
+from kselect.plugins.mlas import nchwc
+from kselect.plugins.mlas.library import session_config_entries, session_options
+
+
+def rewritten_model(model, plan) -> onnx.ModelProto:
+    layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items() if "layout" in entry["config"]}
+    return nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size())
+
+
+def session_settings(plan) -> dict:
+    config = dict(plan.plan_level)
+    return {
+        "graph_optimization_level": "ORT_ENABLE_ALL",
+        "intra_op_num_threads": int(config.get("threads", 0)),
+        "config_entries": session_config_entries(config),
+    }
+
+
+def write_optimized_model(plan, model, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = out_dir / f"{model.name}.kselect.onnx"
+    options_path = out_dir / f"{model.name}.kselect.session.json"
+    onnx.save(rewritten_model(model, plan), model_path)
+    options_path.write_text(json.dumps(session_settings(plan), indent=2) + "\n")
+    return [model_path, options_path]
+
+
+def load_session(model_path: str | Path, options_path: str | Path):
+    """Plain onnxruntime loading of what ``write_optimized_model`` wrote."""
+    import onnxruntime as ort
+
+    settings = json.loads(Path(options_path).read_text())
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings["intra_op_num_threads"]
+    for key, value in settings["config_entries"].items():
+        options.add_session_config_entry(key, value)
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+def default_session(model):
+    """The baseline: ONNX Runtime's default session (ORT_ENABLE_ALL, all cores, its defaults)."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def plan_session(model, plan):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(rewritten_model(model, plan).SerializeToString(), session_options(plan.plan_level),
+                                providers=["CPUExecutionProvider"])

@@ -1,0 +1,202 @@
+"""The MLAS library plugin: spaces, defaults, measuring single-op sessions, applying plans."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from kselect.core.device import Device
+from kselect.core.library import Candidate, Library
+from kselect.core.space import Categorical, Integer, Space
+from kselect.core.tasks import Task
+
+# ONNX Runtime session config keys (checked against onnxruntime 1.32's own key list).
+SPINNING_KEY = "session.intra_op.allow_spinning"
+DEPTHWISE_SLIDING_KEY = "mlas.nchwc_depthwise_sliding"
+POINTWISE_BATCH_KEY = "mlas.nchwc_pointwise_conv_max_input_channel_batch"
+PREPACKING_KEY = "session.disable_prepacking"
+DISABLE_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
+NCHWC_TRANSFORMER = "NchwcTransformer"
+
+# MLAS's default batch is 128 input channels ("default": the key left unset).
+POINTWISE_BATCHES = ("default", 32, 64, 256, 512)
+
+
+class OrtCandidate(Candidate):
+    def __init__(self, session, feeds: dict, unblock):
+        self.session = session
+        self.feeds = feeds
+        self.unblock = unblock
+        self.result = None
+
+    def run(self) -> None:
+        self.result = self.session.run(None, self.feeds)[0]
+
+    def output(self) -> np.ndarray:
+        return self.unblock(self.result)
+
+
+def session_options(config: dict, keep_nchwc_transformer: bool = False):
+    """ONNX Runtime session options for a (plan-level or op) config; keys a config lacks keep
+    ONNX Runtime's defaults."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    for key, value in session_config_entries(config, keep_nchwc_transformer).items():
+        options.add_session_config_entry(key, value)
+    if "threads" in config:
+        options.intra_op_num_threads = int(config["threads"])
+    return options
+
+
+def session_config_entries(config: dict, keep_nchwc_transformer: bool = False) -> dict[str, str]:
+    entries = {}
+    if not keep_nchwc_transformer:  # kselect decides each node's layout itself
+        entries[DISABLE_OPTIMIZERS_KEY] = NCHWC_TRANSFORMER
+    if "spinning" in config:
+        entries[SPINNING_KEY] = str(int(config["spinning"]))
+    if "depthwise_sliding" in config:
+        entries[DEPTHWISE_SLIDING_KEY] = str(int(config["depthwise_sliding"]))
+    if config.get("pointwise_batch", "default") != "default":
+        entries[POINTWISE_BATCH_KEY] = str(config["pointwise_batch"])
+    if "prepacking" in config:
+        entries[PREPACKING_KEY] = "0" if config["prepacking"] else "1"
+    return entries
+
+
+class MlasLibrary(Library):
+    name = "mlas"
+    fresh_instances = 3  # sessions of one config can settle at different speeds
+    plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking")
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            return False, f"onnxruntime is not installed ({exc}): pip install onnxruntime"
+        if "CPUExecutionProvider" not in ort.get_available_providers():
+            return False, "this onnxruntime build has no CPUExecutionProvider"
+        return True, ""
+
+    def version(self) -> str:
+        return "onnxruntime " + metadata.version("onnxruntime")
+
+    def supports(self, task: Task) -> bool:
+        return task.kind in ("conv", "fc")
+
+    def _block(self) -> int:
+        from kselect.plugins.mlas import nchwc
+
+        return nchwc.nchwc_block_size()
+
+    def nchwc_possible(self, task: Task) -> bool:
+        """Whether kselect can write this conv as an NCHWc node."""
+        from kselect.plugins.mlas import nchwc
+
+        return nchwc.conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
+
+    def ort_converts(self, task: Task) -> bool:
+        """Whether ONNX Runtime's own NchwcTransformer makes this conv NCHWc (its default): it
+        needs block-multiple channels, except a plain conv with fewer input channels than a block
+        (it reads NCHW), and depthwise convs need block-multiple channels too."""
+        block, group = self._block(), task.attrs["group"]
+        input_channels, output_channels = task.input_shape[1], task.weight_shape[0]
+        if not self.nchwc_possible(task):
+            return False
+        if group > 1:
+            return output_channels % block == 0 and (task.is_depthwise or input_channels // group % block == 0)
+        return input_channels < block or input_channels % block == 0
+
+    @staticmethod
+    def sliding_kernel_applies(task: Task) -> bool:
+        """MLAS's sliding depthwise kernel covers stride 1, dilation 1, kernel width 3, 5 or 7."""
+        a = task.attrs
+        return task.is_depthwise and a["strides"] == [1, 1] and a["dilations"] == [1, 1] and a["kernel"][1] in (3, 5, 7)
+
+    def space(self, task: Task, device: Device) -> Space:
+        space = Space()
+        if task.kind == "conv":
+            layouts = ("NCHWc", "NCHW") if self.nchwc_possible(task) else ("NCHW",)
+            space.add(Categorical("layout", layouts, role="layout"))
+            if self.sliding_kernel_applies(task) and "NCHWc" in layouts:
+                space.add(Categorical("depthwise_sliding", (1, 0), role="algorithm", when={"layout": ["NCHWc"]}))
+            if task.is_pointwise and "NCHWc" in layouts:
+                space.add(Categorical("pointwise_batch", POINTWISE_BATCHES, role="memory", when={"layout": ["NCHWc"]}))
+        space.add(Integer("threads", 1, device.cores))
+        space.add(Categorical("spinning", (1, 0)))
+        if task.kind == "fc":
+            space.add(Categorical("prepacking", (1, 0), role="memory"))
+        return space
+
+    def default_config(self, task: Task, device: Device) -> dict:
+        """What a default ONNX Runtime session does: NCHWc where its NCHWc transformer converts the
+        conv, all cores, spinning, sliding depthwise kernel, MLAS's own channel batch, prepacking."""
+        config: dict = {}
+        if task.kind == "conv":
+            config["layout"] = "NCHWc" if self.ort_converts(task) else "NCHW"
+            if self.sliding_kernel_applies(task) and self.nchwc_possible(task):
+                config["depthwise_sliding"] = 1
+            if task.is_pointwise and self.nchwc_possible(task):
+                config["pointwise_batch"] = "default"
+        config["threads"] = device.cores
+        config["spinning"] = 1
+        if task.kind == "fc":
+            config["prepacking"] = 1
+        return config
+
+    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        import onnxruntime as ort
+
+        from kselect.plugins.mlas import nchwc
+
+        if task.kind == "conv":
+            block, a = self._block(), task.attrs
+            attrs = {"kernel_shape": a["kernel"], "strides": a["strides"], "pads": a["pads"],
+                     "dilations": a["dilations"], "group": a["group"]}
+            model, _, _ = nchwc.single_conv_model(attrs, task.input_shape, inputs["w"], inputs.get("b"),
+                                                          config["layout"], block)
+            x, unblock = inputs["x"], (lambda y: y)
+            if config["layout"] == "NCHWc":
+                if nchwc.conv_takes_blocked_input(task.input_shape[1], a["group"], block):
+                    x = nchwc.nchwc_feed(inputs["x"], block)
+                channels = task.output_shape[1]
+                unblock = lambda y: nchwc.from_blocked(y, channels, block)  # noqa: E731
+        else:
+            model = fc_model(task, inputs)
+            x, unblock = inputs["x"], (lambda y: y)
+        session = ort.InferenceSession(model.SerializeToString(), session_options(config),
+                                       providers=["CPUExecutionProvider"])
+        return OrtCandidate(session, {session.get_inputs()[0].name: x}, unblock)
+
+    # -- plans ----------------------------------------------------------------------------
+    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+        from kselect.plugins.mlas.apply import write_optimized_model
+
+        return write_optimized_model(plan, model, Path(out_dir))
+
+    def model_runner(self, model, plan):
+        from kselect.plugins.mlas.apply import default_session, plan_session
+
+        session = default_session(model) if plan is None else plan_session(model, plan)
+        names = [o.name for o in session.get_outputs()]
+        return lambda feeds: session.run(names, feeds)
+
+
+def fc_model(task: Task, inputs: dict[str, np.ndarray]):
+    """A single Gemm (y = alpha * x @ w.T + beta * b) with constant weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    initializers = [numpy_helper.from_array(inputs["w"], "w")]
+    node_inputs = ["x", "w"]
+    if "b" in inputs:
+        initializers.append(numpy_helper.from_array(inputs["b"], "b"))
+        node_inputs.append("b")
+    node = helper.make_node("Gemm", node_inputs, ["y"], name="fc", transB=1,
+                            alpha=task.attrs["alpha"], beta=task.attrs["beta"])
+    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, task.input_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, task.output_shape)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

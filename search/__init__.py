@@ -1,0 +1,43 @@
+"""Search backends: one small ask/tell interface, one module per strategy.
+
+The tuner first ``tell``s a searcher every stored result of the task (so a resumed tune picks
+up where it stopped), then alternates ``ask`` (a config not measured yet, or None when the
+searcher has nothing more to propose) and ``tell`` (its time in microseconds, or None when the
+candidate was invalid or failed). A searcher never proposes a config it has been told about.
+"""
+
+from __future__ import annotations
+
+from kselect.core.space import Space, config_key
+from kselect.core.tasks import Task
+
+
+class Searcher:
+    name = ""
+
+    def __init__(self, space: Space, task: Task | None = None, seed: int = 0, **options):
+        self.space = space
+        self.task = task
+        self.seed = seed
+        self.options = options
+        self.history: dict[str, tuple[dict, float | None]] = {}
+
+    def measured(self, config: dict) -> bool:
+        return config_key(config) in self.history
+
+    def tell(self, config: dict, cost_us: float | None) -> None:
+        self.history[config_key(config)] = (config, cost_us)
+
+    def ask(self) -> dict | None:
+        raise NotImplementedError
+
+    def unmeasured(self) -> list[dict]:
+        return [c for c in self.space.enumerate() if not self.measured(c)]
+
+    def pop_unmeasured(self, queue: list[dict]) -> dict | None:
+        """Take configs from the end of ``queue`` until one not measured yet."""
+        while queue:
+            config = queue.pop()
+            if not self.measured(config):
+                return config
+        return None

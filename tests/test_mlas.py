@@ -1,0 +1,198 @@
+"""MLAS through real onnxruntime sessions: measuring, verifying, containing crashes, resuming,
+plans, and the applied ONNX model."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import run_kselect
+from kselect.core import plugins
+from kselect.core.device import this_device
+from kselect.core.measure import MeasureSettings, measure_in_this_process
+from kselect.core.model import load_model
+from kselect.core.plan import load_plan_file
+from kselect.core.records import RecordDB
+from kselect.core.tasks import extract_tasks
+from kselect.core.tune import TuneOptions, tune
+from kselect.core.worker import MeasureWorker
+from kselect.plugins.mlas.library import MlasLibrary
+
+FAST = MeasureSettings(min_repeats=5, min_time_s=0.02, max_time_s=0.3, timeout_s=60)
+
+
+@pytest.fixture
+def small(small_model_path):
+    model = load_model(str(small_model_path))
+    return model, {tuple(t.nodes): t for t in extract_tasks(model)}
+
+
+def test_every_layout_measures_and_matches_the_reference(small):
+    _, tasks = small
+    library, device = plugins.get_library("mlas"), this_device()
+    with MeasureWorker("mlas", FAST) as worker:
+        for nodes in [("block.conv1", "block.conv2"), ("down",), ("dw",), ("pw",), ("fc",)]:
+            task = tasks[nodes]
+            for config in library.space(task, device).enumerate()[:4]:
+                result = worker.measure(task, config)
+                assert result.status == "ok", (nodes, config, result)
+                assert result.error < 1e-4 and result.median_us > 0 and result.count >= 5
+
+
+class TransposedWeightsMlas(MlasLibrary):
+    """A real MLAS conv fed the wrong weights: it runs fine and computes the wrong thing."""
+
+    def prepare(self, task, config, inputs):
+        swapped = dict(inputs, w=np.ascontiguousarray(inputs["w"].transpose(1, 0, 2, 3)))
+        return super().prepare(task, config, swapped)
+
+
+def test_a_wrong_output_is_invalid_and_never_planned(small):
+    _, tasks = small
+    task = tasks[("block.conv1", "block.conv2")]
+    library = TransposedWeightsMlas()
+    config = library.default_config(task, this_device())
+    result = measure_in_this_process(library, task, config, FAST, {})
+    assert result.status == "invalid" and result.error > 1e-2 and "differs from reference" in result.reason
+
+
+def test_a_crashing_candidate_is_contained(small):
+    _, tasks = small
+    task = tasks[("pw",)]
+    good = MlasLibrary().default_config(task, this_device())
+    # A non-integer channel batch aborts the onnxruntime process (a real crash, see the shared notes).
+    crashing = dict(good, pointwise_batch="not-a-number")
+    with MeasureWorker("mlas", FAST) as worker:
+        result = worker.measure(task, crashing)
+        assert result.status == "failed" and "crashed" in result.reason, result
+        assert worker.measure(task, good).status == "ok"  # a fresh child took over
+
+
+def test_records_of_another_device_are_not_reused(small, tmp_path):
+    _, tasks = small
+    task = tasks[("fc",)]
+    library, device = plugins.get_library("mlas"), this_device()
+    db = RecordDB(tmp_path / "r.db")
+    options = TuneOptions("exhaustive", budget=3, settings=FAST)
+    first = tune([task], library, device, db, options)[0]
+    assert first.measured_now == 3
+    again = tune([task], library, device, db, options)[0]
+    assert again.measured_now == 0 and again.samples == 3
+    other = type(device)(device.arch, "another cpu", device.features, device.cores, device.clusters)
+    elsewhere = tune([task], library, other, db, options)[0]
+    assert elsewhere.measured_now == 3
+
+
+def _records(db_path):
+    with sqlite3.connect(db_path) as connection:
+        return connection.execute("SELECT id, task, config, created FROM records ORDER BY id").fetchall()
+
+
+def test_a_killed_tune_resumes_without_remeasuring(small_model_path, tmp_path):
+    db, plan = tmp_path / "records.db", tmp_path / "small.plan.json"
+    args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas",
+            "--search", "exhaustive", "--budget", "6", "--min-time", "0.02", "--db", str(db), "-o", str(plan)]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not db.exists() or len(_records(db)) < 5):
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    before = _records(db)
+    assert len(before) >= 5 and not plan.exists()
+
+    finished = run_kselect(*args[3:])
+    assert finished.returncode == 0, finished.stderr
+    after = _records(db)
+    assert after[: len(before)] == before  # kept as they were: not measured again
+    tasks = extract_tasks(load_model(str(small_model_path)))
+    library, device = plugins.get_library("mlas"), this_device()
+    expected = sum(min(6, len(library.space(t, device))) for t in tasks)
+    assert len(after) == expected
+    assert plan.exists()
+
+
+@pytest.fixture(scope="module")
+def tuned_small(tmp_path_factory):
+    from conftest import small_cnn
+
+    folder = tmp_path_factory.mktemp("tuned")
+    model_path = folder / "small.onnx"
+    onnx.save(small_cnn(), model_path)
+    plan_path = folder / "small.plan.json"
+    result = run_kselect("tune", model_path, "--library", "mlas", "--budget", "8", "--min-time", "0.02",
+                         "--db", folder / "records.db", "-o", plan_path)
+    assert result.returncode == 0, result.stderr
+    return model_path, plan_path, result.stdout
+
+
+def test_tune_prints_a_table_and_writes_plan_and_artifacts(tuned_small):
+    model_path, plan_path, stdout = tuned_small
+    assert "default vs plan per task" in stdout and "speedup" in stdout
+    plan = load_plan_file(plan_path)
+    model = load_model(str(model_path))
+    assert plan.model["fingerprint"] == model.fingerprint()
+    assert plan.device["fingerprint"] == this_device().fingerprint
+    assert set(plan.nodes) == {n for t in extract_tasks(model) for n in t.nodes}
+    assert not plan.emulated and plan.libraries["mlas"].startswith("onnxruntime ")
+    for entry in plan.tasks:
+        assert entry["time_us"] > 0 and entry["default_us"] > 0 and entry["samples"] >= 1
+        if entry["config"] != entry["default_config"]:
+            assert entry["time_us"] < entry["default_us"]  # only a measured win replaces the default
+    assert (plan_path.parent / "small.kselect.onnx").exists()
+    shown = run_kselect("plan", "show", plan_path)
+    assert shown.returncode == 0 and "T01" in shown.stdout and "speedup" in shown.stdout
+
+
+def test_plan_round_trip(tuned_small, tmp_path):
+    _, plan_path, _ = tuned_small
+    plan = load_plan_file(plan_path)
+    copy = tmp_path / "copy.plan.json"
+    plan.save(copy)
+    assert json.loads(copy.read_text()) == json.loads(plan_path.read_text())
+
+
+def test_applied_model_runs_in_plain_onnxruntime_and_matches(tuned_small, tmp_path):
+    model_path, plan_path, _ = tuned_small
+    result = run_kselect("plan", "apply", plan_path, model_path, "-o", tmp_path)
+    assert result.returncode == 0, result.stderr
+    from kselect.plugins.mlas.apply import load_session
+
+    session = load_session(tmp_path / "small.kselect.onnx", tmp_path / "small.kselect.session.json")
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 32), dtype=np.float32)
+    expected = ort.InferenceSession(str(model_path)).run(None, {"input": x})[0]
+    got = session.run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_bench_compares_default_and_plan(tuned_small, tmp_path):
+    model_path, plan_path, _ = tuned_small
+    out = tmp_path / "bench.json"
+    result = run_kselect("bench", model_path, "--plan", plan_path, "--json", out, "--rounds", "4", "--runs-per-round", "3")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["default_ms"] > 0 and data["plan_ms"] > 0
+    assert data["speedup"] == pytest.approx(data["default_ms"] / data["plan_ms"], rel=1e-3)
+    assert data["max_relative_output_error"] < 1e-4 and data["emulated"] is False
+
+
+def test_a_plan_for_another_device_or_model_is_refused(tuned_small, tmp_path):
+    model_path, plan_path, _ = tuned_small
+    data = json.loads(plan_path.read_text())
+    data["device"]["fingerprint"] = "0000000000000000"
+    foreign = tmp_path / "foreign.plan.json"
+    foreign.write_text(json.dumps(data))
+    refused = run_kselect("bench", model_path, "--plan", foreign)
+    assert refused.returncode == 2 and "another device" in refused.stderr and "--force" in refused.stderr
+    forced = run_kselect("bench", model_path, "--plan", foreign, "--force", "--rounds", "2", "--runs-per-round", "2")
+    assert forced.returncode == 0 and "warning" in forced.stdout
+    other_model = run_kselect("bench", "resnet18", "--plan", plan_path)
+    assert other_model.returncode == 2 and "the plan is for model" in other_model.stderr

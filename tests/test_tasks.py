@@ -1,0 +1,55 @@
+"""Models become tasks: loading, dynamic input dims, grouping identical ops, MACs."""
+
+import onnx
+import pytest
+
+from conftest import small_cnn
+from kselect.core.errors import KselectError
+from kselect.core.model import load_model
+from kselect.core.tasks import extract_tasks, model_stats
+
+
+def test_resnet101_has_104_convs_in_23_tasks():
+    tasks = extract_tasks(load_model("resnet101"))
+    conv = [t for t in tasks if t.kind == "conv"]
+    assert sum(len(t.nodes) for t in conv) == 104
+    assert len(conv) == 23
+
+
+def test_identical_ops_share_a_task(small_model_path):
+    tasks = extract_tasks(load_model(str(small_model_path)))
+    by_nodes = {tuple(t.nodes): t for t in tasks}
+    assert ("block.conv1", "block.conv2") in by_nodes  # same shapes and attributes
+    assert [t.kind for t in tasks].count("fc") == 1
+    down = next(t for t in tasks if t.nodes == ["down"])
+    assert down.attrs["pads"] == [1, 1, 2, 2] and down.output_shape == [1, 32, 16, 16]
+    dw = next(t for t in tasks if t.nodes == ["dw"])
+    assert dw.is_depthwise and not down.is_depthwise
+    assert dw.macs == 32 * 16 * 16 * 9
+
+
+def test_dynamic_dims_need_input_shape(tmp_path):
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(small_cnn(dynamic=True), path)
+    with pytest.raises(KselectError, match=r"input 'input' dim 0 \('N'\) is unknown"):
+        load_model(str(path))
+    model = load_model(str(path), ["input=1,3,64,64"])
+    tasks = extract_tasks(model)
+    assert tasks[0].input_shape == [1, 3, 64, 64]
+    with pytest.raises(KselectError, match="has 3 dims"):
+        load_model(str(path), ["input=1,3,64"])
+    with pytest.raises(KselectError, match="model's inputs are: input"):
+        load_model(str(path), ["image=1,3,64,64"])
+
+
+def test_resnet50_figures():
+    params, macs = model_stats(load_model("resnet50"))
+    assert params == pytest.approx(25.6e6, rel=0.05)
+    assert macs == pytest.approx(4.1e9, rel=0.05)
+
+
+@pytest.mark.slow
+def test_resnetxy_figures():
+    params, macs = model_stats(load_model("resnetxy"))
+    assert params == pytest.approx(86.6e6, rel=0.05)
+    assert macs == pytest.approx(16.35e9, rel=0.05)
