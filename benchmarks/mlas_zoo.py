@@ -25,8 +25,7 @@ from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.plan import build_plan
 from kselect.core.records import RecordDB
-from kselect.core.tasks import extract_tasks
-from kselect.core.tune import TuneOptions, stored_outcomes, tune
+from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
 
 console = Console()
 
@@ -34,7 +33,7 @@ console = Console()
 def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: int) -> dict:
     device = this_device()
     model = load_model(name)
-    tasks = [t for t in extract_tasks(model) if library.supports(t)]
+    tasks = library_tasks(model, library)
     start = time.perf_counter()
     outcomes = tune(tasks, library, device, db, options)
     tune_s = time.perf_counter() - start

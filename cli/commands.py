@@ -74,10 +74,12 @@ def cmd_tasks(args) -> None:
 
 
 def cmd_space(args) -> None:
+    from kselect.core.tune import library_tasks
+
     library = plugins.get_library(args.library)
-    model, tasks = _model_and_tasks(args)
+    model = load_model(args.model, args.input_shape)
     device = this_device()
-    tasks = [t for t in tasks if library.supports(t)]
+    tasks = library_tasks(model, library)
     if args.task:
         chosen = [t for t in tasks if t.id == args.task]
         if not chosen:
@@ -151,16 +153,14 @@ def cmd_tune(args) -> None:
     from kselect.core.measure import MeasureSettings
     from kselect.core.plan import build_plan
     from kselect.core.records import DEFAULT_DB, RecordDB
-    from kselect.core.tune import TuneOptions, stored_outcomes, tune
+    from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
 
     library = plugins.get_library(args.library)
     plugins.get_searcher(args.search)
     if args.budget < 1:
         raise KselectError("--budget must be at least 1")
-    model, tasks = _model_and_tasks(args)
-    tasks = [t for t in tasks if library.supports(t)]
-    if not tasks:
-        raise KselectError(f"{library.name} supports none of {model.name}'s tunable ops")
+    model = load_model(args.model, args.input_shape)
+    tasks = library_tasks(model, library)
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
     options = TuneOptions(args.search, args.budget, args.time_budget, args.seed,

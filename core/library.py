@@ -2,7 +2,7 @@
 through the ``register_libraries`` hook.
 
 The tuner calls, in order: ``availability``/``version`` (is it here, which build),
-``supports(task)``, ``space(task, device)``, ``default_config(task, device)`` (the library's own
+``prepare_model(model)``, ``supports(task)``, ``space(task, device)``, ``default_config(task, device)`` (the library's own
 heuristic, the baseline), then ``measure`` for each candidate, inside a child process. A plan is
 turned into something that runs by ``apply`` and ``model_runner``.
 """
@@ -44,6 +44,10 @@ class Library:
 
     def version(self) -> str:
         raise NotImplementedError
+
+    def prepare_model(self, model) -> None:
+        """Called once before a model's tasks are tuned or shown. A library whose own defaults
+        depend on the graph around an op (not just on the op) records them here."""
 
     def supports(self, task: Task) -> bool:
         raise NotImplementedError

@@ -13,7 +13,18 @@ from kselect.core.measure import MeasureSettings, Result
 from kselect.core.worker import MeasureWorker
 from kselect.core.records import Record, RecordDB
 from kselect.core.space import config_key
-from kselect.core.tasks import Task
+from kselect.core.errors import KselectError
+from kselect.core.model import Model
+from kselect.core.tasks import Task, extract_tasks
+
+
+def library_tasks(model: Model, library: Library) -> list[Task]:
+    """The model's tasks this library can tune, with the library told about the model."""
+    library.prepare_model(model)
+    tasks = [t for t in extract_tasks(model) if library.supports(t)]
+    if not tasks:
+        raise KselectError(f"{library.name} supports none of {model.name}'s tunable ops")
+    return tasks
 
 
 @dataclass

@@ -85,6 +85,14 @@ class MlasLibrary(Library):
     def version(self) -> str:
         return "onnxruntime " + metadata.version("onnxruntime")
 
+    def __init__(self):
+        self.ort_nchwc_nodes: set[str] | None = None  # convs ORT's default session runs as NCHWc
+
+    def prepare_model(self, model) -> None:
+        from kselect.plugins.mlas import nchwc
+
+        self.ort_nchwc_nodes = nchwc.ort_nchwc_convs(model.proto)
+
     def supports(self, task: Task) -> bool:
         return task.kind in ("conv", "fc")
 
@@ -100,9 +108,12 @@ class MlasLibrary(Library):
         return nchwc.conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
 
     def ort_converts(self, task: Task) -> bool:
-        """Whether ONNX Runtime's own NchwcTransformer makes this conv NCHWc (its default): it
-        needs block-multiple channels, except a plain conv with fewer input channels than a block
-        (it reads NCHW), and depthwise convs need block-multiple channels too."""
+        """Whether ONNX Runtime's default session runs this task's convs as NCHWc. Known exactly
+        for the model given to ``prepare_model`` (most of the task's nodes decide); otherwise
+        ORT's rule for a conv alone: block-multiple channels, except a plain conv with fewer
+        input channels than a block (it reads NCHW)."""
+        if self.ort_nchwc_nodes is not None:
+            return 2 * sum(node in self.ort_nchwc_nodes for node in task.nodes) > len(task.nodes)
         block, group = self._block(), task.attrs["group"]
         input_channels, output_channels = task.input_shape[1], task.weight_shape[0]
         if not self.nchwc_possible(task):

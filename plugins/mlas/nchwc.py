@@ -200,8 +200,6 @@ def nchwc_block_size() -> int:
     weight's leading dimension is the block size.  Returns 1 if ORT did not produce an NCHWc conv
     (no NCHWc support on this platform).  Cached per process.
     """
-    import onnxruntime as ort
-
     w = numpy_helper.from_array(np.ones((1, 3, 1, 1), np.float32), "W")
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "W"], ["y"], name="probe")],
@@ -210,16 +208,7 @@ def nchwc_block_size() -> int:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 1])],
         [w],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    with tempfile.TemporaryDirectory(prefix="kselect_nchwc_") as tmp:
-        path = os.path.join(tmp, "probe_opt.onnx")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.optimized_model_filepath = path
-        so.log_severity_level = 3
-        so.intra_op_num_threads = 1
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(path)
+    optimized = ort_optimized(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
     inits = {t.name: t for t in optimized.graph.initializer}
     for node in optimized.graph.node:
         if node.domain == NCHWC_DOMAIN and node.op_type == "Conv" and node.input[1] in inits:
@@ -257,6 +246,50 @@ def _has_entry(so: Any, key: str) -> bool:
 # --------------------------------------------------------------------------------------------
 # numpy helpers
 # --------------------------------------------------------------------------------------------
+
+
+def ort_optimized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph ONNX Runtime's default session (ORT_ENABLE_ALL) actually runs."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="kselect_nchwc_") as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = path
+        so.log_severity_level = 3
+        so.intra_op_num_threads = 1
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return onnx.load(path)
+
+
+def ort_nchwc_convs(model: onnx.ModelProto) -> set[str]:
+    """Names of the Conv nodes ONNX Runtime's own NchwcTransformer turns into NCHWc convs.
+
+    Its choice depends on the graph around a conv (e.g. a conv whose input channels are not a
+    block multiple is converted only when its producer already is), so ORT is asked: the model
+    is optimised as a default session would, and each NCHWc conv, which ORT names after its
+    output tensor + "_nchwc" (the conv's, or that of the activation fused into it), is traced
+    back to the original node.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    conv_of_tensor: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "Conv":
+            conv_of_tensor[node.output[0]] = node.name
+            readers = consumers.get(node.output[0], [])
+            if len(readers) == 1 and readers[0].op_type in _UNARY_ACTIVATIONS:
+                conv_of_tensor[readers[0].output[0]] = node.name
+    converted = set()
+    for node in ort_optimized(model).graph.node:
+        if node.domain == NCHWC_DOMAIN and node.op_type == "Conv" and node.name.endswith("_nchwc"):
+            original = conv_of_tensor.get(node.name[: -len("_nchwc")])
+            if original is not None:
+                converted.add(original)
+    return converted
 
 
 def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
