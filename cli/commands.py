@@ -163,7 +163,8 @@ def cmd_tune(args) -> None:
     tasks = library_tasks(model, library)
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
-    options = TuneOptions(args.search, args.budget, args.time_budget, args.seed,
+    searcher_options = {"storage": args.storage} if args.storage else {}
+    options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop, searcher_options,
                           MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time,
                                           max_time_s=15 * args.min_time))
     spaces = {t.key: library.space(t, device) for t in tasks}

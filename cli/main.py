@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, help="record database (default ~/.cache/kselect/records.db, or $KSELECT_DB)")
     p.add_argument("-o", "--output", default=None, help="plan file (default MODEL.LIBRARY.plan.json)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--early-stop", type=int, metavar="N", help="stop a task after N samples without improvement")
+    p.add_argument("--storage", help="search-backend storage URL (tpe: an Optuna storage, e.g. sqlite:///optuna.db)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take before it is killed")
     p.add_argument("--min-time", type=float, default=0.1, help="minimum measured seconds per candidate instance")
 

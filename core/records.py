@@ -110,5 +110,15 @@ class RecordDB:
         return [Record(task_key, json.loads(key), key, Result(status, median, spread, count, error, reason), bool(emulated), bool(is_default))
                 for task_key, key, status, median, spread, count, error, reason, emulated, is_default in rows]
 
+    def all_records(self, device: str, library: str, version: str) -> list[tuple[dict, Record]]:
+        """Every record of this device and library build, each with its task's JSON (for cost
+        models that learn across tasks)."""
+        rows = self.connection.execute(
+            "SELECT task_json, task, config, status, median_us, spread, count, error, reason, emulated, is_default"
+            " FROM records WHERE device=? AND library=? AND library_version=? ORDER BY id", (device, library, version)).fetchall()
+        return [(json.loads(task_json), Record(task_key, json.loads(key), key, Result(status, median, spread, count, error, reason),
+                                               bool(emulated), bool(is_default)))
+                for task_json, task_key, key, status, median, spread, count, error, reason, emulated, is_default in rows]
+
     def count(self) -> int:
         return self.connection.execute("SELECT COUNT(*) FROM records").fetchone()[0]

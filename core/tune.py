@@ -39,6 +39,7 @@ class TaskOutcome:
     measured_now: int = 0
     failed: int = 0
     invalid: int = 0
+    stopped_early: bool = False
 
     @property
     def speedup(self) -> float | None:
@@ -61,6 +62,8 @@ class TuneOptions:
     budget: int = 16  # configs per task, the default included
     time_budget_s: float | None = None  # whole tune
     seed: int = 0
+    early_stop: int | None = None  # stop a task after this many samples without a better time
+    searcher_options: dict = field(default_factory=dict)  # e.g. {"storage": "sqlite:///optuna.db"}
     settings: MeasureSettings = field(default_factory=MeasureSettings)
 
 
@@ -99,7 +102,10 @@ def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, opti
             outcome = TaskOutcome(task, len(space), default)
             outcomes.append(outcome)
             stored = {r.config_key: r for r in db.records(device.fingerprint, library.name, version, task.key)}
-            searcher = searcher_class(space, task=task, seed=options.seed)
+            prior = [(Task.from_json(task_json), record.config, record.result.median_us)
+                     for task_json, record in db.all_records(device.fingerprint, library.name, version)
+                     if record.task != task.key and record.result.status == "ok"]
+            searcher = searcher_class(space, task=task, seed=options.seed, prior=prior, **options.searcher_options)
             for record in stored.values():
                 config = space.normalise(record.config)
                 searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
@@ -116,12 +122,19 @@ def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, opti
                 outcome.default = measure(task, default, outcome, is_default=True)
                 searcher.tell(default, outcome.default.median_us if outcome.default.status == "ok" else None)
 
+            since_improvement = 0
             while outcome.samples < options.budget and (deadline is None or time.monotonic() < deadline):
+                if options.early_stop is not None and since_improvement >= options.early_stop:
+                    outcome.stopped_early = True
+                    break
                 config = searcher.ask()
                 if config is None:
                     break
+                best_before = outcome.best.median_us if outcome.best else None
                 result = measure(task, config, outcome, is_default=False)
                 searcher.tell(config, result.median_us if result.status == "ok" else None)
+                improved = result.status == "ok" and (best_before is None or result.median_us < best_before)
+                since_improvement = 0 if improved else since_improvement + 1
             reporter.task_finished(task, outcome)
     return outcomes
 

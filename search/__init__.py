@@ -4,6 +4,8 @@ The tuner first ``tell``s a searcher every stored result of the task (so a resum
 up where it stopped), then alternates ``ask`` (a config not measured yet, or None when the
 searcher has nothing more to propose) and ``tell`` (its time in microseconds, or None when the
 candidate was invalid or failed). A searcher never proposes a config it has been told about.
+``prior`` holds results of other tasks on the same device and library build, for searchers
+that transfer what they learnt; ``options`` are backend-specific (``--storage`` for tpe).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from kselect.core.tasks import Task
 class Searcher:
     name = ""
 
-    def __init__(self, space: Space, task: Task | None = None, seed: int = 0, **options):
+    def __init__(self, space: Space, task: Task | None = None, seed: int = 0,
+                 prior: list[tuple[Task, dict, float]] | None = None, **options):
         self.space = space
         self.task = task
         self.seed = seed
+        self.prior = prior or []  # (task, config, time_us) measured on other tasks, same device and library
         self.options = options
         self.history: dict[str, tuple[dict, float | None]] = {}
 
