@@ -228,3 +228,17 @@ def test_mixed_layouts_on_a_zoo_model_match_the_original():
     got = ort.InferenceSession(rewritten.SerializeToString(), nchwc.session_options()).run(None, {"input": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert sum(n.domain == "com.microsoft.nchwc" and n.op_type == "Conv" for n in rewritten.graph.node) > len(convs) // 2
+
+
+def test_ctrl_c_stops_a_tune_cleanly_and_keeps_records(small_model_path, tmp_path):
+    db = tmp_path / "records.db"
+    args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas",
+            "--budget", "8", "--min-time", "0.02", "--db", str(db), "-o", str(tmp_path / "p.json")]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not db.exists() or len(_records(db)) < 2):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
+    assert len(_records(db)) >= 2

@@ -1,0 +1,921 @@
+"""ctypes binding over the system XNNPack (Debian ``libxnnpack0``, snapshot 0.0~git20220216).
+
+Only the public operator API of ``/usr/include/xnnpack.h`` is used here (f32 operators a CNN
+needs).  Every operator object packs its weights once at creation; ``run(x, out=None)`` does
+``xnn_setup_*`` + ``xnn_run_operator`` on C-contiguous float32 numpy arrays.  Native objects are
+freed by ``close()``, by the context manager, or in ``__del__``.
+
+Threading: a :class:`Threadpool` wraps ``pthreadpool_create(n)``; ``threadpool=None`` runs on the
+calling thread only.  An operator keeps a reference to its pool, so the pool outlives it.
+
+Layouts (as XNNPack wants them; the constructors convert from ONNX's OIHW by default):
+
+* ``Convolution2DNHWC``: input NHWC, output NHWC, weights OIHW (``weight_layout="OIHW"``) or
+  OHWI (= XNNPack's GOKI for grouped convs).
+* ``Convolution2DNCHW``: input NCHW (or NHWC for the 3x3/s2/C=3 first-layer path), output NCHW.
+  This build supports only: 1x1 stride-1 unpadded dense (SpMM), 3x3 s2 p1 C=3 with NHWC input,
+  and depthwise 3x3 (s1 p1 / s2 p1 with top pad 0 or 1) and 5x5 (s1 p2 / s2 p2 with top pad 1
+  or 2), no dilation.  Anything else raises ``XNNPackError(xnn_status_unsupported_parameter)``;
+  :func:`nchw_convolution_supported` predicts that without calling the library.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import math
+import subprocess
+from typing import Sequence
+
+import numpy as np
+
+LIBXNNPACK = "libXNNPACK.so.0"
+LIBPTHREADPOOL = "libpthreadpool.so.0"
+DEBIAN_PACKAGE = "libxnnpack0"
+INSTALL_HINT = "apt-get install libxnnpack-dev"
+
+# Flags from xnnpack.h (this snapshot).
+XNN_FLAG_DEPTHWISE_CONVOLUTION = 0x00000001
+XNN_FLAG_TRANSPOSE_WEIGHTS = 0x00000001
+XNN_FLAG_INPUT_NHWC = 0x00000002
+XNN_FLAG_TENSORFLOW_SAME_PADDING = 0x00000004
+XNN_MAX_TENSOR_DIMS = 6
+
+STATUS_NAMES = {
+    0: "xnn_status_success",
+    1: "xnn_status_uninitialized",
+    2: "xnn_status_invalid_parameter",
+    3: "xnn_status_invalid_state",
+    4: "xnn_status_unsupported_parameter",
+    5: "xnn_status_unsupported_hardware",
+    6: "xnn_status_out_of_memory",
+}
+
+_F32_OPS = [
+    "convolution2d_nhwc_f32", "convolution2d_nchw_f32", "fully_connected_nc_f32",
+    "max_pooling2d_nhwc_f32", "average_pooling2d_nhwc_f32", "global_average_pooling_nwc_f32",
+    "add_nd_f32", "clamp_nc_f32", "softmax_nc_f32", "copy_nc_x32",
+]
+REQUIRED_SYMBOLS = (
+    ["xnn_initialize", "xnn_run_operator", "xnn_delete_operator"]
+    + [f"xnn_{kind}_{op}" for op in _F32_OPS for kind in ("create", "setup")]
+)
+REQUIRED_POOL_SYMBOLS = ["pthreadpool_create", "pthreadpool_destroy", "pthreadpool_get_threads_count"]
+
+
+class XNNPackError(RuntimeError):
+    """A non-success ``xnn_status`` (``status``: int, ``status_name``: e.g. xnn_status_invalid_parameter)."""
+
+    def __init__(self, status: int, function: str, detail: str = ""):
+        self.status = int(status)
+        self.status_name = STATUS_NAMES.get(self.status, f"xnn_status_unknown({self.status})")
+        self.function = function
+        msg = f"{function} failed: {self.status_name}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class XNNPackUnavailable(RuntimeError):
+    """The library (or a symbol this binding needs) is not usable on this machine."""
+
+
+# --------------------------------------------------------------------------------------------
+# Library loading
+# --------------------------------------------------------------------------------------------
+
+_sz = ctypes.c_size_t
+_u32 = ctypes.c_uint32
+_f32 = ctypes.c_float
+_vp = ctypes.c_void_p
+_op_out = ctypes.POINTER(ctypes.c_void_p)
+_szp = ctypes.POINTER(ctypes.c_size_t)
+
+_PROTOS = {
+    "xnn_initialize": [_vp],
+    "xnn_deinitialize": [],
+    "xnn_run_operator": [_vp, _vp],
+    "xnn_delete_operator": [_vp],
+    "xnn_create_convolution2d_nhwc_f32": [_u32] * 11 + [_sz] * 4 + [_vp, _vp, _f32, _f32, _u32, _op_out],
+    "xnn_setup_convolution2d_nhwc_f32": [_vp, _sz, _sz, _sz, _vp, _vp, _vp],
+    "xnn_create_convolution2d_nchw_f32": [_u32] * 11 + [_sz] * 4 + [_vp, _vp, _f32, _f32, _u32, _op_out],
+    "xnn_setup_convolution2d_nchw_f32": [_vp, _sz, _sz, _sz, _vp, _vp, _vp],
+    "xnn_create_fully_connected_nc_f32": [_sz] * 4 + [_vp, _vp, _f32, _f32, _u32, _op_out],
+    "xnn_setup_fully_connected_nc_f32": [_vp, _sz, _vp, _vp, _vp],
+    "xnn_create_max_pooling2d_nhwc_f32": [_u32] * 10 + [_sz] * 3 + [_f32, _f32, _u32, _op_out],
+    "xnn_setup_max_pooling2d_nhwc_f32": [_vp, _sz, _sz, _sz, _vp, _vp, _vp],
+    "xnn_create_average_pooling2d_nhwc_f32": [_u32] * 8 + [_sz] * 3 + [_f32, _f32, _u32, _op_out],
+    "xnn_setup_average_pooling2d_nhwc_f32": [_vp, _sz, _sz, _sz, _vp, _vp, _vp],
+    "xnn_create_global_average_pooling_nwc_f32": [_sz] * 3 + [_f32, _f32, _u32, _op_out],
+    "xnn_setup_global_average_pooling_nwc_f32": [_vp, _sz, _sz, _vp, _vp, _vp],
+    "xnn_create_add_nd_f32": [_f32, _f32, _u32, _op_out],
+    "xnn_setup_add_nd_f32": [_vp, _sz, _szp, _sz, _szp, _vp, _vp, _vp, _vp],
+    "xnn_create_clamp_nc_f32": [_sz] * 3 + [_f32, _f32, _u32, _op_out],
+    "xnn_setup_clamp_nc_f32": [_vp, _sz, _vp, _vp, _vp],
+    "xnn_create_softmax_nc_f32": [_sz] * 3 + [_u32, _op_out],
+    "xnn_setup_softmax_nc_f32": [_vp, _sz, _vp, _vp, _vp],
+    "xnn_create_copy_nc_x32": [_sz] * 3 + [_u32, _op_out],
+    "xnn_setup_copy_nc_x32": [_vp, _sz, _vp, _vp, _vp],
+}
+
+
+class _Lib:
+    """The loaded libraries, with prototypes set; ``xnn_initialize`` called once."""
+
+    def __init__(self) -> None:
+        try:
+            # Load pthreadpool first (global) so XNNPack resolves its PLT calls against it.
+            self.pool = ctypes.CDLL(LIBPTHREADPOOL, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise XNNPackUnavailable(
+                f"libpthreadpool0 not installed ({LIBPTHREADPOOL}: {e}): "
+                "apt-get install libpthreadpool-dev") from e
+        try:
+            self.xnn = ctypes.CDLL(LIBXNNPACK, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise XNNPackUnavailable(
+                f"{DEBIAN_PACKAGE} not installed ({LIBXNNPACK}: {e}): {INSTALL_HINT}") from e
+        missing = [s for s in REQUIRED_SYMBOLS if not hasattr(self.xnn, s)]
+        missing += [s for s in REQUIRED_POOL_SYMBOLS if not hasattr(self.pool, s)]
+        if missing:
+            raise XNNPackUnavailable(
+                f"{LIBXNNPACK} lacks needed symbol(s) {', '.join(missing)} "
+                f"(installed {DEBIAN_PACKAGE} {library_version()!r}; this binding targets the "
+                "0.0~git20220216 API)")
+        for name, argtypes in _PROTOS.items():
+            fn = getattr(self.xnn, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+        self.pool.pthreadpool_create.argtypes = [_sz]
+        self.pool.pthreadpool_create.restype = _vp
+        self.pool.pthreadpool_destroy.argtypes = [_vp]
+        self.pool.pthreadpool_destroy.restype = None
+        self.pool.pthreadpool_get_threads_count.argtypes = [_vp]
+        self.pool.pthreadpool_get_threads_count.restype = _sz
+        status = self.xnn.xnn_initialize(None)
+        if status != 0:
+            raise XNNPackUnavailable(
+                f"xnn_initialize failed: {STATUS_NAMES.get(status, status)}"
+                + (" (this CPU lacks SSE2?)" if status == 5 else ""))
+
+
+_LIB: _Lib | None = None
+_LIB_ERROR: XNNPackUnavailable | None = None
+
+
+def lib() -> _Lib:
+    """The loaded, initialized library; raises :class:`XNNPackUnavailable` with the reason."""
+    global _LIB, _LIB_ERROR
+    if _LIB is None:
+        if _LIB_ERROR is not None:
+            raise _LIB_ERROR
+        try:
+            _LIB = _Lib()
+        except XNNPackUnavailable as e:
+            _LIB_ERROR = e
+            raise
+    return _LIB
+
+
+def availability() -> tuple[bool, str]:
+    """``(True, "libxnnpack0 <version>")`` or ``(False, reason)`` -- never raises."""
+    try:
+        lib()
+    except XNNPackUnavailable as e:
+        return False, str(e)
+    except Exception as e:  # pragma: no cover - defensive
+        return False, f"{type(e).__name__}: {e}"
+    return True, f"{DEBIAN_PACKAGE} {library_version() or 'unknown version'}"
+
+
+@functools.lru_cache(maxsize=None)
+def library_version(package: str = DEBIAN_PACKAGE) -> str | None:
+    """Debian version of the installed package (the library has no version call), or None."""
+    try:
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", package],
+            capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    return out.stdout.strip()
+
+
+def _check(status: int, function: str, detail: str = "") -> None:
+    if status != 0:
+        raise XNNPackError(status, function, detail)
+
+
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_char.from_buffer
+
+
+def _ptr(a: np.ndarray) -> int:
+    """Data address of a C-contiguous array (~1 us; ``a.ctypes.data`` costs ~3 us)."""
+    try:
+        return _addressof(_from_buffer(a))
+    except (TypeError, ValueError):  # read-only or empty buffer
+        return a.ctypes.data
+
+
+def _as_f32(a, name: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype != np.float32:
+        raise TypeError(f"{name}: expected float32, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    return a
+
+
+def _out(out, shape: tuple, name: str = "out") -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    out = _as_f32(out, name)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name}: not writeable")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Threadpool
+# --------------------------------------------------------------------------------------------
+
+class Threadpool:
+    """``pthreadpool_create(num_threads)``; 0 means one thread per logical CPU."""
+
+    def __init__(self, num_threads: int):
+        if num_threads < 0:
+            raise ValueError("num_threads must be >= 0")
+        self._lib = lib()
+        handle = self._lib.pool.pthreadpool_create(int(num_threads))
+        if not handle:
+            raise MemoryError("pthreadpool_create returned NULL")
+        self._handle = handle
+
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise ValueError("threadpool is closed")
+        return self._handle
+
+    @property
+    def threads_count(self) -> int:
+        return int(self._lib.pool.pthreadpool_get_threads_count(self.handle))
+
+    def close(self) -> None:
+        h, self._handle = getattr(self, "_handle", None), None
+        if h:
+            self._lib.pool.pthreadpool_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"Threadpool({self.threads_count if self._handle else 'closed'})"
+
+
+def _pool_handle(pool: Threadpool | None):
+    return None if pool is None else pool.handle
+
+
+# --------------------------------------------------------------------------------------------
+# Operators
+# --------------------------------------------------------------------------------------------
+
+def _pair(v, name: str) -> tuple[int, int]:
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    v = tuple(int(x) for x in v)
+    if len(v) != 2:
+        raise ValueError(f"{name}: expected an int or 2 ints, got {v}")
+    return v
+
+
+def _pads(p) -> tuple[int, int, int, int]:
+    """Padding as (top, left, bottom, right) from an int, (ph, pw), or ONNX (t, l, b, r)."""
+    if isinstance(p, (int, np.integer)):
+        return (int(p),) * 4
+    p = tuple(int(x) for x in p)
+    if len(p) == 2:
+        return p[0], p[1], p[0], p[1]
+    if len(p) == 4:
+        return p
+    raise ValueError(f"padding: expected int, (h, w) or (top, left, bottom, right), got {p}")
+
+
+def conv_output_size(size: int, kernel: int, stride: int, dilation: int, pad_before: int,
+                     pad_after: int) -> int:
+    eff = (kernel - 1) * dilation + 1
+    padded = size + pad_before + pad_after
+    return max(0, (padded - eff) // stride + 1) if padded >= eff else 0
+
+
+class Operator:
+    """Base: owns one ``xnn_operator_t``."""
+
+    _setup_name = ""
+
+    def __init__(self, threadpool: Threadpool | None = None):
+        self._lib = lib()
+        self._op = ctypes.c_void_p()
+        self.threadpool = threadpool
+        self._last = None
+
+    def _create(self, fn_name: str, *args) -> None:
+        fn = getattr(self._lib.xnn, fn_name)
+        _check(fn(*args, ctypes.byref(self._op)), fn_name, self._describe())
+        self._run_fn = self._lib.xnn.xnn_run_operator
+        self._setup_fn = getattr(self._lib.xnn, fn_name.replace("xnn_create_", "xnn_setup_"))
+        self._setup_name = fn_name.replace("xnn_create_", "xnn_setup_")
+
+    def _describe(self) -> str:
+        return ""
+
+    @property
+    def handle(self) -> int:
+        if not self._op:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._op.value
+
+    def _pool(self, threadpool):
+        pool = self.threadpool if threadpool is None else threadpool
+        return None if pool is None else pool.handle
+
+    def setup(self, *args, **kwargs) -> np.ndarray:
+        """``xnn_setup_*`` for these arrays (returns the output array); then :meth:`execute`."""
+        self._last = None
+        return self._setup(*args, **kwargs)
+
+    def _setup(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def execute(self, threadpool: Threadpool | None = None) -> None:
+        """``xnn_run_operator`` alone (after a setup with the same pointers)."""
+        op = self._op.value
+        if not op:
+            raise ValueError(f"{type(self).__name__} is closed")
+        pool = self.threadpool if threadpool is None else threadpool
+        status = self._run_fn(op, None if pool is None else pool.handle)
+        if status:
+            raise XNNPackError(status, "xnn_run_operator")
+
+    def _cached(self, x, out, threadpool) -> bool:
+        """True when the last setup used these very arrays (same shape) and pool."""
+        last = self._last
+        return (last is not None and out is not None and last[0] is x and last[1] is out
+                and last[2] == x.shape and last[3] is threadpool)
+
+    def _remember(self, x, out, threadpool) -> None:
+        # Holding x and out keeps their buffers alive, so their addresses cannot be reused.
+        self._last = (x, out, x.shape, threadpool)
+
+    def close(self) -> None:
+        op = getattr(self, "_op", None)
+        if op:
+            self._lib.xnn.xnn_delete_operator(op)
+            self._op = ctypes.c_void_p()
+        self._last = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _Conv2DBase(Operator):
+    def __init__(self, weights, bias=None, *, stride=1, dilation=1, padding=0, groups=1,
+                 depthwise_flag: bool = False, weight_layout: str = "OIHW",
+                 output_min: float = -math.inf, output_max: float = math.inf,
+                 flags: int = 0, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        w = np.asarray(weights, dtype=np.float32)
+        if w.ndim != 4:
+            raise ValueError("weights must be 4-D (OIHW or OHWI)")
+        if weight_layout == "OIHW":
+            O, Ig, kh, kw = w.shape
+        elif weight_layout == "OHWI":
+            O, kh, kw, Ig = w.shape
+        else:
+            raise ValueError("weight_layout must be 'OIHW' or 'OHWI'")
+        groups = int(groups)
+        if groups < 1 or O % groups:
+            raise ValueError(f"output channels {O} not divisible by groups {groups}")
+        self.groups = groups
+        self.group_input_channels = Ig
+        self.group_output_channels = O // groups
+        self.input_channels = Ig * groups
+        self.output_channels = O
+        self.kernel = (kh, kw)
+        self.stride = _pair(stride, "stride")
+        self.dilation = _pair(dilation, "dilation")
+        self.padding = _pads(padding)  # top, left, bottom, right
+        self.output_min, self.output_max = float(output_min), float(output_max)
+        self.weight_layout = weight_layout
+        self._w_oihw = w if weight_layout == "OIHW" else None
+        self._w_ohwi = w if weight_layout == "OHWI" else None
+        if bias is not None:
+            b = np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+            if b.size != O:
+                raise ValueError(f"bias has {b.size} elements, expected {O}")
+        else:
+            b = None
+        self._bias = b
+        self.flags = int(flags) | (XNN_FLAG_DEPTHWISE_CONVOLUTION if depthwise_flag else 0)
+
+    def _ohwi(self) -> np.ndarray:
+        if self._w_ohwi is None:
+            self._w_ohwi = np.ascontiguousarray(self._w_oihw.transpose(0, 2, 3, 1))
+        return np.ascontiguousarray(self._w_ohwi)
+
+    def _oihw(self) -> np.ndarray:
+        if self._w_oihw is None:
+            self._w_oihw = np.ascontiguousarray(self._w_ohwi.transpose(0, 3, 1, 2))
+        return np.ascontiguousarray(self._w_oihw)
+
+    def _create_conv(self, fn_name: str, kernel_array: np.ndarray, flags: int):
+        t, l, b, r = self.padding
+        bias = self._bias
+        self._create(
+            fn_name, t, r, b, l, self.kernel[0], self.kernel[1], self.stride[0], self.stride[1],
+            self.dilation[0], self.dilation[1], self.groups, self.group_input_channels,
+            self.group_output_channels, self.input_channels, self.output_channels,
+            _ptr(kernel_array), None if bias is None else _ptr(bias),
+            self.output_min, self.output_max, flags)
+        # XNNPack copied/packed the weights: drop our copies.
+        self._w_oihw = self._w_ohwi = None
+        self._bias = None
+
+    def _describe(self) -> str:
+        return (f"{type(self).__name__} k={self.kernel} s={self.stride} d={self.dilation} "
+                f"pad(t,l,b,r)={self.padding} groups={self.groups} "
+                f"cin/g={self.group_input_channels} cout/g={self.group_output_channels}")
+
+    def output_hw(self, h: int, w: int) -> tuple[int, int]:
+        t, l, b, r = self.padding
+        return (conv_output_size(h, self.kernel[0], self.stride[0], self.dilation[0], t, b),
+                conv_output_size(w, self.kernel[1], self.stride[1], self.dilation[1], l, r))
+
+
+class Convolution2DNHWC(_Conv2DBase):
+    """``xnn_create_convolution2d_nhwc_f32``: dense, grouped and depthwise (groups == C_in).
+
+    ``weights``: OIHW (ONNX; default) or OHWI, shape (C_out, C_in/groups, kh, kw).
+    ``padding``: int, (ph, pw) or ONNX order (top, left, bottom, right).
+    Input (N, H, W, C_in) -> output (N, OH, OW, C_out).
+    """
+
+    def __init__(self, weights, bias=None, **kw):
+        super().__init__(weights, bias, **kw)
+        if self.flags & XNN_FLAG_DEPTHWISE_CONVOLUTION:
+            # Depthwise flag: kernel [1, kh, kw, groups * depth_multiplier] (HWG).
+            kernel = np.ascontiguousarray(self._oihw().reshape(self.output_channels, -1).T)
+        else:
+            # XNNPack NHWC kernel layout: [groups, group_output_channels, kh, kw, group_input_channels].
+            kernel = self._ohwi()
+        self._create_conv("xnn_create_convolution2d_nhwc_f32", kernel, self.flags)
+
+    def output_shape(self, input_shape) -> tuple:
+        n, h, w, c = input_shape
+        return (n, *self.output_hw(h, w), self.output_channels)
+
+    def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        if x.ndim != 4 or x.shape[3] != self.input_channels:
+            raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
+        out = _out(out, self.output_shape(x.shape))
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
+
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
+
+def nchw_convolution_supported(kernel, stride=1, dilation=1, padding=0, groups=1,
+                               input_channels=None, output_channels=None,
+                               input_nhwc: bool = False) -> tuple[bool, str]:
+    """Which NCHW convolutions this build (convolution-nchw.c @ 20220216) accepts.
+
+    Returns ``(ok, path)`` with path one of "spmm", "conv2d_hwc2chw", "dwconv2d_chw_3x3",
+    "dwconv2d_chw_3x3s2", "dwconv2d_chw_5x5", "dwconv2d_chw_5x5s2", or a reason.
+    """
+    kh, kw = _pair(kernel, "kernel")
+    sh, sw = _pair(stride, "stride")
+    dh, dw = _pair(dilation, "dilation")
+    t, l, b, r = _pads(padding)
+    any_pad = (t | l | b | r) != 0
+    gi = None if input_channels is None else input_channels // groups
+    go = None if output_channels is None else output_channels // groups
+    is_1x1 = kh == kw == 1 and sh == sw == 1
+    is_3x3 = kh == kw == 3 and dh == dw == 1
+    is_5x5 = kh == kw == 5 and dh == dw == 1
+    dw_ok = gi == 1 and go == 1
+    if is_1x1 and not any_pad and not input_nhwc and groups == 1:
+        return True, "spmm"
+    if is_3x3 and sh == sw == 2 and (t, l, b, r) == (1, 1, 1, 1) and input_nhwc and groups == 1:
+        return True, "conv2d_hwc2chw"
+    if is_3x3 and sh == sw == 1 and (t, l, b, r) == (1, 1, 1, 1) and not input_nhwc and dw_ok:
+        return True, "dwconv2d_chw_3x3"
+    if is_3x3 and sh == sw == 2 and t in (0, 1) and (l, b, r) == (1, 1, 1) and not input_nhwc and dw_ok:
+        return True, "dwconv2d_chw_3x3s2"
+    if is_5x5 and sh == sw == 1 and (t, l, b, r) == (2, 2, 2, 2) and not input_nhwc and dw_ok:
+        return True, "dwconv2d_chw_5x5"
+    if is_5x5 and sh == sw == 2 and t in (1, 2) and (l, b, r) == (2, 2, 2) and not input_nhwc and dw_ok:
+        return True, "dwconv2d_chw_5x5s2"
+    return False, ("unsupported by xnn_create_convolution2d_nchw_f32 in this build: only 1x1/s1/unpadded "
+                   "dense, 3x3/s2/p1 with NHWC input (C_in=3 micro-kernel), and depthwise 3x3 "
+                   "(s1 p1; s2 p1 with top 0|1) or 5x5 (s1 p2; s2 p2 with top 1|2) are implemented")
+
+
+class Convolution2DNCHW(_Conv2DBase):
+    """``xnn_create_convolution2d_nchw_f32`` (SpMM for 1x1, CHW depthwise, 3x3s2 HWC->CHW).
+
+    Input (N, C_in, H, W) -- or (N, H, W, C_in) with ``input_nhwc=True`` -- -> (N, C_out, OH, OW).
+    Shapes this build does not implement raise ``XNNPackError`` with
+    ``status_name == "xnn_status_unsupported_parameter"`` at creation.
+    Note: the 3x3s2 HWC->CHW micro-kernel is written for 3 input channels.
+    """
+
+    def __init__(self, weights, bias=None, *, input_nhwc: bool = False, **kw):
+        super().__init__(weights, bias, **kw)
+        self.input_nhwc = bool(input_nhwc)
+        ok, self.path = nchw_convolution_supported(
+            self.kernel, self.stride, self.dilation, self.padding, self.groups,
+            self.input_channels, self.output_channels, self.input_nhwc)
+        flags = self.flags | (XNN_FLAG_INPUT_NHWC if self.input_nhwc else 0)
+        if ok and self.path == "conv2d_hwc2chw":
+            kernel = self._ohwi()  # xnn_pack_f32_dconv_oki_w: [O][kh][kw][I]
+        elif self.flags & XNN_FLAG_DEPTHWISE_CONVOLUTION:
+            kernel = np.ascontiguousarray(self._oihw().reshape(self.output_channels, -1).T)  # HWG
+        else:
+            kernel = self._oihw()  # spmm: [O][I]; dwconv ghw: [G][kh][kw]
+        self._create_conv("xnn_create_convolution2d_nchw_f32", kernel, flags)
+
+    def output_shape(self, input_shape) -> tuple:
+        if self.input_nhwc:
+            n, h, w, c = input_shape
+        else:
+            n, c, h, w = input_shape
+        return (n, self.output_channels, *self.output_hw(h, w))
+
+    def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        c = x.shape[3] if self.input_nhwc else x.shape[1]
+        if x.ndim != 4 or c != self.input_channels:
+            raise ValueError(f"x: expected {self.input_channels} channels, got shape {x.shape}")
+        n, h, w = (x.shape[0], x.shape[1], x.shape[2]) if self.input_nhwc else (x.shape[0], x.shape[2], x.shape[3])
+        out = _out(out, self.output_shape(x.shape))
+        _check(self._setup_fn(self.handle, n, h, w, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
+
+class FullyConnected(Operator):
+    """``xnn_create_fully_connected_nc_f32``: y = x @ W.T + b.
+
+    ``weights``: (C_out, C_in) (ONNX Gemm transB=1 / MatMul weight transposed); pass
+    ``transpose_weights=True`` for (C_in, C_out).  Input (..., C_in) -> (..., C_out).
+    """
+
+    def __init__(self, weights, bias=None, *, transpose_weights: bool = False,
+                 output_min: float = -math.inf, output_max: float = math.inf,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        if w.ndim != 2:
+            raise ValueError("weights must be 2-D")
+        if transpose_weights:
+            self.input_channels, self.output_channels = w.shape
+        else:
+            self.output_channels, self.input_channels = w.shape
+        b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        if b is not None and b.size != self.output_channels:
+            raise ValueError("bias size mismatch")
+        self._create("xnn_create_fully_connected_nc_f32", self.input_channels, self.output_channels,
+                     self.input_channels, self.output_channels, _ptr(w),
+                     None if b is None else _ptr(b), float(output_min), float(output_max),
+                     XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
+
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        if x.ndim < 1 or x.shape[-1] != self.input_channels:
+            raise ValueError(f"x: expected (..., {self.input_channels}), got {x.shape}")
+        out = _out(out, x.shape[:-1] + (self.output_channels,))
+        batch = x.size // self.input_channels
+        _check(self._setup_fn(self.handle, batch, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
+
+class _Pool2DBase(Operator):
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        if x.ndim != 4 or x.shape[3] != self.channels:
+            raise ValueError(f"x: expected (N, H, W, {self.channels}), got {x.shape}")
+        out = _out(out, self.output_shape(x.shape))
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
+
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
+    def output_shape(self, input_shape) -> tuple:
+        n, h, w, c = input_shape
+        t, l, b, r = self.padding
+        return (n, conv_output_size(h, self.pool[0], self.stride[0], self.dilation[0], t, b),
+                conv_output_size(w, self.pool[1], self.stride[1], self.dilation[1], l, r), c)
+
+
+class MaxPooling2D(_Pool2DBase):
+    """``xnn_create_max_pooling2d_nhwc_f32`` (NHWC; padding is -inf, as ONNX MaxPool)."""
+
+    def __init__(self, channels: int, pool, *, stride=None, dilation=1, padding=0,
+                 output_min: float = -math.inf, output_max: float = math.inf,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = int(channels)
+        self.pool = _pair(pool, "pool")
+        self.stride = self.pool if stride is None else _pair(stride, "stride")
+        self.dilation = _pair(dilation, "dilation")
+        self.padding = _pads(padding)
+        t, l, b, r = self.padding
+        self._create("xnn_create_max_pooling2d_nhwc_f32", t, r, b, l, self.pool[0], self.pool[1],
+                     self.stride[0], self.stride[1], self.dilation[0], self.dilation[1],
+                     self.channels, self.channels, self.channels, float(output_min),
+                     float(output_max), 0)
+
+
+class AveragePooling2D(_Pool2DBase):
+    """``xnn_create_average_pooling2d_nhwc_f32`` (NHWC).
+
+    With padding, XNNPack divides by the number of non-padding pixels in each window
+    (ONNX ``count_include_pad=0``); without padding all windows are full.
+    """
+
+    def __init__(self, channels: int, pool, *, stride=None, padding=0,
+                 output_min: float = -math.inf, output_max: float = math.inf,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = int(channels)
+        self.pool = _pair(pool, "pool")
+        self.stride = self.pool if stride is None else _pair(stride, "stride")
+        self.dilation = (1, 1)
+        self.padding = _pads(padding)
+        t, l, b, r = self.padding
+        self._create("xnn_create_average_pooling2d_nhwc_f32", t, r, b, l, self.pool[0], self.pool[1],
+                     self.stride[0], self.stride[1], self.channels, self.channels, self.channels,
+                     float(output_min), float(output_max), 0)
+
+
+class GlobalAveragePooling(Operator):
+    """``xnn_create_global_average_pooling_nwc_f32``: (N, W, C) or (N, H, W, C) -> (N, C)."""
+
+    def __init__(self, channels: int, *, output_min: float = -math.inf,
+                 output_max: float = math.inf, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = int(channels)
+        self._create("xnn_create_global_average_pooling_nwc_f32", self.channels, self.channels,
+                     self.channels, float(output_min), float(output_max), 0)
+
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        if x.ndim not in (3, 4) or x.shape[-1] != self.channels:
+            raise ValueError(f"x: expected (N, W, {self.channels}) or (N, H, W, {self.channels})")
+        n = x.shape[0]
+        width = x.size // (n * self.channels) if n else 0
+        out = _out(out, (n, self.channels))
+        _check(self._setup_fn(self.handle, n, width, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
+
+class Add(Operator):
+    """``xnn_create_add_nd_f32`` with numpy broadcasting (up to 6 dims)."""
+
+    def __init__(self, *, output_min: float = -math.inf, output_max: float = math.inf,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self._create("xnn_create_add_nd_f32", float(output_min), float(output_max), 0)
+        self._shape_cache: dict = {}
+
+    def _shapes(self, sa: tuple, sb: tuple):
+        key = (sa, sb)
+        c = self._shape_cache.get(key)
+        if c is None:
+            if len(sa) > XNN_MAX_TENSOR_DIMS or len(sb) > XNN_MAX_TENSOR_DIMS:
+                raise ValueError(f"add_nd supports at most {XNN_MAX_TENSOR_DIMS} dims")
+            out_shape = np.broadcast_shapes(sa, sb)
+            c = ((_sz * max(1, len(sa)))(*(sa or (1,))), (_sz * max(1, len(sb)))(*(sb or (1,))),
+                 max(1, len(sa)), max(1, len(sb)), out_shape)
+            self._shape_cache[key] = c
+        return c
+
+    def _setup(self, a, b, out=None, threadpool=None) -> np.ndarray:
+        a = _as_f32(a, "a")
+        b = _as_f32(b, "b")
+        sa, sb, na, nb, oshape = self._shapes(a.shape, b.shape)
+        out = _out(out, oshape)
+        _check(self._setup_fn(self.handle, na, sa, nb, sb, _ptr(a), _ptr(b), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
+
+    def run(self, a, b, out=None, threadpool=None) -> np.ndarray:
+        last = self._last
+        if not (last is not None and out is not None and last[0] is a and last[1] is b
+                and last[2] is out and last[3] == (a.shape, b.shape) and last[4] is threadpool):
+            out = self._setup(a, b, out, threadpool)
+            self._last = (a, b, out, (a.shape, b.shape), threadpool)
+        self.execute(threadpool)
+        return out
+
+
+class _RowwiseNC(Operator):
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        if x.ndim < 1 or x.shape[-1] != self.channels:
+            raise ValueError(f"x: expected (..., {self.channels}), got {x.shape}")
+        out = _out(out, x.shape)
+        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
+
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
+
+class Clamp(_RowwiseNC):
+    """``xnn_create_clamp_nc_f32`` over the last axis (Relu = Clamp(c, 0, inf), Relu6, ...)."""
+
+    def __init__(self, channels: int, output_min: float = -math.inf, output_max: float = math.inf,
+                 *, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = int(channels)
+        self._create("xnn_create_clamp_nc_f32", self.channels, self.channels, self.channels,
+                     float(output_min), float(output_max), 0)
+
+
+class Softmax(_RowwiseNC):
+    """``xnn_create_softmax_nc_f32`` over the last axis."""
+
+    def __init__(self, channels: int, *, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = int(channels)
+        self._create("xnn_create_softmax_nc_f32", self.channels, self.channels, self.channels, 0)
+
+
+class Concatenate:
+    """Concatenation built from ``xnn_create_copy_nc_x32`` with strides.
+
+    This snapshot has no concatenate operator (``xnn_create_concatenate*`` appeared later), so
+    each input becomes a strided copy: inputs are viewed as (outer, inner_i) with
+    inner_i = prod(shape[axis:]), copied into columns [off_i, off_i + inner_i) of an
+    (outer, sum inner) output.  One copy operator per input, created once for the given shapes.
+    """
+
+    def __init__(self, input_shapes: Sequence[Sequence[int]], axis: int,
+                 *, threadpool: Threadpool | None = None):
+        self._lib = lib()
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        if not shapes:
+            raise ValueError("need at least one input")
+        nd = len(shapes[0])
+        ax = axis + nd if axis < 0 else axis
+        if not 0 <= ax < nd:
+            raise ValueError(f"axis {axis} out of range for rank {nd}")
+        for s in shapes:
+            if len(s) != nd or s[:ax] != shapes[0][:ax] or s[ax + 1:] != shapes[0][ax + 1:]:
+                raise ValueError(f"shapes {shapes} do not concatenate along axis {axis}")
+        self.axis = ax
+        self.input_shapes = shapes
+        self.output_shape = shapes[0][:ax] + (sum(s[ax] for s in shapes),) + shapes[0][ax + 1:]
+        self.outer = int(np.prod(shapes[0][:ax], dtype=np.int64))
+        self.inners = [int(np.prod(s[ax:], dtype=np.int64)) for s in shapes]
+        self.out_stride = sum(self.inners)
+        self.offsets = [sum(self.inners[:i]) for i in range(len(self.inners))]
+        self.threadpool = threadpool
+        self._last = None
+        self._ops: list[_CopyNC] = []
+        try:
+            for inner in self.inners:
+                self._ops.append(_CopyNC(inner, inner, self.out_stride, threadpool))
+        except Exception:
+            self.close()
+            raise
+
+    def run(self, inputs: Sequence[np.ndarray], out=None, threadpool=None) -> np.ndarray:
+        if len(inputs) != len(self._ops):
+            raise ValueError(f"expected {len(self._ops)} inputs, got {len(inputs)}")
+        last = self._last
+        if (last is not None and out is not None and last[1] is out and last[3] is threadpool
+                and all(a is b for a, b in zip(last[0], inputs))
+                and last[2] == [x.shape for x in inputs]):
+            for op in self._ops:
+                op.execute(threadpool)
+            return out
+        self._last = None
+        out = _out(out, self.output_shape)
+        base = _ptr(out)
+        for x, shape, op, off in zip(inputs, self.input_shapes, self._ops, self.offsets):
+            x = _as_f32(x, "input")
+            if tuple(x.shape) != shape:
+                raise ValueError(f"input shape {x.shape}, expected {shape}")
+            op.setup_raw(self.outer, _ptr(x), base + 4 * off, threadpool)
+            op.execute(threadpool)
+        self._last = (list(inputs), out, [x.shape for x in inputs], threadpool)
+        return out
+
+    def close(self) -> None:
+        self._last = None
+        for op in getattr(self, "_ops", []):
+            op.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _CopyNC(Operator):
+    def __init__(self, channels: int, input_stride: int, output_stride: int,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = channels
+        self._create("xnn_create_copy_nc_x32", channels, input_stride, output_stride, 0)
+
+    def setup_raw(self, batch: int, x_ptr: int, out_ptr: int, threadpool=None) -> None:
+        _check(self._setup_fn(self.handle, batch, x_ptr, out_ptr, self._pool(threadpool)),
+               self._setup_name)
+
+
+__all__ = [
+    "XNNPackError", "XNNPackUnavailable", "availability", "library_version", "lib", "Threadpool",
+    "Operator", "Convolution2DNHWC", "Convolution2DNCHW", "nchw_convolution_supported",
+    "FullyConnected", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling", "Add", "Clamp",
+    "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
+]
