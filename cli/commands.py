@@ -59,11 +59,11 @@ def cmd_tasks(args) -> None:
     if args.json:
         return _print_json({"model": model.name, "tasks": [{**t.to_json(), "macs_per_op": t.macs} for t in tasks]})
     table = Table(title=f"Tuning tasks of {model.name}")
-    for column in ("task", "op", "input", "weight", "output", "attributes", "ops", "MMACs"):
+    for column in ("task", "op", "input", "weight", "output", "ops", "MMACs"):
         table.add_column(column, justify="right" if column in ("ops", "MMACs") else "left")
     for task in tasks:
-        table.add_row(task.id, task.kind, _shape(task.input_shape), _shape(task.weight_shape), _shape(task.output_shape),
-                      task.describe_attrs(), str(len(task.nodes)), f"{task.macs * len(task.nodes) / 1e6:,.1f}")
+        table.add_row(task.id, _op(task), _shape(task.input_shape), _shape(task.weight_shape), _shape(task.output_shape),
+                      str(len(task.nodes)), f"{task.macs * len(task.nodes) / 1e6:,.1f}")
     console.print(table)
     for kind in ("conv", "fc"):
         kind_tasks = [t for t in tasks if t.kind == kind]
@@ -98,11 +98,11 @@ def cmd_space(args) -> None:
         console.print(f"{len(space)} valid configurations; library default: {library.default_config(task, device)}")
         return
     table = Table(title=f"{library.name} spaces for {model.name}")
-    for column in ("task", "op", "input", "attributes", "dimensions", "size"):
+    for column in ("task", "op", "input", "dimensions", "size"):
         table.add_column(column)
     for task in tasks:
         space = library.space(task, device)
-        table.add_row(task.id, task.kind, _shape(task.input_shape), task.describe_attrs(),
+        table.add_row(task.id, _op(task), _shape(task.input_shape),
                       ", ".join(d.name for d in space.dims), str(len(space)))
     console.print(table)
 
@@ -188,20 +188,25 @@ def cmd_tune(args) -> None:
     console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
 
 
+def _op(task) -> str:
+    return f"{task.kind} {task.describe_attrs()}".strip()
+
+
 def _tune_table(outcomes, plan, library) -> None:
+    """Per task: the library default, the plan's choice (the best measured config, within the
+    plan-level settings), speedup, samples and bad (failed or invalid) candidates."""
     chosen = {t["key"]: t for t in plan.tasks}
-    title = f"{library.name}: default vs plan per task" + (" [EMULATED]" if library.emulated else "")
+    title = f"{library.name}: default vs best per task" + (" [EMULATED]" if library.emulated else "")
     table = Table(title=title)
-    for column in ("task", "op", "input", "attributes", "ops", "default us", "best us", "plan us", "speedup", "samples", "bad"):
-        table.add_column(column, justify="left" if column in ("task", "op", "input", "attributes") else "right")
+    for column in ("task", "op", "input", "ops", "default us", "best us", "speedup", "samples", "bad"):
+        table.add_column(column, justify="left" if column in ("task", "op", "input") else "right")
     default_total = plan_total = 0.0
     for outcome in outcomes:
         task, entry = outcome.task, chosen[outcome.task.key]
         default_us = entry["default_us"]
         speedup = f"{default_us / entry['time_us']:.2f}x" if default_us else "-"
-        table.add_row(task.id, task.kind, _shape(task.input_shape), task.describe_attrs(), str(len(task.nodes)),
-                      _us(default_us), _us(outcome.best.median_us if outcome.best else None), _us(entry["time_us"]),
-                      speedup, str(entry["samples"]), str(outcome.failed + outcome.invalid))
+        table.add_row(task.id, _op(task), _shape(task.input_shape), str(len(task.nodes)), _us(default_us),
+                      _us(entry["time_us"]), speedup, str(entry["samples"]), str(outcome.failed + outcome.invalid))
         if default_us:
             default_total += default_us * len(task.nodes)
             plan_total += entry["time_us"] * len(task.nodes)
@@ -227,13 +232,12 @@ def cmd_plan_show(args) -> None:
     if plan.plan_level:
         console.print(f"plan-level settings: {plan.plan_level}")
     table = Table(title="per task")
-    for column in ("task", "op", "input", "attributes", "nodes", "library", "config", "default us", "plan us", "speedup"):
-        table.add_column(column, justify="right" if column in ("nodes", "default us", "plan us", "speedup") else "left")
+    for column in ("task", "op", "input", "ops", "library", "config", "default us", "plan us", "speedup"):
+        table.add_column(column, justify="right" if column in ("ops", "default us", "plan us", "speedup") else "left")
     for entry in plan.tasks:
-        task = Task.from_json(entry)
-        config = ", ".join(f"{k}={v}" for k, v in entry["config"].items())
+        config = ", ".join(f"{k}={v}" for k, v in entry["config"].items() if k not in plan.plan_level)
         speedup = f"{entry['default_us'] / entry['time_us']:.2f}x" if entry.get("default_us") else "-"
-        table.add_row(entry["id"], entry["kind"], _shape(entry["input"]), task.describe_attrs(), str(len(entry["nodes"])),
+        table.add_row(entry["id"], _op(Task.from_json(entry)), _shape(entry["input"]), str(len(entry["nodes"])),
                       entry["library"], config, _us(entry.get("default_us")), _us(entry["time_us"]), speedup)
     console.print(table)
 

@@ -71,7 +71,10 @@ class Task:
         a = self.attrs
         if self.kind == "fc":
             return ""
-        text = f"k{a['kernel'][0]}x{a['kernel'][1]} s{a['strides'][0]}x{a['strides'][1]} p{','.join(map(str, a['pads']))}"
+        pads = a["pads"]
+        pad_text = str(pads[0]) if len(set(pads)) == 1 else ",".join(map(str, pads))
+        stride_text = str(a["strides"][0]) if a["strides"][0] == a["strides"][1] else f"{a['strides'][0]}x{a['strides'][1]}"
+        text = f"k{a['kernel'][0]}x{a['kernel'][1]} s{stride_text} p{pad_text}"
         if a["dilations"] != [1, 1]:
             text += f" d{a['dilations'][0]}x{a['dilations'][1]}"
         if a["group"] > 1:

@@ -54,7 +54,10 @@ BUILTIN_MODELS: dict[str, str] = {
 
 
 def _same_pads(size: int, k: int, stride: int) -> tuple[int, int]:
-    """(begin, end) padding giving ``ceil(size / stride)`` outputs, extra on the end (SAME_UPPER)."""
+    """(begin, end) padding giving ``ceil(size / stride)`` outputs: ``k // 2`` on both sides for
+    odd kernels (as torchvision pads), the extra on the end for even ones (SAME_UPPER)."""
+    if k % 2 == 1 and (size + 2 * (k // 2) - k) // stride + 1 == -(-size // stride):
+        return k // 2, k // 2
     out = -(-size // stride)
     total = max((out - 1) * stride + k - size, 0)
     return total // 2, total - total // 2
