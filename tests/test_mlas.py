@@ -136,7 +136,7 @@ def tuned_small(tmp_path_factory):
 
 def test_tune_prints_a_table_and_writes_plan_and_artifacts(tuned_small):
     model_path, plan_path, stdout = tuned_small
-    assert "default vs plan per task" in stdout and "speedup" in stdout
+    assert "default vs best per task" in stdout and "speedup" in stdout
     plan = load_plan_file(plan_path)
     model = load_model(str(model_path))
     assert plan.model["fingerprint"] == model.fingerprint()

@@ -96,6 +96,10 @@ class MlasLibrary(Library):
     def supports(self, task: Task) -> bool:
         return task.kind in ("conv", "fc")
 
+    def tolerance(self, task: Task, config: dict) -> float:
+        # every MLAS path is an exact fp32 algorithm (no Winograd/FFT): only summation order differs
+        return 1e-4
+
     def _block(self) -> int:
         from kselect.plugins.mlas import nchwc
 
