@@ -145,8 +145,8 @@ def test_tune_prints_a_table_and_writes_plan_and_artifacts(tuned_small):
     assert not plan.emulated and plan.libraries["mlas"].startswith("onnxruntime ")
     for entry in plan.tasks:
         assert entry["time_us"] > 0 and entry["default_us"] > 0 and entry["samples"] >= 1
-        if entry["config"] != entry["default_config"]:
-            assert entry["time_us"] < entry["default_us"]  # only a measured win replaces the default
+    # Session-wide settings may cost one op a little to win overall; the sum never loses.
+    assert sum(t["time_us"] * len(t["nodes"]) for t in plan.tasks) <= sum(t["default_us"] * len(t["nodes"]) for t in plan.tasks)
     assert (plan_path.parent / "small.kselect.onnx").exists()
     shown = run_kselect("plan", "show", plan_path)
     assert shown.returncode == 0 and "T01" in shown.stdout and "speedup" in shown.stdout
