@@ -1,0 +1,177 @@
+"""Build (and cache) the ACL measurement runner, and say how to launch it.
+
+The runner is ``runner/kselect_acl_runner.cpp``, compiled against the system's Arm Compute
+Library (Debian: ``libarm-compute-dev``, v20.08). On an aarch64 host the native ``g++`` is used and
+the binary runs directly; on any other host the cross compiler ``aarch64-linux-gnu-g++`` is used
+against the multiarch arm64 package and the binary runs under ``qemu-aarch64-static -L /``.
+Everything timed that way is emulated (see :func:`is_emulated`).
+
+Binaries are cached in ``$KSELECT_CACHE_DIR/acl`` (default ``~/.cache/kselect/acl``), named by a
+hash of the source and the build command, so an edited source rebuilds automatically.
+
+Overrides (environment): ``KSELECT_ACL_CXX`` (compiler), ``KSELECT_ACL_INCLUDE`` (directory that
+holds ``arm_compute/``), ``KSELECT_ACL_LIBDIR`` (directory that holds ``libarm_compute.so``),
+``KSELECT_ACL_QEMU`` (emulator binary).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "runner" / "kselect_acl_runner.cpp"
+BINARY_STEM = "kselect_acl_runner"
+CXXFLAGS = ["-O2", "-std=c++14", "-Wall"]
+LIBS = ["-larm_compute", "-larm_compute_core", "-lpthread", "-ldl"]
+_PROBE_HEADER = Path("arm_compute") / "runtime" / "NEON" / "functions" / "NEConvolutionLayer.h"
+
+
+class AclUnavailable(RuntimeError):
+    """The runner cannot be built or launched here; the message is one line saying why."""
+
+
+def is_native() -> bool:
+    """True on an aarch64 host: native compiler, no emulator."""
+    return platform.machine().lower() in ("aarch64", "arm64")
+
+
+def is_emulated() -> bool:
+    """True when the runner runs under qemu user-mode emulation (timings are NOT Arm timings)."""
+    return not is_native()
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("KSELECT_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "kselect"
+    return root / "acl"
+
+
+def _toolchain() -> tuple[str, list[str], list[str]]:
+    """(compiler, include dirs, library dirs) for the current host."""
+    if is_native():
+        cxx = os.environ.get("KSELECT_ACL_CXX", "g++")
+    else:
+        cxx = os.environ.get("KSELECT_ACL_CXX", "aarch64-linux-gnu-g++")
+    inc = os.environ.get("KSELECT_ACL_INCLUDE")
+    lib = os.environ.get("KSELECT_ACL_LIBDIR")
+    incs = [inc] if inc else ["/usr/include/aarch64-linux-gnu", "/usr/include", "/usr/local/include"]
+    libs = [lib] if lib else ["/usr/lib/aarch64-linux-gnu", "/usr/lib", "/usr/local/lib"]
+    return cxx, incs, libs
+
+
+def _find_include(incs: list[str]) -> str | None:
+    for d in incs:
+        if (Path(d) / _PROBE_HEADER).is_file():
+            return d
+    return None
+
+
+def _find_libdir(libs: list[str]) -> str | None:
+    for d in libs:
+        if (Path(d) / "libarm_compute.so").exists() and (Path(d) / "libarm_compute_core.so").exists():
+            return d
+    return None
+
+
+def _install_hint() -> str:
+    if is_native():
+        return "apt-get install g++ libarm-compute-dev"
+    return ("dpkg --add-architecture arm64 && apt-get update && apt-get install --no-install-recommends "
+            "qemu-user-static g++-aarch64-linux-gnu libarm-compute-dev:arm64")
+
+
+def build_command(output: Path) -> list[str]:
+    """The compiler command line (raises AclUnavailable when a prerequisite is missing)."""
+    cxx, incs, libs = _toolchain()
+    if shutil.which(cxx) is None:
+        raise AclUnavailable(f"ACL runner: compiler '{cxx}' not found (install: {_install_hint()})")
+    inc = _find_include(incs)
+    if inc is None:
+        raise AclUnavailable(f"ACL runner: ACL headers ({_PROBE_HEADER}) not found in {':'.join(incs)} "
+                             f"(install: {_install_hint()})")
+    lib = _find_libdir(libs)
+    if lib is None:
+        raise AclUnavailable(f"ACL runner: libarm_compute.so not found in {':'.join(libs)} "
+                             f"(install: {_install_hint()})")
+    cmd = [cxx, *CXXFLAGS, f"-I{inc}", str(SOURCE), "-o", str(output), f"-L{lib}", *LIBS]
+    if lib not in ("/usr/lib/aarch64-linux-gnu", "/usr/lib"):
+        cmd.append(f"-Wl,-rpath,{lib}")
+    return cmd
+
+
+def _key() -> str:
+    h = hashlib.sha256()
+    h.update(SOURCE.read_bytes())
+    cmd = build_command(Path("OUT"))
+    h.update("\0".join(cmd).encode())
+    h.update(platform.machine().encode())
+    return h.hexdigest()[:16]
+
+
+def binary_path() -> Path:
+    """Where the binary for the current source lives (it may not be built yet)."""
+    return cache_dir() / f"{BINARY_STEM}-{_key()}"
+
+
+def build_runner(force: bool = False) -> Path:
+    """Compile the runner if needed and return the path of the binary.
+
+    Raises AclUnavailable (one-line message) when the compiler, ACL headers or libraries are
+    missing, or when compilation fails (first compiler error line included).
+    """
+    if not SOURCE.is_file():
+        raise AclUnavailable(f"ACL runner: source {SOURCE} is missing")
+    out = binary_path()
+    if out.is_file() and os.access(out, os.X_OK) and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        cmd = build_command(Path(tmp))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = [l for l in proc.stderr.splitlines() if "error" in l] or proc.stderr.splitlines() or ["?"]
+            raise AclUnavailable(f"ACL runner: compilation failed: {lines[0].strip()}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)  # atomic: concurrent builders never see a half-written binary
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def runner_command() -> list[str]:
+    """argv prefix that launches an aarch64 binary here: qemu on x86_64, nothing on aarch64."""
+    if is_native():
+        return []
+    qemu = os.environ.get("KSELECT_ACL_QEMU", "qemu-aarch64-static")
+    path = shutil.which(qemu)
+    if path is None:
+        raise AclUnavailable(f"ACL runner: '{qemu}' not found (install: apt-get install qemu-user-static)")
+    # -L / : use the multiarch arm64 libraries under /usr/lib/aarch64-linux-gnu.
+    # (-L /usr/aarch64-linux-gnu hangs: the cross toolchain's loader mixes with the multiarch libc.)
+    return [path, "-L", "/"]
+
+
+def runner_argv(force_build: bool = False) -> list[str]:
+    """Full argv: emulator prefix (if any) + built binary."""
+    return [*runner_command(), str(build_runner(force=force_build))]
+
+
+if __name__ == "__main__":  # python -m kselect.plugins.acl.build [--force]
+    import sys
+    import time
+
+    t0 = time.time()
+    try:
+        p = build_runner(force="--force" in sys.argv)
+    except AclUnavailable as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(1)
+    print(f"{p}  ({time.time() - t0:.1f} s; launch: {' '.join(runner_command() + [str(p)])})")
