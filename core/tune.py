@@ -76,67 +76,79 @@ def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, opti
          reporter: Reporter | None = None) -> list[TaskOutcome]:
     from kselect.core import plugins
 
-    reporter = reporter or Reporter()
-    searcher_class = plugins.get_searcher(options.search)
-    version = library.version()
-    db.add_device(device.fingerprint, device.to_json())
-    deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
-    outcomes = []
-    with MeasureWorker(library.name, options.settings) as worker:
+    tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search))
+    with MeasureWorker(library.name, options.settings) as tuner.worker:
+        return [tuner.tune_task(task) for task in tasks]
 
-        def measure(task: Task, config: dict, outcome: TaskOutcome, is_default: bool) -> Result:
-            result = worker.measure(task, config)
-            db.add(device.fingerprint, library.name, version, task.to_json(), config_key(config), result,
-                   library.emulated, is_default)
-            outcome.samples += 1
-            outcome.measured_now += 1
-            outcome.failed += result.status == "failed"
-            outcome.invalid += result.status == "invalid"
-            _update_best(outcome, config, result)
-            reporter.measured(task, config, result, outcome)
-            return result
 
-        for task in tasks:
-            space = library.space(task, device)
-            default = space.normalise(library.default_config(task, device))
-            outcome = TaskOutcome(task, len(space), default)
-            outcomes.append(outcome)
-            stored = {r.config_key: r for r in db.records(device.fingerprint, library.name, version, task.key)}
-            prior = [(Task.from_json(task_json), record.config, record.result.median_us)
-                     for task_json, record in db.all_records(device.fingerprint, library.name, version)
-                     if record.task != task.key and record.result.status == "ok"]
-            searcher = searcher_class(space, task=task, seed=options.seed, prior=prior, **options.searcher_options)
-            for record in stored.values():
-                config = space.normalise(record.config)
-                searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
-                outcome.samples += 1
-                outcome.failed += record.result.status == "failed"
-                outcome.invalid += record.result.status == "invalid"
-                _update_best(outcome, config, record.result)
-            reporter.task_started(task, outcome, options.budget)
+class _Tuner:
+    def __init__(self, library: Library, device: Device, db: RecordDB, options: TuneOptions, reporter: Reporter,
+                 searcher_class):
+        self.library, self.device, self.db, self.options, self.reporter = library, device, db, options, reporter
+        self.searcher_class = searcher_class
+        self.version = library.version()
+        self.deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
+        self.worker: MeasureWorker | None = None
+        db.add_device(device.fingerprint, device.to_json())
 
-            default_key = config_key(default)
-            if default_key in stored:
-                outcome.default = stored[default_key].result
-            elif deadline is None or time.monotonic() < deadline:
-                outcome.default = measure(task, default, outcome, is_default=True)
-                searcher.tell(default, outcome.default.median_us if outcome.default.status == "ok" else None)
+    def time_left(self) -> bool:
+        return self.deadline is None or time.monotonic() < self.deadline
 
-            since_improvement = 0
-            while outcome.samples < options.budget and (deadline is None or time.monotonic() < deadline):
-                if options.early_stop is not None and since_improvement >= options.early_stop:
-                    outcome.stopped_early = True
-                    break
-                config = searcher.ask()
-                if config is None:
-                    break
-                best_before = outcome.best.median_us if outcome.best else None
-                result = measure(task, config, outcome, is_default=False)
-                searcher.tell(config, result.median_us if result.status == "ok" else None)
-                improved = result.status == "ok" and (best_before is None or result.median_us < best_before)
-                since_improvement = 0 if improved else since_improvement + 1
-            reporter.task_finished(task, outcome)
-    return outcomes
+    def measure(self, task: Task, config: dict, outcome: TaskOutcome, is_default: bool = False) -> Result:
+        result = self.worker.measure(task, config)
+        self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), config_key(config), result,
+                    self.library.emulated, is_default)
+        outcome.measured_now += 1
+        self.count(outcome, config, result)
+        self.reporter.measured(task, config, result, outcome)
+        return result
+
+    @staticmethod
+    def count(outcome: TaskOutcome, config: dict, result: Result) -> None:
+        outcome.samples += 1
+        outcome.failed += result.status == "failed"
+        outcome.invalid += result.status == "invalid"
+        _update_best(outcome, config, result)
+
+    def tune_task(self, task: Task) -> TaskOutcome:
+        fingerprint, name = self.device.fingerprint, self.library.name
+        space = self.library.space(task, self.device)
+        default = space.normalise(self.library.default_config(task, self.device))
+        outcome = TaskOutcome(task, len(space), default)
+        prior = [(Task.from_json(task_json), record.config, record.result.median_us)
+                 for task_json, record in self.db.all_records(fingerprint, name, self.version)
+                 if record.task != task.key and record.result.status == "ok"]
+        searcher = self.searcher_class(space, task=task, seed=self.options.seed, prior=prior,
+                                       **self.options.searcher_options)
+
+        stored = {r.config_key: r for r in self.db.records(fingerprint, name, self.version, task.key)}
+        for record in stored.values():  # resume: what is stored is never measured again
+            config = space.normalise(record.config)
+            searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
+            self.count(outcome, config, record.result)
+        self.reporter.task_started(task, outcome, self.options.budget)
+
+        if config_key(default) in stored:
+            outcome.default = stored[config_key(default)].result
+        elif self.time_left():
+            outcome.default = self.measure(task, default, outcome, is_default=True)
+            searcher.tell(default, outcome.default.median_us if outcome.default.status == "ok" else None)
+
+        since_improvement = 0
+        while outcome.samples < self.options.budget and self.time_left():
+            if self.options.early_stop is not None and since_improvement >= self.options.early_stop:
+                outcome.stopped_early = True
+                break
+            config = searcher.ask()
+            if config is None:
+                break
+            best_before = outcome.best.median_us if outcome.best else None
+            result = self.measure(task, config, outcome)
+            searcher.tell(config, result.median_us if result.status == "ok" else None)
+            improved = result.status == "ok" and (best_before is None or result.median_us < best_before)
+            since_improvement = 0 if improved else since_improvement + 1
+        self.reporter.task_finished(task, outcome)
+        return outcome
 
 
 def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: RecordDB) -> dict[str, list[Record]]:

@@ -242,3 +242,13 @@ def test_ctrl_c_stops_a_tune_cleanly_and_keeps_records(small_model_path, tmp_pat
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
     assert len(_records(db)) >= 2
+
+
+def test_early_stop_ends_a_task_after_samples_without_improvement(small, tmp_path):
+    _, tasks = small
+    task = tasks[("block.conv1", "block.conv2")]
+    library, device = plugins.get_library("mlas"), this_device()
+    options = TuneOptions("random", budget=8, early_stop=1, settings=FAST)
+    outcome = tune([task], library, device, RecordDB(tmp_path / "r.db"), options)[0]
+    # 8 configs, budget 8: only a run of strictly improving samples could reach the budget
+    assert outcome.stopped_early and outcome.samples < 8
