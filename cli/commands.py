@@ -182,6 +182,7 @@ def cmd_tune(args) -> None:
     defaults = {o.task.key: o.default_config for o in outcomes}
     plan = build_plan(model, device, library, library.version(), tasks, records, defaults)
     plan_path = Path(args.output or f"{model.name}.{library.name}.plan.json")
+    plan_path.parent.mkdir(parents=True, exist_ok=True)
     plan.save(plan_path)
     artifacts = library.apply(plan, model, plan_path.parent)
     _tune_table(outcomes, plan, library)

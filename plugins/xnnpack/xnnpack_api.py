@@ -123,6 +123,11 @@ class _Lib:
     """The loaded libraries, with prototypes set; ``xnn_initialize`` called once."""
 
     def __init__(self) -> None:
+        # kselect's pthreadpool shim (tileshim.c) goes first, so XNNPack's parallel-loop calls
+        # bind to it; it forwards to libpthreadpool. Optional: never fails the load.
+        from kselect.plugins.xnnpack import tileshim
+
+        tileshim.preload()
         try:
             # Load pthreadpool first (global) so XNNPack resolves its PLT calls against it.
             self.pool = ctypes.CDLL(LIBPTHREADPOOL, mode=ctypes.RTLD_GLOBAL)
@@ -537,6 +542,10 @@ def nchw_convolution_supported(kernel, stride=1, dilation=1, padding=0, groups=1
     if is_1x1 and not any_pad and not input_nhwc and groups == 1:
         return True, "spmm"
     if is_3x3 and sh == sw == 2 and (t, l, b, r) == (1, 1, 1, 1) and input_nhwc and groups == 1:
+        # The build accepts any C_in here but its kernel reads 3 channels: other counts give
+        # silently wrong results (measured), so they are refused before creation.
+        if gi is not None and gi != 3:
+            return False, "the 3x3/s2 HWC->CHW kernel is written for 3 input channels (XNNPack accepts others and computes garbage)"
         return True, "conv2d_hwc2chw"
     if is_3x3 and sh == sw == 1 and (t, l, b, r) == (1, 1, 1, 1) and not input_nhwc and dw_ok:
         return True, "dwconv2d_chw_3x3"
@@ -567,6 +576,8 @@ class Convolution2DNCHW(_Conv2DBase):
             self.kernel, self.stride, self.dilation, self.padding, self.groups,
             self.input_channels, self.output_channels, self.input_nhwc)
         flags = self.flags | (XNN_FLAG_INPUT_NHWC if self.input_nhwc else 0)
+        if not ok and self.input_nhwc and "3 input channels" in self.path:
+            raise XNNPackError(4, "xnn_create_convolution2d_nchw_f32", self.path)
         if ok and self.path == "conv2d_hwc2chw":
             kernel = self._ohwi()  # xnn_pack_f32_dconv_oki_w: [O][kh][kw][I]
         elif self.flags & XNN_FLAG_DEPTHWISE_CONVOLUTION:
