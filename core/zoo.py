@@ -42,14 +42,14 @@ OPSET = 17
 IR_VERSION = 8
 
 BUILTIN_MODELS: dict[str, str] = {
-    "resnet18": "ResNet-18 (basic blocks, 1x1 projection shortcuts), 11.7 M params, 1.8 G MACs",
-    "resnet50": "ResNet-50 v1.5 (bottlenecks, stride on the 3x3), 25.6 M params, 4.1 G MACs",
-    "resnet101": "ResNet-101 v1.5 (bottlenecks, stride on the 3x3), 104 Conv nodes in 23 shape groups, 44.5 M params, 7.8 G MACs",
-    "alexnet": "AlexNet, torchvision variant (64/192/384/256/256 channels, no LRN), 61.1 M params, 0.71 G MACs",
-    "vgg16": "VGG-16 (configuration D, no batch norm), 138.4 M params, 15.5 G MACs",
-    "googlenet": "GoogLeNet / Inception v1 (no aux heads, no BN, true 5x5 branch as in the paper), 7.0 M params, 1.6 G MACs",
-    "mobilenetv2": "MobileNetV2 width 1.0 (inverted residuals, depthwise convs, ReLU6), 3.5 M params, 0.3 G MACs",
-    "resnetxy": "ResNetXY, the ACLTuner paper's atypical ResNet-50-shaped model (14x14 stem, 4x4/6x6/1x1 bottlenecks), 87.6 M params, 16.3 G MACs",
+    "resnet18": "ResNet-18 (basic blocks, 1x1 projection shortcuts)",
+    "resnet50": "ResNet-50 v1.5 (bottlenecks, stride on the 3x3)",
+    "resnet101": "ResNet-101 v1.5 (bottlenecks, stride on the 3x3)",
+    "alexnet": "AlexNet, torchvision variant (64/192/384/256/256 channels, no LRN)",
+    "vgg16": "VGG-16 (configuration D, no batch norm)",
+    "googlenet": "GoogLeNet / Inception v1 (no aux heads, no BN, true 5x5 branch as in the paper)",
+    "mobilenetv2": "MobileNetV2 width 1.0 (inverted residuals, depthwise convs, ReLU6)",
+    "resnetxy": "ResNetXY, the ACLTuner paper's atypical ResNet-50-shaped model (14x14 stem, 4x4/6x6/1x1 bottlenecks)",
 }
 
 
