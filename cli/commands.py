@@ -151,7 +151,8 @@ class ProgressReporter:
 
 def cmd_tune(args) -> None:
     from kselect.core.measure import MeasureSettings
-    from kselect.core.plan import build_plan
+    from kselect.core.bench import verified_plan
+    from kselect.core.plan import plan_variants
     from kselect.core.records import DEFAULT_DB, RecordDB
     from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
 
@@ -180,7 +181,18 @@ def cmd_tune(args) -> None:
 
     records = stored_outcomes(tasks, library, device, db)
     defaults = {o.task.key: o.default_config for o in outcomes}
-    plan = build_plan(model, device, library, library.version(), tasks, records, defaults)
+    variants = plan_variants(model, device, library, library.version(), tasks, records, defaults)
+    if args.verify:
+        def show(name, result):
+            console.print(f"whole model, {name} plan: default {result['default_ms']:.3f} ms, plan {result['plan_ms']:.3f} ms "
+                          f"({result['speedup']:.3f}x)" + (" [EMULATED]" if library.emulated else ""))
+
+        with console.status("checking the plan end to end against the library default"):
+            plan = verified_plan(library, model, variants, on_result=show)
+        if plan.extra["verified"]["chosen"] != "tuned":
+            console.print(f"[yellow]the tuned plan lost end to end; keeping the {plan.extra['verified']['chosen']} plan[/]")
+    else:
+        plan = variants[0][1]
     plan_path = Path(args.output or f"{model.name}.{library.name}.plan.json")
     plan_path.parent.mkdir(parents=True, exist_ok=True)
     plan.save(plan_path)

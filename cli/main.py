@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="search-backend storage URL (tpe: an Optuna storage, e.g. sqlite:///optuna.db)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take before it is killed")
     p.add_argument("--min-time", type=float, default=0.1, help="minimum measured seconds per candidate instance")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the end-to-end check that falls back to a simpler plan when the tuned one is slower")
 
     p = commands.add_parser("plan", help="show or apply a plan")
     plan_commands = p.add_subparsers(dest="plan_command", required=True, metavar="ACTION")

@@ -65,3 +65,22 @@ def bench(default_runner, plan_runner, model: Model, rounds: int = 10, runs_per_
 def _relative_iqr(samples: list[float]) -> float:
     q1, q3 = np.percentile(samples, [25, 75])
     return float((q3 - q1) / statistics.median(samples))
+
+
+def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.99, rounds: int = 6,
+                  runs_per_round: int = 3, on_result=None):
+    """The first plan of ``variants`` ([(name, plan)], best first) that is not slower than the
+    library default end to end (whole model, interleaved); the last variant is taken if none
+    is. The measurements are kept in ``plan.extra["verified"]``."""
+    default_runner = library.model_runner(model, None)
+    tried = []
+    for index, (name, plan) in enumerate(variants):
+        result = bench(default_runner, library.model_runner(model, plan), model, rounds, runs_per_round)
+        tried.append({"variant": name, **result})
+        if on_result:
+            on_result(name, result)
+        if result["speedup"] >= min_speedup or index == len(variants) - 1:
+            plan.extra["verified"] = {"chosen": name, "min_speedup": min_speedup, "emulated": library.emulated,
+                                      "tried": tried}
+            return plan
+    raise ValueError("no plan variants to verify")

@@ -150,6 +150,36 @@ def build_plan(model: Model, device: Device, library, library_version: str, task
         plan_level=assignment, tasks=task_entries, nodes=nodes)
 
 
+def op_level(config: dict, plan_level_dims) -> dict:
+    return {k: v for k, v in config.items() if k not in plan_level_dims}
+
+
+def plan_variants(model: Model, device: Device, library, library_version: str, tasks: list[Task],
+                  records: dict[str, list[Record]], defaults: dict[str, dict]) -> list[tuple[str, Plan]]:
+    """The tuned plan, then simpler ones to fall back on when it loses end to end: the best
+    plan-level settings with every op's own dims at the library default, then the library's
+    defaults throughout."""
+    dims = library.plan_level_dims
+
+    def only(keep) -> dict[str, list[Record]]:
+        return {key: [r for r in rs if keep(key, r)] for key, rs in records.items()}
+
+    settings_only = only(lambda key, r: op_level(r.config, dims) == op_level(defaults[key], dims))
+    default_only = only(lambda key, r: r.config_key == config_key(defaults[key]))
+    variants = [("tuned", records), ("settings only", settings_only), ("library default", default_only)]
+    plans, seen = [], set()
+    for name, subset in variants:
+        try:
+            plan = build_plan(model, device, library, library_version, tasks, subset, defaults)
+        except KselectError:
+            continue  # e.g. a default config that failed: that variant cannot be built
+        key = json.dumps(plan.nodes, sort_keys=True) + json.dumps(plan.plan_level, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            plans.append((name, plan))
+    return plans
+
+
 def load_plan_file(path: str | Path) -> Plan:
     path = Path(path)
     if not path.is_file():

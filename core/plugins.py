@@ -138,7 +138,8 @@ def plugin_infos() -> list[PluginInfo]:
             for (lib,) in found_libraries:
                 ok, reason = lib.availability()
                 version = lib.version() if ok else ""
-                status = "available" + (" (emulated)" if ok and lib.emulated else "") if ok else f"unavailable: {reason}"
+                status = ("available" + (" (emulated)" if lib.emulated else "") + (f": {reason}" if reason else "")
+                          if ok else f"unavailable: {reason}")
                 infos.append(PluginInfo(name, "library", version, status, [lib.name]))
         elif found_searchers:
             infos.append(PluginInfo(name, "search", _distribution_version(plugin), "available", [n for n, _ in found_searchers]))

@@ -252,3 +252,47 @@ def test_early_stop_ends_a_task_after_samples_without_improvement(small, tmp_pat
     outcome = tune([task], library, device, RecordDB(tmp_path / "r.db"), options)[0]
     # 8 configs, budget 8: only a run of strictly improving samples could reach the budget
     assert outcome.stopped_early and outcome.samples < 8
+
+
+def test_a_plan_that_differs_from_onnxruntime_is_written_node_by_node(tuned_small, tmp_path):
+    """Flip one conv's layout: the applied model then carries kselect's own NCHWc nodes and
+    reorders, loads in plain onnxruntime and still matches the original."""
+    from kselect.plugins.mlas.apply import load_session
+
+    model_path, plan_path, _ = tuned_small
+    data = json.loads(plan_path.read_text())
+    flipped = "block.conv1"
+    old = data["nodes"][flipped]["config"]["layout"]
+    data["nodes"][flipped]["config"] = dict(data["nodes"][flipped]["config"], layout="NCHW" if old == "NCHWc" else "NCHWc")
+    changed = tmp_path / "flipped.plan.json"
+    changed.write_text(json.dumps(data))
+    result = run_kselect("plan", "apply", changed, model_path, "-o", tmp_path)
+    assert result.returncode == 0, result.stderr
+    written = onnx.load(str(tmp_path / "small.kselect.onnx"))
+    assert sum(n.op_type in ("ReorderInput", "ReorderOutput") for n in written.graph.node) >= 2
+    session = load_session(tmp_path / "small.kselect.onnx", tmp_path / "small.kselect.session.json")
+    x = np.random.default_rng(4).standard_normal((1, 3, 32, 32), dtype=np.float32)
+    expected = ort.InferenceSession(str(model_path)).run(None, {"input": x})[0]
+    np.testing.assert_allclose(session.run(None, {"input": x})[0], expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_end_to_end_check_falls_back_to_simpler_plans(small_model_path, tmp_path):
+    from kselect.core.bench import verified_plan
+    from kselect.core.plan import plan_variants
+    from kselect.core.tune import library_tasks
+
+    model = load_model(str(small_model_path))
+    library, device = plugins.get_library("mlas"), this_device()
+    tasks = library_tasks(model, library)
+    db = RecordDB(tmp_path / "r.db")
+    outcomes = tune(tasks, library, device, db, TuneOptions("random", budget=4, settings=FAST))
+    records = {t.key: db.records(device.fingerprint, "mlas", library.version(), t.key) for t in tasks}
+    variants = plan_variants(model, device, library, library.version(), tasks, records,
+                             {o.task.key: o.default_config for o in outcomes})
+    assert variants[0][0] == "tuned" and variants[-1][0] == "library default"
+    default_plan = variants[-1][1]
+    assert all(t["config"] == t["default_config"] for t in default_plan.tasks)
+    # An unreachable bar makes every variant "lose": the library default is kept, with the evidence.
+    chosen = verified_plan(library, model, variants, min_speedup=100.0, rounds=2, runs_per_round=2)
+    assert chosen is default_plan
+    assert [t["variant"] for t in chosen.extra["verified"]["tried"]] == [name for name, _ in variants]

@@ -1,6 +1,7 @@
 """Turning an MLAS plan into what plain ONNX Runtime runs: an ONNX model whose convs are in the
 layout the plan chose (kselect writes the com.microsoft.nchwc nodes and the reorders between
-layouts) and a session-options file with the plan-level knobs.
+layouts; where the plan's layouts are exactly ORT's own choice, the original model is kept and
+ORT converts it) and a session-options file with the plan-level knobs.
 
 Loading the result anywhere::
 
@@ -23,17 +24,26 @@ from kselect.plugins.mlas import nchwc
 from kselect.plugins.mlas.library import session_config_entries, session_options
 
 
-def rewritten_model(model, plan) -> onnx.ModelProto:
+def layouts_are_onnxruntimes(model, plan) -> bool:
+    """Whether the plan puts exactly the convs in NCHWc that ORT's own transformer would: then the
+    original model is kept and ORT converts it itself (the baseline's graph, bit for bit)."""
+    chosen = {node for node, entry in plan.nodes.items() if entry["config"].get("layout") == "NCHWc"}
+    return chosen == nchwc.ort_nchwc_convs(model.proto)
+
+
+def rewritten_model(model, plan, keep_original: bool) -> onnx.ModelProto:
+    if keep_original:
+        return model.proto
     layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items() if "layout" in entry["config"]}
     return nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size())
 
 
-def session_settings(plan) -> dict:
+def session_settings(plan, keep_original: bool) -> dict:
     config = dict(plan.plan_level)
     return {
         "graph_optimization_level": "ORT_ENABLE_ALL",
         "intra_op_num_threads": int(config.get("threads", 0)),
-        "config_entries": session_config_entries(config),
+        "config_entries": session_config_entries(config, keep_nchwc_transformer=keep_original),
     }
 
 
@@ -41,8 +51,9 @@ def write_optimized_model(plan, model, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / f"{model.name}.kselect.onnx"
     options_path = out_dir / f"{model.name}.kselect.session.json"
-    onnx.save(rewritten_model(model, plan), model_path)
-    options_path.write_text(json.dumps(session_settings(plan), indent=2) + "\n")
+    keep_original = layouts_are_onnxruntimes(model, plan)
+    onnx.save(rewritten_model(model, plan, keep_original), model_path)
+    options_path.write_text(json.dumps(session_settings(plan, keep_original), indent=2) + "\n")
     return [model_path, options_path]
 
 
@@ -68,5 +79,7 @@ def default_session(model):
 def plan_session(model, plan):
     import onnxruntime as ort
 
-    return ort.InferenceSession(rewritten_model(model, plan).SerializeToString(), session_options(plan.plan_level),
+    keep_original = layouts_are_onnxruntimes(model, plan)
+    return ort.InferenceSession(rewritten_model(model, plan, keep_original).SerializeToString(),
+                                session_options(plan.plan_level, keep_nchwc_transformer=keep_original),
                                 providers=["CPUExecutionProvider"])
