@@ -1,0 +1,55 @@
+"""The cross-op planner is exact: on chains and branching graphs it matches brute force, and it
+never does worse than choosing each op alone."""
+
+import random
+
+import pytest
+
+from kselect.core.planner import Edge, Option, PlanGraph, brute_force, greedy, solve
+
+LABELS = ["mlas:NCHWc", "mlas:NCHW", "xnnpack:NHWC"]
+
+
+def random_graph(rng: random.Random, nodes: int, extra_edges: int) -> PlanGraph:
+    names = [f"n{i}" for i in range(nodes)]
+    graph = PlanGraph()
+    for name in names:
+        graph.options[name] = [Option(rng.choice(LABELS), rng.uniform(10, 100), payload=k) for k in range(rng.randint(1, 4))]
+    conversion = {(a, b): (0.0 if a == b else rng.uniform(1, 40)) for a in LABELS for b in LABELS}
+    cost = lambda a, b: conversion[(a, b)]  # noqa: E731
+    for i in range(1, nodes):  # a chain ...
+        graph.edges.append(Edge(names[i - 1], names[i], cost))
+    for _ in range(extra_edges):  # ... plus skip connections and fan-outs, as in ResNet and GoogLeNet
+        i, j = sorted(rng.sample(range(nodes), 2))
+        graph.edges.append(Edge(names[i], names[j], cost))
+    return graph
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_solve_matches_brute_force(seed):
+    rng = random.Random(seed)
+    graph = random_graph(rng, nodes=rng.randint(2, 7), extra_edges=rng.randint(0, 4))
+    _, exact = brute_force(graph)
+    assignment, total = solve(graph)
+    assert total == pytest.approx(exact)
+    assert graph.total_us(assignment) == pytest.approx(total)
+    assert total <= greedy(graph)[1] + 1e-9
+
+
+def test_conversions_steer_the_choice_on_a_chain():
+    """The middle op is faster alone in another layout, but two conversions cost more than it saves."""
+    convert = lambda a, b: 0.0 if a == b else 30.0  # noqa: E731
+    graph = PlanGraph(
+        options={"a": [Option("NCHWc", 100)], "b": [Option("NCHWc", 100), Option("NHWC", 80)], "c": [Option("NCHWc", 100)]},
+        edges=[Edge("a", "b", convert), Edge("b", "c", convert)])
+    assignment, total = solve(graph)
+    assert assignment["b"].label == "NCHWc" and total == 300
+    greedy_assignment, greedy_total = greedy(graph)
+    assert greedy_assignment["b"].label == "NHWC" and greedy_total == 340
+
+
+def test_large_chain_is_solved_quickly():
+    rng = random.Random(0)
+    graph = random_graph(rng, nodes=300, extra_edges=0)
+    _, total = solve(graph)
+    assert total <= greedy(graph)[1]
