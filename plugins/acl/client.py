@@ -12,6 +12,7 @@ import json
 import os
 import select
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,18 @@ from typing import Any
 import numpy as np
 
 from . import build
+
+
+def _die_with_parent() -> None:
+    """In the runner's child process (before exec): get SIGKILL when the Python process that
+    started it dies, so a killed measuring worker never leaves an emulated runner behind."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort (not Linux)
+        pass
 
 
 class RunnerError(RuntimeError):
@@ -42,7 +55,8 @@ class AclRunner:
                 self._stderr.close()
             self._stderr = tempfile.TemporaryFile(mode="w+")
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, text=True, bufsize=1)
+                                          stderr=self._stderr, text=True, bufsize=1,
+                                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         return self._proc
 
     def close(self) -> None:

@@ -32,6 +32,7 @@
 #include "arm_compute/runtime/NEON/functions/NEActivationLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEArithmeticAddition.h"
 #include "arm_compute/runtime/NEON/functions/NEConcatenateLayer.h"
+#include "arm_compute/runtime/NEON/functions/NECopy.h"
 #include "arm_compute/runtime/NEON/functions/NEFlattenLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEPermute.h"
 #include "arm_compute/runtime/NEON/functions/NEPoolingLayer.h"
@@ -40,6 +41,8 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
+
+#include <set>
 
 #include <algorithm>
 #include <chrono>
@@ -976,6 +979,11 @@ void check_gemm_abi()
     if(global == reinterpret_cast<void *>(g_orig_get_method))
     {
         g_forcing_reason = "interposition inactive: get_gemm_method resolves to the library, not the runner";
+        return;
+    }
+    if(std::getenv("KSELECT_ACL_NO_GEMM_FORCING") != nullptr)
+    {
+        g_forcing_reason = "disabled by KSELECT_ACL_NO_GEMM_FORCING";
         return;
     }
     std::string bi = build_information();
@@ -2183,6 +2191,9 @@ struct Step
     size_t                     ctx{ 0 };
     std::string                report; // JSON object (conv / fc) or ""
     std::vector<double>        us;     // per timed run (profile)
+    // Tensors whose padding this step cannot absorb after its configure(), with the padding it saw
+    // ("in" / "out" role); see Net::padding_conflicts().
+    std::vector<std::tuple<std::string, MT *, PaddingSize>> watch;
 };
 
 struct Constant
@@ -2262,8 +2273,15 @@ public:
     std::map<std::string, std::shared_ptr<ext::SplitScheduler>> splitters; // per thread count + pinning
     std::vector<std::string>                                  inputs, outputs;
     std::vector<Constant>                                     constants;
-    size_t                                                    permutes{ 0 };
+    size_t                                                    permutes{ 0 }, copies{ 0 };
     double                                                    configure_us{ 0 }, prepare_us{ 0 };
+    std::set<std::string>                                     isolate; // "node|in" / "node|out": give the step a private tensor
+    std::string                                               base_dir{ "." }; // relative weight paths start here
+
+    std::string resolve(const std::string &path) const
+    {
+        return path.empty() || path[0] == '/' ? path : base_dir + "/" + path;
+    }
 
     static std::string lkey(const std::string &name, size_t rank, DataLayout l)
     {
@@ -2272,7 +2290,7 @@ public:
 
     MT &add_tensor(const std::string &name, const std::vector<size_t> &dims, const Mapping &m, DataLayout layout, bool is_constant = false)
     {
-        const std::string key = lkey(name, dims.size(), layout);
+        const std::string key = is_constant ? name : lkey(name, dims.size(), layout);
         if(by_key.count(key))
             throw BadRequest("tensor '" + name + "' is produced twice");
         auto mt    = std::make_unique<MT>();
@@ -2340,6 +2358,44 @@ public:
         steps.push_back(std::move(s));
         ++permutes;
         return dst;
+    }
+
+    // A private copy of src (NECopy step in ctx), for a step that must not share src's padding.
+    MT &private_tensor(const MT &like, const std::string &tag)
+    {
+        return add_tensor(like.name + "#" + tag, like.dims, like.m, like.layout, true);
+    }
+    void add_copy(MT &from, MT &to, const std::string &node, size_t ctx)
+    {
+        Status st = NECopy::validate(from.t->info(), to.t->info());
+        if(!bool(st))
+            throw Unsupported("NECopy for '" + node + "' rejected: " + st.error_description());
+        auto f = std::make_unique<NECopy>();
+        f->configure(from.t.get(), to.t.get());
+        Step s;
+        s.node = "copy:" + node;
+        s.op   = "copy";
+        s.fn   = std::move(f);
+        s.ctx  = ctx;
+        steps.push_back(std::move(s));
+        ++copies;
+    }
+    // ACL functions are configured before any tensor is allocated, and a later consumer may extend
+    // the padding of a tensor an earlier step was configured with. Most kernels read strides at run
+    // time, but a GEMM convolution in NHWC views its (W,H) plane as the GEMM's M rows and goes
+    // wrong when padding appears there afterwards. Returns the "node|role" pairs where it did.
+    std::set<std::string> padding_conflicts() const
+    {
+        std::set<std::string> out;
+        for(const auto &s : steps)
+            for(const auto &w : s.watch)
+            {
+                const PaddingSize now = std::get<1>(w)->t->info()->padding();
+                const PaddingSize then = std::get<2>(w);
+                if(now.top != then.top || now.bottom != then.bottom || now.left != then.left || now.right != then.right)
+                    out.insert(s.node + "|" + std::get<0>(w));
+            }
+        return out;
     }
 
     // -- execution contexts -------------------------------------------------------------------------
@@ -2501,14 +2557,24 @@ void add_conv(Net &n, const JVal &node, const std::string &name, const std::stri
     }
     if(!bool(st))
         throw Unsupported(name + ": " + method + "/" + layout_name(layout) + " rejected by validate(): " + st.error_description());
-    MT &x = n.get(in, layout, ctx);
-    if(x.dims != s.in_dims())
-        throw BadRequest(name + ": input " + in + " is " + dims_str(x.dims) + ", the conv expects " + dims_str(s.in_dims()));
+    MT *xp = &n.get(in, layout, ctx);
+    if(xp->dims != s.in_dims())
+        throw BadRequest(name + ": input " + in + " is " + dims_str(xp->dims) + ", the conv expects " + dims_str(s.in_dims()));
+    const bool own_in = n.isolate.count(name + "|in") > 0;
+    if(own_in)
+    {
+        MT &own = n.private_tensor(*xp, "in:" + name);
+        n.add_copy(*xp, own, name, ctx);
+        xp = &own;
+    }
+    MT &x = *xp;
     const bool  dw = method == "DEPTHWISE" || (method == "AUTO" && s.depthwise());
     ConvTensors ti = conv_infos(s, layout, dw);
-    MT         &w  = n.add_const(name + "#weights", s.w_dims(), ti.w_m, layout, opt_str(node, "weights_path", ""), 2);
-    MT         *b  = s.has_bias ? &n.add_const(name + "#bias", { s.O }, ti.b_m, layout, opt_str(node, "bias_path", ""), 3) : nullptr;
-    MT         &y  = n.add_tensor(separate_act ? out + "#conv" : out, s.out_dims(), ti.out_m, layout);
+    MT         &w  = n.add_const(name + "#weights", s.w_dims(), ti.w_m, layout, n.resolve(opt_str(node, "weights_path", "")), 2);
+    MT         *b  = s.has_bias ? &n.add_const(name + "#bias", { s.O }, ti.b_m, layout, n.resolve(opt_str(node, "bias_path", "")), 3) : nullptr;
+    MT         &yt = n.add_tensor(separate_act ? out + "#conv" : out, s.out_dims(), ti.out_m, layout);
+    const bool  own_out = n.isolate.count(name + "|out") > 0;
+    MT         &y  = own_out ? n.private_tensor(yt, "out:" + name) : yt;
     n.activate(ctx); // functions read the active scheduler's thread count and CPU model at configure
     std::string effective, error, gemm;
     ext::begin_configure(cfg);
@@ -2527,11 +2593,20 @@ void add_conv(Net &n, const JVal &node, const std::string &name, const std::stri
         throw Unsupported(name + ": " + error);
     Obj o;
     o.str("node", name).str("op", "conv").str("method", method).str("effective_method", effective).str("layout", layout_name(layout)).boolean("fast_math", fm).boolean("fused_activation", act.enabled() && !separate_act).raw("schedule", n.ctx_json(ctx));
+    if(own_in || own_out)
+        o.boolean("private_input", own_in).boolean("private_output", own_out);
     if(!gemm.empty())
         o.raw("gemm", gemm);
     add_step(n, name, "conv", std::move(fn), ctx, o.done());
+    if(effective == "GEMM" && layout == DataLayout::NHWC)
+    {
+        n.steps.back().watch.emplace_back("in", &x, x.t->info()->padding());
+        n.steps.back().watch.emplace_back("out", &y, y.t->info()->padding());
+    }
+    if(own_out)
+        n.add_copy(y, yt, name, ctx);
     if(separate_act)
-        add_act(n, name + "#act", y, out, act, ctx);
+        add_act(n, name + "#act", yt, out, act, ctx);
 }
 
 void add_fc(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
@@ -2544,8 +2619,8 @@ void add_fc(Net &n, const JVal &node, const std::string &name, const std::string
         throw BadRequest(name + ": input " + in + " is " + dims_str(x.dims) + ", the fc expects " + std::to_string(s.N) + "x" + std::to_string(s.K));
     FullyConnectedLayerInfo info;
     info.activation_info = parse_act(node, s.relu);
-    MT &w = n.add_const(name + "#weights", { s.M, s.K }, map2(s.M, s.K), DataLayout::NCHW, opt_str(node, "weights_path", ""), 2);
-    MT *b = s.has_bias ? &n.add_const(name + "#bias", { s.M }, map1(s.M), DataLayout::NCHW, opt_str(node, "bias_path", ""), 3) : nullptr;
+    MT &w = n.add_const(name + "#weights", { s.M, s.K }, map2(s.M, s.K), DataLayout::NCHW, n.resolve(opt_str(node, "weights_path", "")), 2);
+    MT *b = s.has_bias ? &n.add_const(name + "#bias", { s.M }, map1(s.M), DataLayout::NCHW, n.resolve(opt_str(node, "bias_path", "")), 3) : nullptr;
     MT &y = n.add_activation(out, { s.N, s.M }, DataLayout::NCHW);
     Status st = NEFullyConnectedLayer::validate(x.t->info(), w.t->info(), b ? b->t->info() : nullptr, y.t->info(), info);
     if(!bool(st))
@@ -2710,6 +2785,44 @@ Net &find_net(const JVal &req)
     return *it->second;
 }
 
+// Configure every step of the graph (nothing allocated yet).
+std::unique_ptr<Net> build(const JVal &g, const std::set<std::string> &isolate, const std::string &base_dir)
+{
+    auto net     = std::make_unique<Net>();
+    Net &n       = *net;
+    n.isolate    = isolate;
+    n.base_dir   = base_dir;
+    n.ctx_of(obj_or_empty(g, "default_config"), 0); // ctx 0: the graph's default
+    const JVal *inputs = g.get("inputs");
+    if(inputs == nullptr || inputs->type != JVal::ARR || inputs->a.empty())
+        throw BadRequest("graph needs 'inputs': [{\"name\":..,\"shape\":[..]}]");
+    for(const auto &i : inputs->a)
+    {
+        std::string name = opt_str(i, "name", "");
+        n.add_activation(name, dims_of(i, "shape"), DataLayout::NCHW);
+        n.inputs.push_back(name);
+    }
+    n.outputs         = str_list(g, "outputs");
+    const JVal *nodes = g.get("nodes");
+    if(nodes == nullptr || nodes->type != JVal::ARR)
+        throw BadRequest("graph needs 'nodes'");
+    for(const auto &node : nodes->a)
+    {
+        build_node(n, node);
+        const JVal *shape = node.get("shape");
+        if(shape != nullptr && shape->type == JVal::ARR)
+        {
+            std::vector<size_t> want = dims_of(node, "shape");
+            MT                 &got  = n.any(opt_str(node, "output", ""));
+            if(got.dims != want)
+                throw BadRequest(opt_str(node, "name", "?") + ": output is " + dims_str(got.dims) + ", the graph says " + dims_str(want));
+        }
+    }
+    for(const auto &o : n.outputs)
+        n.any(o);
+    return net;
+}
+
 std::string load(const JVal &req)
 {
     const std::string id   = opt_str(req, "model_id", "");
@@ -2723,54 +2836,38 @@ std::string load(const JVal &req)
     text << f.rdbuf();
     JVal g = JParser(text.str()).parse();
     g_nets.erase(id);
-    auto net = std::make_unique<Net>();
-    Net &n   = *net;
+    std::unique_ptr<Net> net;
+    int                  builds = 0;
     try
     {
-        auto t0 = Clock::now();
-        n.ctx_of(obj_or_empty(g, "default_config"), 0); // ctx 0: the graph's default
-        const JVal *inputs = g.get("inputs");
-        if(inputs == nullptr || inputs->type != JVal::ARR || inputs->a.empty())
-            throw BadRequest("graph needs 'inputs': [{\"name\":..,\"shape\":[..]}]");
-        for(const auto &i : inputs->a)
+        auto                  t0 = Clock::now();
+        std::set<std::string> isolate;
+        for(;;)
         {
-            std::string name = opt_str(i, "name", "");
-            n.add_activation(name, dims_of(i, "shape"), DataLayout::NCHW);
-            n.inputs.push_back(name);
+            const size_t slash = path.find_last_of('/');
+            net                = build(g, isolate, slash == std::string::npos ? std::string(".") : path.substr(0, slash));
+            ++builds;
+            std::set<std::string> conflicts = net->padding_conflicts();
+            size_t                before    = isolate.size();
+            isolate.insert(conflicts.begin(), conflicts.end());
+            if(conflicts.empty())
+                break;
+            if(isolate.size() == before || builds >= 4)
+                throw Unsupported("could not isolate tensors whose padding changed after configure (" + *conflicts.begin() + ")");
+            net.reset(); // configure again, with private tensors where needed
         }
-        n.outputs       = str_list(g, "outputs");
-        const JVal *nodes = g.get("nodes");
-        if(nodes == nullptr || nodes->type != JVal::ARR)
-            throw BadRequest("graph needs 'nodes'");
-        for(const auto &node : nodes->a)
-        {
-            build_node(n, node);
-            const JVal *shape = node.get("shape");
-            if(shape != nullptr && shape->type == JVal::ARR)
-            {
-                std::vector<size_t> want = dims_of(node, "shape");
-                MT                 &got  = n.any(opt_str(node, "output", ""));
-                if(got.dims != want)
-                    throw BadRequest(opt_str(node, "name", "?") + ": output is " + dims_str(got.dims) + ", the graph says " + dims_str(want));
-            }
-        }
-        for(const auto &o : n.outputs)
-            n.any(o);
+        Net &n = *net;
         for(auto &t : n.tensors)
             t->t->allocator()->allocate();
         for(const auto &c : n.constants)
         {
-            std::vector<float> v = load_or_random(JVal(), "", c.mt->m.count(), c.seed);
-            if(!c.path.empty())
-            {
-                JVal r;
-                r.type = JVal::OBJ;
-                JVal p;
-                p.type = JVal::STR;
-                p.s    = c.path;
-                r.o.emplace_back("path", p);
-                v = load_or_random(r, "path", c.mt->m.count(), c.seed);
-            }
+            JVal r; // {"path": c.path}; an absent path means seeded random values
+            r.type = JVal::OBJ;
+            JVal p;
+            p.type = JVal::STR;
+            p.s    = c.path;
+            r.o.emplace_back("path", p);
+            std::vector<float> v = load_or_random(r, "path", c.mt->m.count(), c.seed);
             copy_logical<true>(*c.mt->t, c.mt->m, v.data());
         }
         n.configure_us = us_since(t0);
@@ -2784,10 +2881,12 @@ std::string load(const JVal &req)
     }
     catch(...)
     {
+        net.reset();
         release_schedulers();
         throw;
     }
     release_schedulers();
+    Net        &n       = *net;
     std::string reports = "[";
     bool        firstr  = true;
     std::map<std::string, int> ops;
@@ -2809,6 +2908,8 @@ std::string load(const JVal &req)
         .str("model_id", id)
         .integer("steps", static_cast<long long>(n.steps.size()))
         .integer("permutes", static_cast<long long>(n.permutes))
+        .integer("copies", static_cast<long long>(n.copies))
+        .integer("builds", builds)
         .raw("ops", counts + "}")
         .integer("schedules", static_cast<long long>(n.ctxs.size()))
         .num("configure_us", n.configure_us)

@@ -1,0 +1,404 @@
+"""The whole-model engine's Python half: an ONNX model (shape-inferred, see ``core.model``) becomes
+the graph description the runner's ``model_load`` action executes with ACL functions
+(PROTOCOL.md, "Whole models"), and ``AclModelRunner`` runs it for ``kselect bench``.
+
+Lowering: Conv -> ``conv`` (per-node config: method, layout, GEMM kernel, CPU model, threads,
+scheduler), Gemm / MatMul with constant weights -> ``fc`` (alpha and beta folded into the weights
+and bias), a Relu / Clip / LeakyRelu / Sigmoid / Tanh that is the only consumer of a conv or fc is
+fused into it (as ArmNN does), MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool -> ``pool``,
+Add, Concat (channels), Flatten (and a Reshape that flattens), Softmax (2-D, last axis), other
+activations -> ``activation``; Identity and Dropout are aliases. Anything else is refused with the
+op's name: the engine runs what ACL 20.08 can run, not a general ONNX runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+from onnx import numpy_helper
+
+from kselect.core.errors import KselectError
+from kselect.core.model import Model
+from kselect.core.tasks import _attr, _conv_pads
+
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")
+FLOAT_MAX = 3.4028234e38
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Lowering:
+    def __init__(self, model: Model, configs: dict[str, dict], weights_dir: Path):
+        self.model = model
+        self.configs = configs
+        self.weights_dir = weights_dir
+        self.alias: dict[str, str] = {}
+        self.nodes: list[dict] = []
+        self.fused: set[int] = set()
+        graph = model.proto.graph
+        self.graph_outputs = [o.name for o in graph.output]
+        self.consumers: dict[str, list[int]] = {}
+        for index, node in enumerate(graph.node):
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(index)
+        self._arrays: dict[str, np.ndarray] = {}
+        self._files = 0
+
+    # -- helpers ------------------------------------------------------------------------------
+    def name(self, tensor: str) -> str:
+        while tensor in self.alias:
+            tensor = self.alias[tensor]
+        return tensor
+
+    def shape(self, tensor: str, node) -> list[int]:
+        if tensor not in self.model.shapes:
+            raise KselectError(f"ACL engine: the shape of {tensor!r} (node {node.name!r}) is unknown")
+        return list(self.model.shapes[tensor])
+
+    def constant(self, tensor: str) -> np.ndarray | None:
+        if tensor not in self.model.initializers:
+            return None
+        if tensor not in self._arrays:
+            self._arrays[tensor] = numpy_helper.to_array(self.model.initializers[tensor]).astype(np.float32)
+        return self._arrays[tensor]
+
+    def write(self, key: str, array: np.ndarray) -> str:
+        self._files += 1
+        name = f"{self._files:04d}.{key}.f32"
+        np.ascontiguousarray(array, dtype=np.float32).tofile(self.weights_dir / name)
+        return name  # the runner resolves it against the graph file's folder
+
+    def refuse(self, node, why: str):
+        raise KselectError(f"ACL engine cannot run {node.op_type} node {node.name!r}: {why}")
+
+    def activation(self, node) -> dict | None:
+        """The runner's activation for an activation node; None for a Clip without bounds."""
+        op = node.op_type
+        if op == "Relu":
+            return {"fn": "RELU"}
+        if op == "LeakyRelu":
+            return {"fn": "LEAKY_RELU", "a": float(_attr(node, "alpha", 0.01))}
+        if op == "Sigmoid":
+            return {"fn": "LOGISTIC"}
+        if op == "Tanh":
+            return {"fn": "TANH", "a": 1.0, "b": 1.0}
+        if op == "Clip":
+            low, high = _attr(node, "min", -math.inf), _attr(node, "max", math.inf)
+            for position, default in ((1, None), (2, None)):
+                if len(node.input) > position and node.input[position]:
+                    value = self.constant(node.input[position])
+                    if value is None:
+                        self.refuse(node, "Clip bounds computed at run time")
+                    if position == 1:
+                        low = float(value)
+                    else:
+                        high = float(value)
+            if low == -math.inf and high == math.inf:
+                return None
+            if low == 0.0 and high == math.inf:
+                return {"fn": "RELU"}
+            return {"fn": "LU_BOUNDED_RELU", "a": min(high, FLOAT_MAX), "b": max(low, -FLOAT_MAX)}
+        return None
+
+    def fusable_activation(self, index: int, output: str):
+        """The activation node that is the only consumer of ``output`` (not a graph output)."""
+        users = self.consumers.get(output, [])
+        if len(users) != 1 or output in self.graph_outputs:
+            return None
+        node = self.model.proto.graph.node[users[0]]
+        if node.op_type not in ACTIVATIONS or node.input[0] != output:
+            return None
+        act = self.activation(node)
+        if act is None:
+            return None
+        return users[0], node, act
+
+    def config(self, node) -> dict:
+        if node.name not in self.configs:
+            raise KselectError(f"ACL engine: no configuration for {node.op_type} node {node.name!r} "
+                               "(the plan or the defaults do not cover it)")
+        return self.configs[node.name]
+
+    # -- ops ------------------------------------------------------------------------------------
+    def lower(self) -> dict:
+        graph = self.model.proto.graph
+        for index, node in enumerate(graph.node):
+            if index in self.fused:
+                continue
+            handler = getattr(self, "op_" + node.op_type, None)
+            if handler is None:
+                self.refuse(node, "op not supported by the ACL engine")
+            handler(index, node)
+        inputs = [{"name": name, "shape": shape} for name, shape in self.model.input_shapes.items()]
+        for entry in inputs:
+            if len(entry["shape"]) not in (2, 4):
+                raise KselectError(f"ACL engine: input {entry['name']!r} has rank {len(entry['shape'])} (2 or 4 supported)")
+        return {"inputs": inputs, "outputs": [self.name(o) for o in self.graph_outputs], "nodes": self.nodes}
+
+    def _emit(self, node, op: str, inputs: list[str], output: str, **fields) -> None:
+        entry = {"name": node.name, "op": op, "inputs": [self.name(i) for i in inputs], "output": output}
+        if output in self.model.shapes:
+            entry["shape"] = self.model.shapes[output]
+        entry.update(fields)
+        self.nodes.append(entry)
+
+    def _output_with_activation(self, index: int, node) -> tuple[str, dict | None]:
+        fused = self.fusable_activation(index, node.output[0])
+        if fused is None:
+            return node.output[0], None
+        act_index, act_node, act = fused
+        self.fused.add(act_index)
+        return act_node.output[0], act
+
+    def op_Conv(self, index, node):
+        x, w_name = node.input[0], node.input[1]
+        w = self.constant(w_name)
+        if w is None:
+            self.refuse(node, "weights computed at run time")
+        x_shape = self.shape(x, node)
+        if len(x_shape) != 4:
+            self.refuse(node, "only 2-D convolutions")
+        strides = list(_attr(node, "strides", [1, 1]))
+        dilations = list(_attr(node, "dilations", [1, 1]))
+        pads = _conv_pads(node, x_shape, list(w.shape), strides, dilations)
+        group = int(_attr(node, "group", 1))
+        b = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if len(node.input) > 2 and node.input[2] and b is None:
+            self.refuse(node, "bias computed at run time")
+        output, act = self._output_with_activation(index, node)
+        fields = {"input": x_shape, "weights": list(w.shape), "stride": strides, "pads": pads, "dilation": dilations,
+                  "group": group, "bias": b is not None, "weights_path": self.write("w", w),
+                  "config": self.config(node)}
+        if b is not None:
+            fields["bias_path"] = self.write("b", b)
+        if act:
+            fields["act"] = act
+        self._emit(node, "conv", [x], output, **fields)
+
+    def _fc(self, index, node, a: str, weights_nk: np.ndarray, bias: np.ndarray | None):
+        a_shape = self.shape(a, node)
+        if len(a_shape) != 2:
+            self.refuse(node, "only 2-D inputs (fully connected)")
+        output, act = self._output_with_activation(index, node)
+        fields = {"input": a_shape, "weights": list(weights_nk.shape), "bias": bias is not None,
+                  "weights_path": self.write("w", weights_nk), "config": self.config(node)}
+        if bias is not None:
+            fields["bias_path"] = self.write("b", bias)
+        if act:
+            fields["act"] = act
+        self._emit(node, "fc", [a], output, **fields)
+
+    def op_Gemm(self, index, node):
+        if _attr(node, "transA", 0):
+            self.refuse(node, "transA=1")
+        b = self.constant(node.input[1])
+        if b is None:
+            self.refuse(node, "weights computed at run time")
+        w = b if _attr(node, "transB", 0) else b.T
+        w = w * np.float32(_attr(node, "alpha", 1.0))
+        bias = None
+        if len(node.input) > 2 and node.input[2]:
+            c = self.constant(node.input[2])
+            if c is None:
+                self.refuse(node, "bias computed at run time")
+            if c.size not in (1, w.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
+                self.refuse(node, f"bias of shape {list(c.shape)}")
+            bias = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * np.float32(_attr(node, "beta", 1.0))
+        self._fc(index, node, node.input[0], w, bias)
+
+    def op_MatMul(self, index, node):
+        b = self.constant(node.input[1])
+        if b is None or b.ndim != 2:
+            self.refuse(node, "only a 2-D constant right-hand side (fully connected)")
+        self._fc(index, node, node.input[0], b.T, None)
+
+    def _pool(self, node, kind: str):
+        if _attr(node, "ceil_mode", 0):
+            self.refuse(node, "ceil_mode=1")
+        if any(d != 1 for d in _attr(node, "dilations", [1, 1])):
+            self.refuse(node, "dilated pooling")
+        auto_pad = _text(_attr(node, "auto_pad", "NOTSET"))
+        kernel = list(_attr(node, "kernel_shape"))
+        if auto_pad not in ("NOTSET", "VALID", ""):
+            self.refuse(node, f"auto_pad={auto_pad}")
+        if len(kernel) != 2:
+            self.refuse(node, "only 2-D pooling")
+        pads = [0, 0, 0, 0] if auto_pad == "VALID" else list(_attr(node, "pads", [0, 0, 0, 0]))
+        self._emit(node, "pool", [node.input[0]], node.output[0], type=kind, kernel=kernel,
+                   stride=list(_attr(node, "strides", [1, 1])), pads=pads,
+                   count_include_pad=bool(_attr(node, "count_include_pad", 0)))
+
+    def op_MaxPool(self, index, node):
+        if len(node.output) > 1 and node.output[1]:
+            self.refuse(node, "MaxPool indices output")
+        self._pool(node, "MAX")
+
+    def op_AveragePool(self, index, node):
+        self._pool(node, "AVG")
+
+    def op_GlobalAveragePool(self, index, node):
+        self._emit(node, "global_pool", [node.input[0]], node.output[0], type="AVG")
+
+    def op_GlobalMaxPool(self, index, node):
+        self._emit(node, "global_pool", [node.input[0]], node.output[0], type="MAX")
+
+    def op_Add(self, index, node):
+        a, b = node.input
+        if self.constant(a) is not None or self.constant(b) is not None:
+            self.refuse(node, "adding a constant")
+        if self.shape(a, node) != self.shape(b, node):
+            self.refuse(node, "broadcasting")
+        self._emit(node, "add", [a, b], node.output[0])
+
+    def op_Concat(self, index, node):
+        rank = len(self.shape(node.input[0], node))
+        axis = int(_attr(node, "axis", 1))
+        if rank != 4 or axis % 4 != 1:
+            self.refuse(node, "only channel concatenation of 4-D tensors")
+        self._emit(node, "concat", list(node.input), node.output[0], axis=1)
+
+    def _flatten_like(self, node):
+        x = node.input[0]
+        shape, out = self.shape(x, node), self.shape(node.output[0], node)
+        if shape == out:
+            self.alias[node.output[0]] = self.name(x)
+            return
+        if len(shape) == 4 and out == [shape[0], int(np.prod(shape[1:]))]:
+            self._emit(node, "flatten", [x], node.output[0])
+            return
+        self.refuse(node, f"reshape {shape} -> {out}")
+
+    def op_Flatten(self, index, node):
+        if int(_attr(node, "axis", 1)) != 1:
+            self.refuse(node, "axis != 1")
+        self._flatten_like(node)
+
+    def op_Reshape(self, index, node):
+        self._flatten_like(node)
+
+    def op_Softmax(self, index, node):
+        shape = self.shape(node.input[0], node)
+        if len(shape) != 2 or int(_attr(node, "axis", -1)) not in (1, -1):
+            self.refuse(node, "only over the last axis of a 2-D tensor")
+        self._emit(node, "softmax", [node.input[0]], node.output[0])
+
+    def _activation_node(self, index, node):
+        act = self.activation(node)
+        if act is None:
+            self.alias[node.output[0]] = self.name(node.input[0])
+            return
+        self._emit(node, "activation", [node.input[0]], node.output[0], act=act)
+
+    op_Relu = op_Clip = op_LeakyRelu = op_Sigmoid = op_Tanh = _activation_node
+
+    def op_Identity(self, index, node):
+        self.alias[node.output[0]] = self.name(node.input[0])
+
+    def op_Dropout(self, index, node):
+        if len(node.output) > 1 and node.output[1] and node.output[1] in self.consumers:
+            self.refuse(node, "the mask output is used")
+        self.alias[node.output[0]] = self.name(node.input[0])
+
+
+def lower(model: Model, configs: dict[str, dict], default_config: dict, weights_dir: Path) -> dict:
+    """The runner's graph description of ``model``: ``configs`` maps conv / fc node names to runner
+    configs (PROTOCOL.md); ``default_config`` schedules every other op. Weights are written as
+    raw float32 files into ``weights_dir``, named relative to it: the graph file belongs there."""
+    graph = _Lowering(model, configs, Path(weights_dir)).lower()
+    graph["default_config"] = default_config
+    return graph
+
+
+class WorkDir:
+    """A temporary directory for one model runner's graph, weights, inputs and outputs."""
+
+    def __init__(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="kselect-acl-model-")
+        self.path = Path(self._tmp.name)
+
+    def cleanup(self) -> None:
+        self._tmp.cleanup()
+
+
+class AclModelRunner:
+    """A loaded whole model in a persistent runner process: ``runner(feeds)`` runs one inference and
+    returns the outputs (graph order, logical NCHW / 2-D). ``last`` is the runner's last answer
+    (``times_us`` inside the runner, emulated under qemu); ``load_info`` says what was configured.
+    The weight files are deleted once the runner has loaded them."""
+
+    def __init__(self, graph: dict, work_dir: "WorkDir", timeout_s: float = 1800.0, runner=None):
+        from kselect.plugins.acl.client import AclRunner, RunnerError
+
+        self._work = work_dir
+        self.work_dir = work_dir.path
+        self.graph_path = self.work_dir / "graph.json"
+        self.graph_path.write_text(json.dumps(graph))
+        self.inputs = {i["name"]: i["shape"] for i in graph["inputs"]}
+        self.outputs = list(graph["outputs"])
+        self.runner = runner or AclRunner(timeout_s=timeout_s)
+        self.emulated = self.runner.emulated
+        self._finalizer = weakref.finalize(self, _close, self.runner, work_dir)
+        try:
+            self.load_info = self.runner.request({"action": "model_load", "model_id": "m", "graph_path": str(self.graph_path)})
+        except RunnerError as exc:
+            self.close()
+            raise KselectError(f"ACL engine: the runner failed while loading the model: {exc}") from None
+        if not self.load_info.get("ok"):
+            self.close()
+            raise KselectError(f"ACL engine: {self.load_info.get('error_kind')}: {self.load_info.get('error')}")
+        for path in self.work_dir.glob("*.f32"):
+            path.unlink()  # the runner holds the weights now
+        self._fed: dict[str, np.ndarray] = {}
+        self.last: dict = {}
+
+    def _write_inputs(self, feeds: dict) -> dict:
+        paths = {}
+        for name, shape in self.inputs.items():
+            if name not in feeds:
+                raise KselectError(f"ACL engine: no value fed for input {name!r}")
+            array = np.ascontiguousarray(feeds[name], dtype=np.float32)
+            if list(array.shape) != list(shape):
+                raise KselectError(f"ACL engine: input {name!r} has shape {list(array.shape)}, the model wants {shape}")
+            if name in self._fed and np.array_equal(self._fed[name], array):
+                continue  # the runner still holds it
+            path = self.work_dir / f"input.{len(self._fed)}.{abs(hash(name))}.f32"
+            array.tofile(path)
+            paths[name] = str(path)
+            self._fed[name] = array.copy()
+        return paths
+
+    def run(self, feeds: dict, **timing) -> list[np.ndarray]:
+        """One request: ``timing`` may ask for warmup / min_repeats / min_time_ms / profile."""
+        paths = self._write_inputs(feeds)
+        outputs = {name: str(self.work_dir / f"output.{i}.f32") for i, name in enumerate(self.outputs)}
+        request = {"action": "model_run", "model_id": "m", "input_paths": paths, "reuse_input": True,
+                   "output_paths": outputs, **timing}
+        try:
+            result = self.runner.request(request)
+        except Exception:
+            self._fed.clear()
+            raise
+        if not result.get("ok"):
+            self._fed.clear()
+            raise KselectError(f"ACL engine: {result.get('error_kind')}: {result.get('error')}")
+        self.last = result
+        return [np.fromfile(outputs[name], dtype=np.float32).reshape(result["outputs"][name]) for name in self.outputs]
+
+    def __call__(self, feeds: dict) -> list[np.ndarray]:
+        return self.run(feeds)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _close(runner, work_dir: WorkDir) -> None:
+    runner.close()
+    work_dir.cleanup()

@@ -1,0 +1,421 @@
+"""The ACL library plugin: spaces from the runner's ``validate``, ACL's own choice as the default,
+measuring through a persistent runner process, and whole models through the runner's engine.
+
+Everything is executed by the aarch64 runner (``runner/kselect_acl_runner.cpp``, PROTOCOL.md). On
+an x86_64 host it runs under qemu user-mode emulation: ``emulated`` is then true and every time
+this plugin produces is an emulated time, never Arm performance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kselect.core.device import Device, this_device
+from kselect.core.errors import KselectError
+from kselect.core.library import Library
+from kselect.core.space import Categorical, Integer, Space, WorkloadSplit
+from kselect.core.tasks import Task
+from kselect.plugins.acl import build
+
+CONV_METHODS = ("GEMM", "WINOGRAD", "DIRECT", "FFT")
+GEMM_METHODS = ("GEMM", "WINOGRAD", "AUTO")  # methods whose work is arm_gemm GEMMs
+# CPU model hints that change the fp32 arm_gemm path in 20.08 (kernel choice and the
+# A53 / A55r1 / X1 variants of the sgemm and hybrid kernels); the FP16/DOT/A55r0/A73 models only
+# matter to fp16 and int8 kernels.
+CPU_MODEL_HINTS = ("GENERIC", "A53", "A55r1", "X1")
+# arm_gemm's fp32 kernels in 20.08, in the order the space lists them.
+KERNEL_ORDER = ("sgemm_12x8_1d", "sgemm_12x8_2d", "hybrid_fp32_mla_16x4", "hybrid_fp32_mla_4x8_normal",
+                "smallK_hybrid_fp32_mla_4x6", "smallK_hybrid_fp32_mla_4x8", "sgemv_pretransposed")
+SPLIT_GRANULARITY = 8
+SCHEDULERS = ("acl", "kselect")  # ACL's CPPScheduler / the runner's own work-splitting scheduler
+
+
+def _kernel_rank(name: str) -> tuple:
+    return (KERNEL_ORDER.index(name) if name in KERNEL_ORDER else len(KERNEL_ORDER), name)
+
+
+def armnn_threads(device: Device) -> int:
+    """ArmNN's rule for ACL's thread count: the smallest core count over the clusters."""
+    return max(1, min((len(c) for c in device.clusters if c), default=device.cores))
+
+
+def cluster_cpus(device: Device, threads: int) -> list[int] | None:
+    """CPUs for the split scheduler's threads, cluster by cluster (biggest cores first); None on a
+    device with one cluster (threads are not pinned there)."""
+    if len(device.clusters) < 2:
+        return None
+    cpus = [cpu for cluster in device.clusters for cpu in cluster]
+    return cpus[:threads] if threads <= len(cpus) else None
+
+
+def runner_config(config: dict, device: Device | None = None) -> dict:
+    """A kselect config (space dims) as the runner's ``config`` (PROTOCOL.md)."""
+    out: dict = {}
+    for key in ("method", "layout"):
+        if key in config:
+            out[key] = config[key]
+    if "fast_math" in config:
+        out["fast_math"] = bool(config["fast_math"])
+    if config.get("gemm_kernel", "default") != "default":
+        out["gemm_kernel"] = config["gemm_kernel"]
+    if config.get("cpu_model", "detected") != "detected":
+        out["cpu_model"] = config["cpu_model"]
+    threads = int(config.get("threads", 0))
+    out["threads"] = threads
+    if config.get("scheduler") == "kselect" and threads > 1:
+        out["scheduler"] = "split"
+        out["split_ratios"] = [float(s) for s in config.get("split", [1.0 / threads] * threads)]
+        pins = cluster_cpus(device or this_device(), threads)
+        if pins:
+            out["pin_threads"] = pins
+    else:
+        out["scheduler"] = "default"
+    return out
+
+
+def _intersection(lists: list[list[str]]) -> list[str]:
+    if not lists:
+        return []
+    common = set(lists[0]).intersection(*map(set, lists[1:]))
+    return sorted(common, key=_kernel_rank)
+
+
+class AclLibrary(Library):
+    name = "acl"
+    fresh_instances = 1  # every run request configures a fresh ACL function
+    # One layout per model: per-op timings exclude the NHWC<->NCHW permutes that mixing layouts
+    # costs in a whole model, so the plan chooses the layout once (the engine can mix them).
+    plan_level_dims = ("layout",)
+
+    def __init__(self):
+        self.emulated = build.is_emulated()
+        self._validated: dict[str, dict] = {}
+        self._query = None  # AclRunner for validate (parent process)
+        self._measurer = None  # AclRunner for measuring (worker child)
+        self._version: str | None = None
+        self._detected: list[str] | None = None  # the runner's detected CPU models
+        self.last_result: dict | None = None  # the runner's answer to the last measure()
+
+    # -- identity -------------------------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        """Cheap: compiler, ACL headers and libraries, qemu on a non-aarch64 host; nothing is built."""
+        try:
+            build.build_command(Path("kselect-acl-probe"))
+            build.runner_command()
+        except build.AclUnavailable as exc:
+            return False, str(exc)
+        return True, ""
+
+    def version(self) -> str:
+        """ACL's version from the Debian package (e.g. ``arm-compute 20.08+dfsg-7``); with
+        ``KSELECT_ACL_LIBDIR`` (another ACL build) the version that library reports."""
+        if self._version is None:
+            custom = os.environ.get("KSELECT_ACL_LIBDIR")
+            self._version = (None if custom else self._package_version()) or self._runner_version()
+        return self._version
+
+    @staticmethod
+    def _package_version() -> str | None:
+        suffix = "" if build.is_native() else ":arm64"
+        for package in ("libarm-compute-dev", "libarm-compute20"):
+            try:
+                proc = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package + suffix],
+                                      capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            if proc.returncode == 0 and proc.stdout.strip():
+                return f"arm-compute {proc.stdout.strip()}"
+        return None
+
+    def _runner_version(self) -> str:
+        info = self._query_runner().info()
+        return f"arm-compute {info.get('acl_version', 'unknown')}"
+
+    # -- runner processes -------------------------------------------------------------------------
+    def _query_runner(self):
+        from kselect.plugins.acl.client import AclRunner
+
+        if self._query is None:
+            try:
+                self._query = AclRunner(timeout_s=600)
+            except build.AclUnavailable as exc:
+                raise KselectError(str(exc)) from None
+        return self._query
+
+    def close(self) -> None:
+        for runner in (self._query, self._measurer):
+            if runner is not None:
+                runner.close()
+        self._query = self._measurer = None
+
+    # -- what ACL accepts ---------------------------------------------------------------------------
+    @staticmethod
+    def op_spec(task: Task) -> dict:
+        if task.kind == "fc":
+            return {"input": task.input_shape, "weights": task.weight_shape, "bias": task.has_bias}
+        a = task.attrs
+        return {"input": task.input_shape, "weights": task.weight_shape, "stride": a["strides"], "pads": a["pads"],
+                "dilation": a["dilations"], "group": a["group"], "bias": task.has_bias, "relu": False}
+
+    def _cache_path(self, task: Task, threads: int) -> Path:
+        forcing = "-noforce" if os.environ.get("KSELECT_ACL_NO_GEMM_FORCING") else ""
+        return build.cache_dir() / "validate" / f"{build.binary_path().name}-t{threads}{forcing}" / f"{task.key}.json"
+
+    def validation(self, task: Task, device: Device | None = None) -> dict:
+        """The runner's ``validate`` answer for the task (every method x layout x fast_math, ACL's
+        own pick, the arm_gemm GEMMs each method sets up with their eligible kernels); cached in
+        memory and on disk (keyed by the runner build and the thread count)."""
+        device = device or this_device()
+        if task.key in self._validated:
+            return self._validated[task.key]
+        path = self._cache_path(task, device.cores)
+        result = None
+        if path.is_file():
+            try:
+                result = json.loads(path.read_text())
+            except ValueError:
+                result = None
+        if result is None:
+            request = {"action": "validate", "op": task.kind, **self.op_spec(task), "with_gemms": True,
+                       "config": {"threads": device.cores}}
+            from kselect.plugins.acl.client import RunnerError
+
+            try:
+                result = self._query_runner().request(request)
+            except RunnerError as exc:
+                raise KselectError(f"ACL runner failed validating task {task.id}: {exc}") from None
+            if not result.get("ok"):
+                raise KselectError(f"ACL runner could not validate task {task.id}: {result.get('error')}")
+            result.pop("emulated", None)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, path)
+        self._validated[task.key] = result
+        return result
+
+    def _analyse(self, task: Task, device: Device) -> dict:
+        """Valid (method, layout, fast_math) combinations and the GEMM kernels each can take."""
+        v = self.validation(task, device)
+        valid, kernels, defaults = set(), {}, {}
+        for c in v["candidates"]:
+            if not c["ok"]:
+                continue
+            combo = (c["method"], c.get("layout", "NCHW"), bool(c.get("fast_math", False)))
+            valid.add(combo)
+            gemms = (c.get("gemm") or {}).get("gemms") or []
+            if gemms:
+                kernels[combo] = _intersection([g["compatible"] for g in gemms])
+                defaults[combo] = [g["default"] for g in gemms]
+        return {"valid": valid, "kernels": kernels, "defaults": defaults, "pick": v.get("acl_pick", {}),
+                "depthwise": bool(v.get("depthwise"))}
+
+    def acl_pick(self, task: Task, layout: str = "NCHW", device: Device | None = None) -> str:
+        """NEConvolutionLayer::get_convolution_method for the task (fast_math off), as the runner
+        reports it: GEMM / WINOGRAD / DIRECT / FFT, DEPTHWISE, or NONE."""
+        return self.validation(task, device)["acl_pick"][layout]["fast_math_false"]
+
+    def supports(self, task: Task) -> bool:
+        if task.kind == "conv":
+            if task.attrs["group"] != 1 and not task.is_depthwise:
+                return False  # ACL 20.08 NEON runs no grouped conv except depthwise
+            info = self._analyse(task, this_device())
+            return info["pick"].get("NCHW", {}).get("fast_math_false", "NONE") != "NONE" and bool(info["valid"])
+        if task.kind == "fc":
+            return bool(self._analyse(task, this_device())["valid"])
+        return False
+
+    # -- spaces and defaults ------------------------------------------------------------------------
+    def _methods(self, info: dict) -> list[str]:
+        if info["depthwise"]:
+            return ["DEPTHWISE"] if any(m == "DEPTHWISE" for m, _, _ in info["valid"]) else []
+        methods = [m for m in CONV_METHODS if any(v[0] == m for v in info["valid"])]
+        pick = info["pick"].get("NCHW", {}).get("fast_math_false")
+        if pick not in methods and ("AUTO", "NCHW", False) in info["valid"]:
+            methods.append("AUTO")  # ACL's pick is a method kselect does not list (never seen in 20.08)
+        return methods
+
+    @staticmethod
+    def _fast_math_values(info: dict) -> list[bool]:
+        """fast_math only unlocks Winograd tiles (e.g. 5x5); where Winograd validates without it the
+        function is the same, so True is offered only where it makes Winograd possible."""
+        values = []
+        layouts = {layout for m, layout, _ in info["valid"] if m == "WINOGRAD"}
+        if any(("WINOGRAD", layout, False) in info["valid"] for layout in layouts):
+            values.append(False)
+        if any(("WINOGRAD", layout, True) in info["valid"] and ("WINOGRAD", layout, False) not in info["valid"] for layout in layouts):
+            values.append(True)
+        return values
+
+    def _schedule_dims(self, space: Space, device: Device) -> None:
+        space.add(Integer("threads", 1, device.cores))
+        if device.cores > 1:
+            space.add(Categorical("scheduler", SCHEDULERS, when={"threads": list(range(2, device.cores + 1))}))
+            space.add(WorkloadSplit("split", granularity=SPLIT_GRANULARITY, parts_from="threads", max_parts=device.cores,
+                                    when={"scheduler": ["kselect"]}))
+
+    @staticmethod
+    def _cpu_models(device_models: list[str] | None = None) -> tuple:
+        detected = set(device_models or [])
+        return ("detected",) + tuple(m for m in CPU_MODEL_HINTS if m not in detected)
+
+    def _detected_models(self) -> list[str]:
+        if self._detected is None:
+            self._detected = self._query_runner().info().get("detected_cpu_models", [])
+        return self._detected
+
+    def space(self, task: Task, device: Device) -> Space:
+        info = self._analyse(task, device)
+        valid, kernels = info["valid"], info["kernels"]
+        space = Space()
+        if task.kind == "fc":
+            fc_kernels = kernels.get(("FC", "NCHW", False), [])
+            if fc_kernels:
+                space.add(Categorical("gemm_kernel", ("default", *fc_kernels), role="micro-kernel"))
+            space.add(Categorical("cpu_model", self._cpu_models(self._detected_models())))
+            self._schedule_dims(space, device)
+            return space
+
+        methods = self._methods(info)
+        if not methods:
+            raise KselectError(f"ACL validates no method for task {task.id}")
+        space.add(Categorical("method", tuple(methods), role="algorithm"))
+        if "WINOGRAD" in methods:
+            space.add(Categorical("fast_math", tuple(self._fast_math_values(info)), role="algorithm",
+                                  when={"method": ["WINOGRAD"]}))
+        layouts = tuple(layout for layout in ("NCHW", "NHWC") if any(v[1] == layout and v[0] in methods for v in valid))
+        space.add(Categorical("layout", layouts, role="layout"))
+        kernel_methods = [m for m in methods if m in GEMM_METHODS and any(k[0] == m and kernels[k] for k in kernels)]
+        if kernel_methods:  # none when the runner's arm_gemm ABI check failed: ACL's default kernels
+            names = sorted({name for k, names in kernels.items() if k[0] in kernel_methods for name in names}, key=_kernel_rank)
+            space.add(Categorical("gemm_kernel", ("default", *names), role="micro-kernel", when={"method": kernel_methods}))
+        gemm_methods = [m for m in methods if m in GEMM_METHODS]
+        if gemm_methods:
+            space.add(Categorical("cpu_model", self._cpu_models(self._detected_models()), when={"method": gemm_methods}))
+        self._schedule_dims(space, device)
+
+        def accepted(c: dict) -> bool:
+            return (c["method"], c["layout"], bool(c.get("fast_math", False))) in valid
+
+        def eligible(c: dict) -> bool:
+            kernel = c.get("gemm_kernel", "default")
+            return kernel == "default" or kernel in kernels.get((c["method"], c["layout"], bool(c.get("fast_math", False))), ())
+
+        space.constrain("ACL's validate() accepts (method, layout, fast_math)", accepted)
+        if kernel_methods:
+            space.constrain("gemm_kernel is eligible for every arm_gemm GEMM of (method, layout) "
+                            "(smallK 4x8: K <= 8, 4x6: 8 < K <= 16, N % 4 == 0; sgemv: M == 1)", eligible)
+        return space
+
+    def default_config(self, task: Task, device: Device) -> dict:
+        """ACL's own choice: NEConvolutionLayer::get_convolution_method (fast math off), NCHW, the
+        default arm_gemm kernel and CPU model, ACL's scheduler, and ArmNN's thread count."""
+        threads = armnn_threads(device)
+        config: dict = {}
+        if task.kind == "conv":
+            info = self._analyse(task, device)
+            methods = self._methods(info)
+            pick = "DEPTHWISE" if info["depthwise"] else info["pick"]["NCHW"]["fast_math_false"]
+            method = pick if pick in methods else "AUTO"
+            config["method"] = method
+            if method == "WINOGRAD":
+                config["fast_math"] = False
+            config["layout"] = "NCHW"
+            if method in GEMM_METHODS:
+                config["gemm_kernel"] = "default"  # dropped by normalise() when the space has no kernels
+                config["cpu_model"] = "detected"
+        else:
+            config["gemm_kernel"] = "default"
+            config["cpu_model"] = "detected"
+        config["threads"] = threads
+        if threads > 1:
+            config["scheduler"] = "acl"
+        return self.space(task, device).normalise(config)
+
+    def tolerance(self, task: Task, config: dict) -> float:
+        # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md).
+        if config.get("method") in ("WINOGRAD", "FFT", "AUTO"):
+            return 1e-3
+        return 1e-4
+
+    # -- measuring (in the worker child) ------------------------------------------------------------
+    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+        from kselect.plugins.acl.client import AclRunner
+
+        if self._measurer is None:
+            self._measurer = AclRunner(timeout_s=max(5.0, 0.9 * settings.timeout_s))
+        self._measurer.timeout_s = max(5.0, 0.9 * settings.timeout_s)
+        arrays = {"input": inputs["x"], "weights": inputs["w"]}
+        if "b" in inputs:
+            arrays["bias"] = inputs["b"]
+        if task.kind == "fc":  # y = alpha * x @ w.T + beta * b, folded into the weights and bias
+            arrays["weights"] = inputs["w"] * np.float32(task.attrs["alpha"])
+            if "b" in inputs:
+                arrays["bias"] = inputs["b"] * np.float32(task.attrs["beta"])
+        timing = {"warmup": settings.warmup, "min_repeats": settings.min_repeats, "max_repeats": settings.max_repeats,
+                  "min_time_ms": 1000.0 * settings.min_time_s, "max_time_ms": 1000.0 * settings.max_time_s,
+                  "stable_within": settings.stable_within}
+        result, output = self._measurer.run_op(task.kind, self.op_spec(task), runner_config(config), arrays,
+                                               want_output=True, **timing)
+        self.last_result = result
+        if not result.get("ok"):
+            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        return {"times_us": [result["times_us"]], "output": output.reshape(task.output_shape)}
+
+    # -- whole models -------------------------------------------------------------------------------
+    def node_configs(self, model, plan=None, device: Device | None = None) -> dict[str, dict]:
+        """Runner configs per conv / fc node: the plan's, or the library defaults."""
+        from kselect.core.tasks import extract_tasks, find_ops
+
+        device = device or this_device()
+        configs = {}
+        for task in (extract_tasks(model) if find_ops(model) else []):
+            if not self.supports(task):
+                continue
+            for node in task.nodes:
+                if plan is not None:
+                    entry = plan.nodes.get(node)
+                    if entry is None:
+                        raise KselectError(f"the plan has no entry for node {node!r}")
+                    config = entry["config"]
+                else:
+                    config = self.default_config(task, device)
+                configs[node] = runner_config(config, device)
+        return configs
+
+    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+        """A bundle the runner's ``model_load`` runs on the device: ``MODEL.acl/graph.json`` (every
+        conv / fc with the plan's config) and its weight files, named relative to it."""
+        from kselect.plugins.acl import engine
+
+        device = this_device()
+        bundle = Path(out_dir) / f"{model.name}.acl"
+        bundle.mkdir(parents=True, exist_ok=True)
+        for old in list(bundle.glob("*.f32")) + [bundle / "graph.json"]:
+            old.unlink(missing_ok=True)
+        graph = engine.lower(model, self.node_configs(model, plan, device),
+                             {"threads": armnn_threads(device), "scheduler": "default"}, bundle)
+        graph["kselect"] = {"model": plan.model, "libraries": plan.libraries, "emulated": plan.emulated,
+                            "usage": "kselect_acl_runner: {\"action\":\"model_load\",\"model_id\":\"m\",\"graph_path\":\"graph.json\"}"}
+        path = bundle / "graph.json"
+        path.write_text(json.dumps(graph, indent=1) + "\n")
+        return [path]
+
+    def model_runner(self, model, plan, timeout_s: float = 1800.0):
+        """The model in a persistent runner process (``engine.AclModelRunner``), with the library
+        defaults when ``plan`` is None, else the plan's per-op configs."""
+        from kselect.plugins.acl import engine
+
+        device = this_device()
+        configs = self.node_configs(model, plan, device)
+        default = {"threads": armnn_threads(device), "scheduler": "default"}
+        work_dir = engine.WorkDir()
+        graph = engine.lower(model, configs, default, work_dir.path)
+        return engine.AclModelRunner(graph, work_dir, timeout_s=timeout_s)
