@@ -166,7 +166,7 @@ def cmd_tune(args) -> None:
     db = RecordDB(args.db or DEFAULT_DB)
     searcher_options = {"storage": args.storage} if args.storage else {}
     options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop, searcher_options,
-                          MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time,
+                          MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
                                           max_time_s=15 * args.min_time))
     spaces = {t.key: library.space(t, device) for t in tasks}
     total = sum(min(args.budget, len(spaces[t.key])) for t in tasks)
@@ -230,6 +230,33 @@ def _tune_table(outcomes, plan, library) -> None:
                       + (" [EMULATED]" if library.emulated else ""))
     if plan.plan_level:
         console.print(f"plan-level settings: {plan.plan_level}")
+
+
+def cmd_predict(args) -> None:
+    from kselect.core.records import DEFAULT_DB, RecordDB
+    from kselect.search.predict import predict_model
+
+    library = plugins.get_library(args.library)
+    model = load_model(args.model, args.input_shape)
+    db = RecordDB(args.db or DEFAULT_DB)
+    device = this_device()
+    with console.status(f"training the cost model on {db.path} and predicting {model.name}"):
+        prediction = predict_model(model, library, device, db, seed=args.seed)
+    label = " [EMULATED]" if library.emulated else ""
+    table = Table(title=f"{model.name} on {library.name}: predicted per-op latency (not measured){label}")
+    for column in ("task", "op", "input", "ops", "default us", "predicted us", "measured us", "config"):
+        table.add_column(column, justify="left" if column in ("task", "op", "input", "config") else "right")
+    for op in prediction.ops:
+        config = ", ".join(f"{k}={v}" for k, v in op.config.items() if k not in prediction.plan_level)
+        table.add_row(op.task.id, _op(op.task), _shape(op.task.input_shape), str(op.nodes), _us(op.default_predicted_us),
+                      _us(op.predicted_us), _us(op.measured_us), config)
+    console.print(table)
+    console.print(f"predicted sum over ops: default {prediction.default_total_us / 1000:.2f} ms, best plan "
+                  f"{prediction.total_us / 1000:.2f} ms; learnt from {prediction.training_rows} measurements of "
+                  f"{prediction.training_tasks} tasks{label}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({**prediction.to_json(), "emulated": library.emulated}, indent=2) + "\n")
+        console.print(f"wrote {args.json_out}")
 
 
 # -- plans ----------------------------------------------------------------------------------

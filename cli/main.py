@@ -52,8 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="search-backend storage URL (tpe: an Optuna storage, e.g. sqlite:///optuna.db)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take before it is killed")
     p.add_argument("--min-time", type=float, default=0.1, help="minimum measured seconds per candidate instance")
+    p.add_argument("--min-repeats", type=int, default=10, help="minimum timed runs per candidate instance")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip the end-to-end check that falls back to a simpler plan when the tuned one is slower")
+
+    p = commands.add_parser("predict", help="per-op latency predicted by the cost model, without measuring")
+    _add_model_args(p)
+    p.add_argument("--library", required=True)
+    p.add_argument("--db", default=None, help="record database the cost model learns from")
+    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="also write the prediction as JSON")
+    p.add_argument("--seed", type=int, default=0)
 
     p = commands.add_parser("plan", help="show or apply a plan")
     plan_commands = p.add_subparsers(dest="plan_command", required=True, metavar="ACTION")

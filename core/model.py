@@ -85,10 +85,7 @@ def load_model(spec: str, input_shapes: list[str] | None = None) -> Model:
             if len(wanted) != len(dims):
                 raise KselectError(
                     f"--input-shape {graph_input.name} has {len(wanted)} dims, the model's input has {len(dims)}")
-            for dim, value in zip(dims, wanted):
-                if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != value:
-                    raise KselectError(
-                        f"--input-shape {graph_input.name}: dim of size {dim.dim_value} cannot be set to {value}")
+            for dim, value in zip(dims, wanted):  # static dims may be overridden too (e.g. a smaller image)
                 dim.Clear()
                 dim.dim_value = value
         shape = []
