@@ -164,7 +164,9 @@ def cmd_tune(args) -> None:
     tasks = library_tasks(model, library)
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
-    searcher_options = {"storage": args.storage} if args.storage else {}
+    searcher_options = {}
+    if args.storage:  # one Optuna study per device, library build and task
+        searcher_options = {"storage": args.storage, "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
     options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop, searcher_options,
                           MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
                                           max_time_s=15 * args.min_time))

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("tune", help="measure configurations per task and write a plan")
     _add_model_args(p)
     p.add_argument("--library", required=True)
-    p.add_argument("--search", default="random", help="search backend (see `kselect plugins`)")
+    p.add_argument("--search", default="xgb", help="search backend: xgb (default), tpe, random, exhaustive, or a plugin's")
     p.add_argument("--budget", type=int, default=16, help="configs measured per task, the default included (default 16)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop measuring after this long")
     p.add_argument("--db", default=None, help="record database (default ~/.cache/kselect/records.db, or $KSELECT_DB)")

@@ -26,6 +26,8 @@ CORE_PLUGINS = {
     "zoo": "kselect.core.zoo_plugin",
     "random": "kselect.search.random",
     "exhaustive": "kselect.search.exhaustive",
+    "xgb": "kselect.search.xgb",
+    "tpe": "kselect.search.tpe",
 }
 LIBRARY_PLUGINS = {
     "mlas": "kselect.plugins.mlas",

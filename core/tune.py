@@ -58,7 +58,7 @@ class Reporter:
 
 @dataclass
 class TuneOptions:
-    search: str = "random"
+    search: str = "xgb"
     budget: int = 16  # configs per task, the default included
     time_budget_s: float | None = None  # whole tune
     seed: int = 0
