@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import bench, verified_plan
+from kselect.core.bench import bench, fresh_runners, verified_plan
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
@@ -43,7 +43,7 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     plan = verified_plan(library, model, variants)  # what `kselect tune` does before it writes the plan
     tune_s = time.perf_counter() - start
     # the figure reported: a fresh interleaved run, separate from the check that chose the plan
-    result = bench(library.model_runner(model, None), library.model_runner(model, plan), model, rounds=rounds)
+    result = bench(fresh_runners(library, model, None), fresh_runners(library, model, plan), model, rounds=rounds)
     changed = [t["id"] for t in plan.tasks if t["config"] != t["default_config"]]
     return {"model": name, "tasks": len(tasks), "ops": sum(len(t.nodes) for t in tasks),
             "samples": sum(len(r) for r in records.values()), "measured_now": sum(o.measured_now for o in outcomes),

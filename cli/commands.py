@@ -307,17 +307,18 @@ def cmd_plan_apply(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from kselect.core.bench import bench
+    from kselect.core.bench import bench, fresh_runners
 
     model = load_model(args.model, args.input_shape)
     plan = _checked_plan(args, model)
     library = plugins.get_library(plan.library)
     with console.status(f"benchmarking {model.name}: {library.name} default vs plan, interleaved"):
-        result = bench(library.model_runner(model, None), library.model_runner(model, plan), model,
+        result = bench(fresh_runners(library, model, None), fresh_runners(library, model, plan), model,
                        args.rounds, args.runs_per_round)
     result = {"model": model.name, "library": library.name, "library_version": library.version(),
               "emulated": library.emulated, "device": this_device().summary(), **result}
-    table = Table(title=f"{model.name} on {library.name}: whole-model latency (median of {result['runs']} runs each)"
+    table = Table(title=f"{model.name} on {library.name}: whole-model latency (median of {result['runs']} runs each, "
+                  f"{result['instances']} fresh instance(s) per side)"
                   + (" [EMULATED]" if library.emulated else ""))
     for column in ("default ms", "plan ms", "speedup", "spread default / plan", "max output error"):
         table.add_column(column, justify="right")

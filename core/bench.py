@@ -47,19 +47,38 @@ def compare_outputs(reference: list, candidate: list) -> float:
 
 
 def bench(default_runner, plan_runner, model: Model, rounds: int = 10, runs_per_round: int = 5) -> dict:
+    """Default against plan. A runner, or a list of runners built separately (fresh sessions of
+    one config can settle at different speeds): round r uses instance r modulo their number."""
+    defaults = default_runner if isinstance(default_runner, list) else [default_runner]
+    plans = plan_runner if isinstance(plan_runner, list) else [plan_runner]
     feeds = random_feeds(model)
-    error = compare_outputs(default_runner(feeds), plan_runner(feeds))
-    times = interleaved({"default": default_runner, "plan": plan_runner}, feeds, rounds, runs_per_round)
+    error = compare_outputs(defaults[0](feeds), plans[0](feeds))
+    times: dict[str, list[float]] = {"default": [], "plan": []}
+    instances = max(len(defaults), len(plans))
+    for instance in range(instances):
+        instance_rounds = rounds // instances + (instance < rounds % instances)
+        if instance_rounds == 0:
+            continue
+        part = interleaved({"default": defaults[instance % len(defaults)], "plan": plans[instance % len(plans)]},
+                           feeds, instance_rounds, runs_per_round)
+        for name in times:
+            times[name] += part[name]
     default_ms, plan_ms = statistics.median(times["default"]), statistics.median(times["plan"])
     return {
         "default_ms": round(default_ms, 4),
         "plan_ms": round(plan_ms, 4),
         "speedup": round(default_ms / plan_ms, 4),
         "runs": len(times["plan"]),
+        "instances": instances,
         "default_spread": round(_relative_iqr(times["default"]), 4),
         "plan_spread": round(_relative_iqr(times["plan"]), 4),
         "max_relative_output_error": error,
     }
+
+
+def fresh_runners(library, model: Model, plan) -> list:
+    """As many separately built runners as the library times fresh instances of a candidate."""
+    return [library.model_runner(model, plan) for _ in range(library.fresh_instances)]
 
 
 def _relative_iqr(samples: list[float]) -> float:
@@ -72,10 +91,10 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
     """The first plan of ``variants`` ([(name, plan)], best first) that is not slower than the
     library default end to end (whole model, interleaved); the last variant is taken if none
     is. The measurements are kept in ``plan.extra["verified"]``."""
-    default_runner = library.model_runner(model, None)
+    default_runners = fresh_runners(library, model, None)
     tried = []
     for index, (name, plan) in enumerate(variants):
-        result = bench(default_runner, library.model_runner(model, plan), model, rounds, runs_per_round)
+        result = bench(default_runners, fresh_runners(library, model, plan), model, rounds, runs_per_round)
         tried.append({"variant": name, **result})
         if on_result:
             on_result(name, result)
