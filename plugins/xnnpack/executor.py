@@ -1,0 +1,580 @@
+"""Runs a whole ONNX model through XNNPack operators, each conv / fully connected op built as a
+plan says (configured.py), every other op with XNNPack's defaults.
+
+Built once: operators are created with their weights, every tensor gets a preallocated buffer
+(buffers are reused once a tensor is dead), and every operator is set up once on its buffers, so
+an inference is the input layout conversion, one ``xnn_run_operator`` per operator and the output
+copies. Activations stay NHWC between operators: the model's NCHW inputs are converted once at
+the start and 4-D outputs converted back at the end (both part of the measured latency).
+
+Graph rewrites (the same with and without a plan): Relu / Clip after a Conv, Gemm, MatMul or Add
+fold into that operator's output range; a Flatten of an NHWC tensor feeding fully connected ops
+folds into the FC weights (columns permuted to NHWC order) instead of a transpose.
+
+Threads: without a plan every operator runs on one pthreadpool of all cores (XNNPack's default).
+With a plan, a conv / fc op uses the pool of its planned thread count (1 = the calling thread);
+ops without a config (pooling, add, concat, softmax, ...) take the thread count of the op that
+produces their first input. The plan-level ``spinning`` says whether the pools' workers spin or
+sleep between parallel loops (set on the shim at the start of every inference).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from kselect.core.device import this_device
+from kselect.core.errors import KselectError
+from kselect.core.tasks import Task, find_ops
+from kselect.plugins.xnnpack import configured
+from kselect.plugins.xnnpack import xnnpack_api as xa
+
+NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}  # NCHW axis -> NHWC axis
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+class _Tensor:
+    """A tensor as the executor stores it: NHWC for 4-D activations, else as in ONNX."""
+
+    def __init__(self, name, shape, array, storage, nhwc: bool, perm=None):
+        self.name = name
+        self.shape = list(shape)  # ONNX (NCHW) shape
+        self.array = array  # stored array (NHWC when nhwc)
+        self.storage = storage
+        self.nhwc = nhwc
+        self.perm = perm  # (C, H, W) when this 2-D tensor is an NHWC tensor flattened in NHWC order
+        self.threads = None  # thread count of the op that wrote it
+
+
+class _Storage:
+    def __init__(self, size):
+        self.data = configured.buffer((max(int(size), 1),))  # aligned, with slack after the end
+        self.until = -1  # last node index using it
+        self.pinned = False
+
+
+class Executor:
+    """``Executor(library, model, plan)(feeds) -> [outputs]``; ``plan`` None = XNNPack defaults."""
+
+    def __init__(self, library, model, plan=None):
+        self.model = model
+        self.library = library
+        self.plan = plan
+        self.device = this_device()
+        self.default_threads = self.device.cores
+        self._built: list = []
+        self._ops: list = []
+        self.steps: list[tuple] = []
+        self.configs: dict[str, dict] = {}  # node -> config used (conv / fc)
+        self._free: list[_Storage] = []
+        plan_level = getattr(plan, "plan_level", None) or {}
+        self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
+        from kselect.plugins.xnnpack import tileshim
+
+        shim = tileshim.shim()
+        self._set_flags = shim.set_flags if shim is not None else None
+        try:
+            self._build(library)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- building ---------------------------------------------------------------------------
+    def _alloc(self, size: int) -> _Storage:
+        best = None
+        for s in self._free:
+            if s.data.size >= size and s.data.size <= 2 * size + 1024 and (best is None or s.data.size < best.data.size):
+                best = s
+        if best is not None:
+            self._free.remove(best)
+            best.until = -1
+            return best
+        return _Storage(size)
+
+    def _new_tensor(self, name, shape, index) -> _Tensor:
+        shape = [int(d) for d in shape]
+        nhwc = len(shape) == 4
+        stored = (shape[0], shape[2], shape[3], shape[1]) if nhwc else tuple(shape)
+        size = int(np.prod(stored)) if stored else 1
+        storage = self._alloc(size)
+        storage.until = max(storage.until, self.last_use.get(name, index))
+        if name in self.graph_outputs:
+            storage.pinned = True
+        array = storage.data[:size].reshape(stored)
+        tensor = _Tensor(name, shape, array, storage, nhwc)
+        self.tensors[name] = tensor
+        return tensor
+
+    def _alias(self, name, source: _Tensor, shape, index, array=None, perm=None) -> _Tensor:
+        tensor = _Tensor(name, shape, source.array if array is None else array, source.storage, False, perm)
+        tensor.nhwc = array is None and source.nhwc
+        tensor.threads = source.threads
+        source.storage.until = max(source.storage.until, self.last_use.get(name, index))
+        if name in self.graph_outputs:
+            source.storage.pinned = True
+        self.tensors[name] = tensor
+        return tensor
+
+    def _const(self, name) -> np.ndarray | None:
+        if name in self.model.initializers:
+            return numpy_helper.to_array(self.model.initializers[name]).astype(np.float32)
+        return None
+
+    def _shape(self, name):
+        if name not in self.model.shapes:
+            raise KselectError(f"xnnpack executor: unknown shape of tensor {name!r}")
+        return self.model.shapes[name]
+
+    def _threads(self, tensor: _Tensor | None) -> int:
+        if self.plan is None or tensor is None or tensor.threads is None:
+            return self.default_threads
+        return tensor.threads
+
+    def _add_op(self, op, threads: int) -> None:
+        pool = configured.pool_for(threads)
+        self._ops.append(op)
+        self.steps.append((self._run, op.handle, None if pool is None else pool.handle))
+
+    def _build(self, library) -> None:
+        graph = self.model.proto.graph
+        self._run = xa.lib().xnn.xnn_run_operator
+        nodes = list(graph.node)
+        consumers: dict[str, list[int]] = {}
+        for i, node in enumerate(nodes):
+            for name in node.input:
+                if name:
+                    consumers.setdefault(name, []).append(i)
+        self.graph_outputs = {o.name for o in graph.output}
+        self.last_use = {name: max(uses) for name, uses in consumers.items()}
+        for name in self.graph_outputs:
+            self.last_use[name] = len(nodes)
+        self.tensors: dict[str, _Tensor] = {}
+        self.inputs: list[tuple[str, _Tensor]] = []
+        for name, shape in self.model.input_shapes.items():
+            tensor = self._new_tensor(name, shape, -1)
+            tensor.storage.pinned = True
+            self.inputs.append((name, tensor))
+        ops = {op.node: op for op in find_ops(self.model)}
+        self._tasks = {}
+        for name, op in ops.items():
+            self._tasks[name] = Task(name, "", op.kind, op.input_shape, op.weight_shape, op.output_shape, op.attrs,
+                                     op.has_bias, [name])
+
+        fused_into: dict[int, int] = {}  # activation node index -> producer index
+        for i, node in enumerate(nodes):
+            if node.op_type in ("Conv", "Gemm", "MatMul", "Add") and len(node.output) == 1:
+                out = node.output[0]
+                uses = consumers.get(out, [])
+                if len(uses) == 1 and out not in self.graph_outputs:
+                    j = uses[0]
+                    if nodes[j].op_type in ("Relu", "Clip") and self._act_range(nodes[j]) is not None:
+                        fused_into[j] = i
+        fused_act = {i: j for j, i in fused_into.items()}
+
+        for i, node in enumerate(nodes):
+            if i in fused_into:
+                continue
+            act = None
+            out_name = node.output[0] if node.output else None
+            if i in fused_act:
+                act_node = nodes[fused_act[i]]
+                act = self._act_range(act_node)
+                out_name = act_node.output[0]
+                self.last_use.setdefault(node.output[0], i)
+            handler = getattr(self, f"_op_{node.op_type}", None)
+            if handler is None:
+                raise KselectError(f"xnnpack executor: {node.op_type} (node {node.name!r}) is not supported")
+            handler(node, i, out_name, act if act is not None else (-math.inf, math.inf))
+            # release storages whose tensors are all dead after this node
+            for name in node.input:
+                tensor = self.tensors.get(name)
+                if tensor is not None and tensor.storage.until <= i and not tensor.storage.pinned \
+                        and tensor.storage not in self._free:
+                    self._free.append(tensor.storage)
+        self.outputs = []
+        for o in graph.output:
+            if o.name not in self.tensors:
+                raise KselectError(f"xnnpack executor: graph output {o.name!r} was not computed")
+            self.outputs.append(self.tensors[o.name])
+
+    def _act_range(self, node):
+        if node.op_type == "Relu":
+            return (0.0, math.inf)
+        lo, hi = _attr(node, "min", None), _attr(node, "max", None)
+        if len(node.input) > 1 and node.input[1]:
+            c = self._const(node.input[1])
+            if c is None:
+                return None
+            lo = float(c)
+        if len(node.input) > 2 and node.input[2]:
+            c = self._const(node.input[2])
+            if c is None:
+                return None
+            hi = float(c)
+        return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+
+    def _input(self, node, k=0) -> _Tensor:
+        name = node.input[k]
+        if name not in self.tensors:
+            raise KselectError(f"xnnpack executor: input {name!r} of {node.op_type} {node.name!r} is not an activation "
+                               "this executor computed (constant inputs are supported only as weights)")
+        return self.tensors[name]
+
+    def _config(self, node) -> dict:
+        task = self._tasks.get(node.name)
+        if task is None:
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} is not a conv / fc op with constant "
+                               "weights")
+        if self.plan is not None and node.name in self.plan.nodes:
+            config = dict(self.plan.nodes[node.name]["config"])
+        else:
+            config = dict(self.library.default_config(task, self.device))
+        self.configs[node.name] = config
+        return config
+
+    def _build_configured(self, node, i, out_name, act, w, b, x: _Tensor, y_shape):
+        task = self._tasks[node.name]
+        config = self._config(node)
+        y = self._new_tensor(out_name, y_shape, i)
+        spec = configured.OpSpec(task)
+        built = configured.build(spec, config, w, b, x.array, y.array, act[0], act[1], unsafe=False,
+                                 check_kernels=True)
+        self._built.append(built)
+        self.steps.extend(built.steps)
+        y.threads = int(config.get("threads", self.default_threads))
+
+    # -- ops --------------------------------------------------------------------------------
+    def _op_Conv(self, node, i, out_name, act):
+        x = self._input(node)
+        if not x.nhwc:
+            raise KselectError(f"xnnpack executor: Conv {node.name!r} needs a 4-D input")
+        w = self._const(node.input[1])
+        b = self._const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        self._build_configured(node, i, out_name, act, w, b, x, self._shape(node.output[0]))
+
+    def _op_Gemm(self, node, i, out_name, act):
+        x = self._input(node)
+        if _attr(node, "transA", 0):
+            raise KselectError(f"xnnpack executor: Gemm {node.name!r} with transA is not supported")
+        w = self._const(node.input[1])
+        if w is None or w.ndim != 2:
+            raise KselectError(f"xnnpack executor: Gemm {node.name!r} needs constant 2-D weights")
+        if not _attr(node, "transB", 0):
+            w = w.T
+        w = np.ascontiguousarray(w * np.float32(_attr(node, "alpha", 1.0)))
+        b = None
+        if len(node.input) > 2 and node.input[2]:
+            c = self._const(node.input[2])
+            if c is None or c.size not in (1, w.shape[0]):
+                raise KselectError(f"xnnpack executor: Gemm {node.name!r} needs a constant per-column bias")
+            b = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (w.shape[0],)) * np.float32(_attr(node, "beta", 1.0)))
+        self._fc(node, i, out_name, act, x, w, b)
+
+    def _op_MatMul(self, node, i, out_name, act):
+        x = self._input(node)
+        w = self._const(node.input[1])
+        if w is None or w.ndim != 2:
+            raise KselectError(f"xnnpack executor: MatMul {node.name!r} needs constant 2-D weights")
+        self._fc(node, i, out_name, act, x, np.ascontiguousarray(w.T), None)
+
+    def _fc(self, node, i, out_name, act, x: _Tensor, w, b):
+        if len(x.array.shape) != 2:
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} needs a 2-D input")
+        if x.perm is not None:  # input is an NHWC tensor flattened in NHWC order: permute W's columns
+            c, h, wd = x.perm
+            w = np.ascontiguousarray(w.reshape(w.shape[0], c, h, wd).transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
+        self._build_configured(node, i, out_name, act, w, b, x, self._shape(node.output[0]))
+
+    def _op_Relu(self, node, i, out_name, act):
+        self._clamp(node, i, out_name, (0.0, math.inf))
+
+    def _op_Clip(self, node, i, out_name, act):
+        rng = self._act_range(node)
+        if rng is None:
+            raise KselectError(f"xnnpack executor: Clip {node.name!r} needs constant bounds")
+        self._clamp(node, i, out_name, rng)
+
+    def _clamp(self, node, i, out_name, rng):
+        x = self._input(node)
+        y = self._new_tensor(out_name, x.shape, i)
+        y.array = y.array.reshape(x.array.shape)
+        channels = x.array.shape[-1] if x.array.ndim else 1
+        op = xa.Clamp(channels, rng[0], rng[1])
+        op.setup(x.array.reshape(-1, channels), y.array.reshape(-1, channels))
+        y.threads = self._threads(x)
+        y.perm = x.perm
+        self._add_op(op, y.threads)
+
+    def _pool_pads(self, node, x_shape, kernel, strides, dilations):
+        auto_pad = _attr(node, "auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if auto_pad in ("NOTSET", ""):
+            pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+            return [pads[0], pads[1], pads[2], pads[3]]
+        if auto_pad == "VALID":
+            return [0, 0, 0, 0]
+        begin, end = [], []
+        for axis in range(2):
+            size = x_shape[2 + axis]
+            out = -(-size // strides[axis])
+            span = (kernel[axis] - 1) * dilations[axis] + 1
+            total = max(0, (out - 1) * strides[axis] + span - size)
+            small, large = total // 2, total - total // 2
+            begin.append(large if auto_pad == "SAME_LOWER" else small)
+            end.append(small if auto_pad == "SAME_LOWER" else large)
+        return [begin[0], begin[1], end[0], end[1]]
+
+    def _pool(self, node, i, out_name, kind):
+        x = self._input(node)
+        if not x.nhwc:
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input")
+        kernel = list(_attr(node, "kernel_shape"))
+        strides = list(_attr(node, "strides", [1, 1]))
+        dilations = list(_attr(node, "dilations", [1, 1]))
+        pads = self._pool_pads(node, x.shape, kernel, strides, dilations)
+        y_shape = self._shape(node.output[0])
+        if kernel == [1, 1]:  # XNNPack rejects 1x1 pooling windows; unstrided, unpadded it is an identity
+            if strides == [1, 1] and not any(pads):
+                self._alias(out_name, x, y_shape, i)
+                return
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} with a 1x1 window and stride "
+                               f"{strides} is not supported")
+        channels = x.shape[1]
+        if kind == "max":
+            op = xa.MaxPooling2D(channels, kernel, stride=strides, dilation=dilations, padding=pads)
+        else:
+            if dilations != [1, 1]:
+                raise KselectError(f"xnnpack executor: dilated AveragePool {node.name!r} is not supported")
+            if _attr(node, "count_include_pad", 0) and any(pads):
+                raise KselectError(f"xnnpack executor: AveragePool {node.name!r} with count_include_pad=1 and "
+                                   "padding is not supported (XNNPack divides by the valid pixels)")
+            op = xa.AveragePooling2D(channels, kernel, stride=strides, padding=pads)
+        expected = op.output_shape((x.shape[0], x.shape[2], x.shape[3], channels))
+        if tuple(expected) != (y_shape[0], y_shape[2], y_shape[3], y_shape[1]):
+            op.close()
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} output {y_shape} needs ceil_mode, "
+                               "which is not supported")
+        y = self._new_tensor(out_name, y_shape, i)
+        op.setup(x.array, y.array)
+        y.threads = self._threads(x)
+        self._add_op(op, y.threads)
+
+    def _op_MaxPool(self, node, i, out_name, act):
+        if len(node.output) > 1 and node.output[1]:
+            raise KselectError(f"xnnpack executor: MaxPool {node.name!r} with indices is not supported")
+        self._pool(node, i, out_name, "max")
+
+    def _op_AveragePool(self, node, i, out_name, act):
+        self._pool(node, i, out_name, "avg")
+
+    def _op_GlobalAveragePool(self, node, i, out_name, act):
+        x = self._input(node)
+        if not x.nhwc:
+            raise KselectError(f"xnnpack executor: GlobalAveragePool {node.name!r} needs a 4-D input")
+        y = self._new_tensor(out_name, self._shape(node.output[0]), i)
+        op = xa.GlobalAveragePooling(x.shape[1])
+        op.setup(x.array, y.array.reshape(x.shape[0], x.shape[1]))
+        y.threads = self._threads(x)
+        self._add_op(op, y.threads)
+
+    def _nhwc_const(self, c: np.ndarray) -> np.ndarray:
+        """A constant broadcast against a 4-D NCHW tensor, rearranged for its NHWC storage."""
+        c4 = c.reshape((1,) * (4 - c.ndim) + c.shape)
+        return np.ascontiguousarray(c4.transpose(0, 2, 3, 1))
+
+    def _op_Add(self, node, i, out_name, act):
+        operands = []
+        for k in range(2):
+            name = node.input[k]
+            if name in self.tensors:
+                operands.append(self.tensors[name])
+            else:
+                c = self._const(name)
+                if c is None:
+                    raise KselectError(f"xnnpack executor: Add {node.name!r}: unknown input {name!r}")
+                operands.append(c)
+        y_shape = self._shape(node.output[0])
+        y = self._new_tensor(out_name, y_shape, i)
+        arrays = []
+        for operand in operands:
+            if isinstance(operand, _Tensor):
+                if operand.nhwc != y.nhwc or operand.perm is not None:
+                    raise KselectError(f"xnnpack executor: Add {node.name!r} mixes layouts")
+                arrays.append(operand.array)
+            else:
+                const = self._nhwc_const(operand) if y.nhwc else operand
+                padded = configured.buffer(const.shape)
+                np.copyto(padded, const)
+                arrays.append(padded)
+        self._consts = getattr(self, "_consts", []) + arrays  # constants stay alive
+        op = xa.Add(output_min=act[0], output_max=act[1])
+        op.setup(arrays[0], arrays[1], y.array)
+        first = next((o for o in operands if isinstance(o, _Tensor)), None)
+        y.threads = self._threads(first)
+        self._add_op(op, y.threads)
+
+    def _op_Concat(self, node, i, out_name, act):
+        xs = [self._input(node, k) for k in range(len(node.input))]
+        rank = len(xs[0].shape)
+        axis = int(_attr(node, "axis", 1))
+        axis = axis + rank if axis < 0 else axis
+        if any(x.nhwc != xs[0].nhwc or x.perm is not None for x in xs):
+            raise KselectError(f"xnnpack executor: Concat {node.name!r} mixes layouts")
+        stored_axis = NHWC_AXIS[axis] if xs[0].nhwc else axis
+        y = self._new_tensor(out_name, self._shape(node.output[0]), i)
+        concat = xa.Concatenate([x.array.shape for x in xs], stored_axis)
+        threads = self._threads(xs[0])
+        pool = configured.pool_for(threads)
+        concat.run([x.array for x in xs], y.array, threadpool=pool)  # sets up each copy on its slice
+        for copy in concat._ops:
+            self._ops.append(copy)
+            self.steps.append((self._run, copy.handle, None if pool is None else pool.handle))
+        self._ops.append(concat)
+        y.threads = threads
+
+    def _op_Flatten(self, node, i, out_name, act):
+        x = self._input(node)
+        axis = int(_attr(node, "axis", 1))
+        axis = axis + len(x.shape) if axis < 0 else axis
+        if axis != 1:
+            raise KselectError(f"xnnpack executor: Flatten {node.name!r} with axis {axis} is not supported")
+        self._flatten(node, i, out_name, x, self._shape(node.output[0]))
+
+    def _flatten(self, node, i, out_name, x: _Tensor, y_shape):
+        if not x.nhwc:
+            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape), perm=x.perm)
+            return
+        n, c, h, w = x.shape
+        if h * w == 1:
+            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape))
+            return
+        users = [nd for nd in self.model.proto.graph.node if out_name in nd.input]
+        if users and all(nd.op_type in ("Gemm", "MatMul") and nd.input[0] == out_name for nd in users) \
+                and out_name not in self.graph_outputs:
+            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape), perm=(c, h, w))
+            return
+        y = self._new_tensor(out_name, y_shape, i)
+        src = x.array.transpose(0, 3, 1, 2)
+        dst = y.array.reshape(n, c, h, w)
+        self.steps.append((lambda d, s: np.copyto(d, s), dst, src))
+        y.threads = x.threads
+
+    def _op_Reshape(self, node, i, out_name, act):
+        x = self._input(node)
+        y_shape = self._shape(node.output[0])
+        if len(y_shape) == 2 and y_shape[0] == x.shape[0]:
+            self._flatten(node, i, out_name, x, y_shape)
+            return
+        if not x.nhwc and len(y_shape) != 4:
+            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape))
+            return
+        raise KselectError(f"xnnpack executor: Reshape {node.name!r} to {y_shape} is not supported")
+
+    def _op_Identity(self, node, i, out_name, act):
+        x = self._input(node)
+        self._alias(out_name, x, x.shape, i)
+
+    _op_Dropout = _op_Identity
+
+    def _op_Softmax(self, node, i, out_name, act):
+        x = self._input(node)
+        rank = len(x.shape)
+        opset = next((o.version for o in self.model.proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+        axis = int(_attr(node, "axis", -1 if opset >= 13 else 1))
+        axis = axis + rank if axis < 0 else axis
+        if x.nhwc and axis == 1 and (opset >= 13 or (x.shape[2] * x.shape[3] == 1)):
+            channels = x.shape[1]
+        elif not x.nhwc and axis == rank - 1 and x.perm is None:
+            channels = x.shape[-1]
+        else:
+            raise KselectError(f"xnnpack executor: Softmax {node.name!r} over axis {axis} of {x.shape} is not supported")
+        y = self._new_tensor(out_name, self._shape(node.output[0]), i)
+        op = xa.Softmax(channels)
+        op.setup(x.array.reshape(-1, channels), y.array.reshape(-1, channels))
+        y.threads = self._threads(x)
+        self._add_op(op, y.threads)
+
+    # -- running ----------------------------------------------------------------------------
+    def __call__(self, feeds: dict) -> list[np.ndarray]:
+        if self._set_flags is not None:
+            self._set_flags(self.flags)
+        for name, tensor in self.inputs:
+            value = feeds[name]
+            if tensor.nhwc:
+                np.copyto(tensor.array, value.transpose(0, 2, 3, 1))
+            else:
+                np.copyto(tensor.array, value)
+        for fn, a, b in self.steps:
+            status = fn(a, b)
+            if status:
+                raise xa.XNNPackError(status, "xnn_run_operator")
+        return [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy()
+                for t in self.outputs]
+
+    def dispatch_overhead_us(self, repeats: int = 200) -> dict:
+        """Python-side cost per inference: the same dispatch loop with every native operator call
+        replaced by a no-op C call with the same arguments (so it times the loop and the ctypes
+        calls, not XNNPack), and the input / output layout conversions on their own."""
+        from kselect.plugins.xnnpack import tileshim
+
+        shim = tileshim.shim()
+        noop = shim.lib.kselect_shim_noop if shim is not None else None
+        if noop is None:
+            return {}
+        noop.argtypes = [xa.ctypes.c_void_p, xa.ctypes.c_void_p]
+        noop.restype = xa.ctypes.c_int
+        steps = [(noop if fn is self._run else (lambda a, b: 0), a, b) for fn, a, b in self.steps]
+
+        def loop():
+            for fn, a, b in steps:
+                if fn(a, b):
+                    raise RuntimeError
+
+        feeds = {name: np.zeros(t.shape, np.float32) for name, t in self.inputs}
+
+        def edges():
+            for name, tensor in self.inputs:
+                if tensor.nhwc:
+                    np.copyto(tensor.array, feeds[name].transpose(0, 2, 3, 1))
+                else:
+                    np.copyto(tensor.array, feeds[name])
+            [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy() for t in self.outputs]
+
+        def best(fn):
+            fn()
+            samples = []
+            for _ in range(repeats):
+                t0 = time.perf_counter_ns()
+                fn()
+                samples.append((time.perf_counter_ns() - t0) / 1000.0)
+            return float(np.percentile(samples, 10)), float(np.median(samples))
+
+        loop_p10, loop_med = best(loop)
+        edge_p10, edge_med = best(edges)
+        return {"steps": len(self.steps), "native_calls": sum(fn is self._run for fn, _, _ in self.steps),
+                "dispatch_us": round(loop_med, 2), "dispatch_us_p10": round(loop_p10, 2),
+                "edge_conversion_us": round(edge_med, 2), "edge_conversion_us_p10": round(edge_p10, 2)}
+
+    def close(self) -> None:
+        for built in self._built:
+            built.close()
+        for op in self._ops:
+            op.close()
+        self._built, self._ops, self.steps = [], [], []
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+

@@ -1,0 +1,188 @@
+"""Which XNNPack micro-kernels an op can be given, what XNNPack picks by itself, and turning a
+config's kernel name back into the override ``ukernels.forced_kernels`` applies.
+
+Names are XNNPack's own without the ``xnn_`` prefix (``f32_igemm_minmax_ukernel_7x16__avx512f_broadcast``).
+The catalog (``ukernels.catalog``: probes of each ISA tier in child processes, ~3 s) is cached on
+disk per library file (sha256), CPU flags and ``ukernels.py`` version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from kselect.plugins.xnnpack import ukernels as uk
+
+PREFIX = "xnn_"
+DWCONV_TAPS = (3, 4, 9, 25)  # primary tiles of this build's f32 dwconv table (unipass only)
+
+
+def short(name: str) -> str:
+    return name[len(PREFIX):] if name.startswith(PREFIX) else name
+
+
+def full(name: str) -> str:
+    return name if name.startswith(PREFIX) else PREFIX + name
+
+
+# -- override availability ----------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def override_status() -> tuple[bool, str]:
+    """(True, description) when the installed build is the one the override understands and the
+    catalog of kernels could be read; else (False, why)."""
+    ok, why = uk.availability()
+    if not ok:
+        return False, why
+    try:
+        cat = catalog()
+    except uk.OverrideRefused as exc:
+        return False, str(exc)
+    except Exception as exc:  # the override is optional: say why and keep the public API
+        return False, f"catalog failed ({type(exc).__name__}: {exc})"
+    counts = ", ".join(f"{len(v)} {k}" for k, v in cat.items())
+    return True, f"micro-kernel override on ({counts} choices; build {uk.verify_build().info['debian_version']})"
+
+
+def _cache_file(build: uk.Build) -> Path:
+    root = os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect")
+    key = hashlib.sha256(json.dumps([build.elf.sha256, sorted(uk._proc_flags()),
+                                     hashlib.sha256(Path(uk.__file__).read_bytes()).hexdigest()]).encode())
+    return Path(root) / "xnnpack" / f"catalog-{key.hexdigest()[:16]}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def catalog() -> dict[str, list]:
+    """``ukernels.catalog()`` through a disk cache (raises ``OverrideRefused``)."""
+    build = uk.verify_build()
+    path = _cache_file(build)
+    try:
+        data = json.loads(path.read_text())
+        return {"gemm": [uk.GemmChoice(**c) for c in data["gemm"]],
+                "igemm": [uk.GemmChoice(**c) for c in data["igemm"]],
+                "dwconv": [uk.DwconvChoice(**c) for c in data["dwconv"]]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    cat = uk.catalog()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({k: [dataclasses.asdict(c) for c in v] for k, v in cat.items()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return cat
+
+
+@functools.lru_cache(maxsize=None)
+def table_defaults() -> dict:
+    """What XNNPack's own initialisation put in the table (this process, no override):
+    {"gemm": {gemm, igemm, gemm1, igemm1 names, mr, nr}, "dwconv": {taps: name}}."""
+    snap = uk.snapshot(uk.verify_build())
+    g = snap["gemm"]
+    names = {slot: short(n) for slot, n in g["names"].items()}
+    return {"gemm": {**names, "mr": g["mr"], "nr": g["nr"]},
+            "dwconv": {d["primary_tile"]: short(d["name"]) for d in snap["dwconv"] if d["name"]}}
+
+
+# -- which kernel family XNNPack uses for an op -------------------------------------------
+def op_class(task) -> str:
+    """XNNPack's micro-kernel family for this task's NHWC operator (convolution-nhwc.c at
+    ae108ef): "vmulcaddc" (1x1 depthwise), "dwconv" (depthwise, multiplier 1, kh*kw one of the
+    table's tiles), "gemm" (1x1 stride-1 unpadded, and fully connected), else "igemm"."""
+    if task.kind == "fc":
+        return "gemm"
+    a = task.attrs
+    groups = a["group"]
+    cin_g, cout_g = task.input_shape[1] // groups, task.weight_shape[0] // groups
+    kh, kw = a["kernel"]
+    unit_stride = a["strides"] == [1, 1]
+    no_pad = not any(a["pads"])
+    if cin_g == 1 and cout_g == 1 and kh * kw == 1 and unit_stride and no_pad:
+        return "vmulcaddc"
+    if cin_g == 1 and cout_g == 1 and kh * kw in DWCONV_TAPS:
+        return "dwconv"
+    if kh * kw == 1 and unit_stride and no_pad:
+        return "gemm"
+    return "igemm"
+
+
+def gemm_rows(task) -> int:
+    """Rows of the GEMM (output pixels times batch, or the fc batch)."""
+    if task.kind == "fc":
+        return int(task.input_shape[0])
+    n, _, oh, ow = task.output_shape
+    return int(n * oh * ow)
+
+
+def native_mr(name: str) -> int:
+    return uk.parse_gemm_name(full(name))["mr"]
+
+
+def nr_of(name: str) -> int:
+    return uk.parse_gemm_name(full(name))["nr"]
+
+
+def kernel_names(cls: str, taps: int | None = None) -> list[str]:
+    """Every catalog kernel of this family (dwconv: of this tap count), default tier first."""
+    cat = catalog()
+    if cls == "dwconv":
+        return [short(c.name) for c in cat["dwconv"] if c.primary_tile == taps]
+    seen: dict[str, None] = {}
+    for c in cat[cls]:
+        seen.setdefault(short(c.name), None)
+    return list(seen)
+
+
+def default_kernel(cls: str, rows: int, taps: int | None = None) -> tuple[str, int] | None:
+    """(kernel name, mr) XNNPack itself runs for this family, or None (no choice here)."""
+    t = table_defaults()
+    if cls == "dwconv":
+        return t["dwconv"].get(taps), None
+    if cls not in ("gemm", "igemm"):
+        return None
+    g = t["gemm"]
+    if rows == 1 and g.get(cls + "1"):
+        return g[cls + "1"], 1
+    return g[cls], g["mr"]
+
+
+ISA_RANK = {"avx512f": 0, "fma3": 1, "avx": 2, "sse": 3}
+
+
+def promise(name: str) -> tuple:
+    """Sort key: wider ISA first, then larger tiles (rows x columns, or channels for depthwise)."""
+    isa = name.rsplit("__", 1)[-1].split("_")[0]
+    if "_dwconv_" in name:
+        m = re.search(r"up(\d+)x(\d+)", name)
+        size = int(m.group(1)) if m else 0
+    else:
+        p = uk.parse_gemm_name(full(name))
+        size = p["mr"] * p["nr"]
+    return ISA_RANK.get(isa, 9), -size, name
+
+
+def resolve(cls: str, name: str, mr: int | None, taps: int | None = None, *, unsafe: bool = False):
+    """The catalog choice for (kernel, mr); IGEMM only at its native MR unless ``unsafe`` (an
+    IGEMM run at another row tile aborts the process on an XNNPack assert)."""
+    cat = catalog()
+    name = full(name)
+    if cls == "dwconv":
+        for c in cat["dwconv"]:
+            if c.name == name and c.primary_tile == taps:
+                return c
+        raise KeyError(f"{short(name)} is not a {taps}-tap depthwise micro-kernel of this build")
+    if cls not in ("gemm", "igemm"):
+        raise KeyError(f"no micro-kernel choice for a {cls} operator")
+    for c in cat[cls]:
+        if c.name == name and (mr is None or c.mr == mr):
+            return c
+    if unsafe and mr is not None:
+        for c in cat[cls]:
+            if c.name == name:
+                return dataclasses.replace(c, mr=int(mr), fn1=None)
+    raise KeyError(f"{short(name)} at mr={mr} is not a {cls} choice of this build")

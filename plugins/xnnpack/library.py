@@ -1,0 +1,225 @@
+"""The XNNPack library plugin: spaces, XNNPack's own defaults, candidates measured in the core
+worker child, and whole-model runs of a plan (executor.py)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from kselect.core.device import Device
+from kselect.core.library import Candidate, Library
+from kselect.core.space import Categorical, Integer, Space
+from kselect.core.tasks import Task
+from kselect.plugins.xnnpack import configured, kernels, tileshim
+from kselect.plugins.xnnpack import xnnpack_api as xa
+
+TILE_QUANTUM = 16  # tile_n values are multiples of 16: a multiple of every nr of this build (16, 8, 2)
+
+
+class XnnCandidate(Candidate):
+    def __init__(self, built: configured.Built, conv: bool, flags: int = 0):
+        self.built = built
+        self.conv = conv
+        self.flags = flags
+        shim = tileshim.shim()
+        if shim is not None:
+            shim.set_flags(flags)  # the pool's worker behaviour while this candidate runs
+        self.run = built.run  # no extra Python frame in the timed call
+
+    def output(self) -> np.ndarray:
+        y = getattr(self.built, "y_nchw", None)
+        if y is not None:
+            return y.copy()
+        if self.conv:
+            return np.ascontiguousarray(self.built.y.transpose(0, 3, 1, 2))
+        return self.built.y.copy()
+
+    def close(self) -> None:
+        self.built.close()
+        shim = tileshim.shim()
+        if shim is not None:
+            shim.set_flags(0)
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded_file_sha256() -> str:
+    from kselect.plugins.xnnpack import ukernels as uk
+
+    try:
+        path, _ = uk._loaded_path_and_base()
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except Exception:
+        return "unknown"
+
+
+def tile_values(channels: int, cores: int) -> list[int]:
+    """Column tiles offered: powers of two times 16 below the channel count, all channels, and an
+    even split per thread count, rounded up to multiples of 16 (a multiple of every nr here)."""
+    up = lambda v: -(-v // TILE_QUANTUM) * TILE_QUANTUM  # noqa: E731
+    values = {up(channels)}
+    tile = TILE_QUANTUM
+    while tile < channels:
+        values.add(tile)
+        tile *= 2
+    for threads in range(2, cores + 1):
+        values.add(up(-(-channels // threads)))
+    return sorted(values)
+
+
+class XnnpackLibrary(Library):
+    name = "xnnpack"
+    # An operator is deterministic once created, but its pthreadpool is not: on a busy machine a
+    # multi-threaded op swings between ~1x and 100x+ from one fraction of a second to the next
+    # (the pool's worker waits for a core). Three instances, timed one after the other, give the
+    # median of three windows and a spread that keeps a lucky window from being planned.
+    fresh_instances = 3
+    # Threads are per op (the executor keeps one pthreadpool per thread count); whether the pools'
+    # workers spin or sleep between parallel loops is one setting for the whole model.
+    plan_level_dims = ("spinning",)
+
+    # -- identity ---------------------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        ok, why = xa.availability()
+        if not ok:
+            return False, why
+        override_ok, override_why = kernels.override_status()
+        shim_ok, shim_why = tileshim.status()
+        parts = [override_why if override_ok else f"micro-kernel override off ({override_why}): public API only"]
+        if not shim_ok:
+            parts.append(f"no work split or spinning ({shim_why})")
+        elif not override_ok:
+            parts.append("spinning on through the pthreadpool shim; no work split (it needs the override's nr)")
+        else:
+            parts.append("work split (tile_n, loop) and spinning on through the pthreadpool shim")
+        return True, "; ".join(parts)
+
+    def version(self) -> str:
+        return f"{xa.DEBIAN_PACKAGE} {xa.library_version() or 'unknown'} ({_loaded_file_sha256()[:12]})"
+
+    def supports(self, task: Task) -> bool:
+        if task.kind == "fc":
+            return True
+        if task.kind != "conv" or len(task.input_shape) != 4:
+            return False
+        groups = task.attrs["group"]
+        return task.input_shape[1] % groups == 0 and task.weight_shape[0] % groups == 0
+
+    # -- spaces -----------------------------------------------------------------------------
+    @staticmethod
+    def _override_on() -> bool:
+        return kernels.override_status()[0]
+
+    @staticmethod
+    def _shim_on() -> bool:
+        return tileshim.shim() is not None
+
+    def kernel_options(self, spec: configured.OpSpec) -> list[str]:
+        """The family's kernels, most promising first (XNNPack's own, then wider ISA tiers and
+        larger tiles), so that a budgeted exhaustive search explores the likely winners first."""
+        if spec.cls == "dwconv":
+            names = kernels.kernel_names("dwconv", spec.taps)
+        else:
+            names = kernels.kernel_names(spec.cls)
+            if spec.cls == "igemm" and spec.rows == 1:
+                # one output row runs the kernel's mr=1 sibling: offer only kernels that run as named
+                names = [n for n in names
+                         if kernels.native_mr(n) == 1 or kernels.resolve("igemm", n, None).fn1 is None]
+        default = kernels.default_kernel(spec.cls, spec.rows, spec.taps)[0]
+        return sorted(names, key=lambda n: (n != default, *kernels.promise(n)))
+
+    def space(self, task: Task, device: Device) -> Space:
+        spec = configured.OpSpec(task)
+        space = Space()
+        nchw_ok, nchw_kind = spec.nchw_path()
+        nhwc_only = None
+        if nchw_ok:
+            space.add(Categorical("path", ("nchw", "nhwc"), role="layout"))  # nchw: one kernel, few configs
+            nhwc_only = {"path": ["nhwc"]}
+        kernel_dims = self._override_on() and spec.cls in ("gemm", "igemm", "dwconv")
+        if kernel_dims:
+            space.add(Categorical("ukernel", tuple(self.kernel_options(spec)), role="micro-kernel", when=nhwc_only))
+        space.add(Integer("threads", 1, device.cores))
+        if device.cores > 1 and self._shim_on():
+            space.add(Categorical("spinning", (1, 0), role="knob", when={"threads": list(range(2, device.cores + 1))}))
+        if self._split_dims(spec):
+            values = tile_values(spec.output_channels // spec.groups, device.cores)
+            space.add(Categorical("tile_n", ("default", *values), role="knob", when=nhwc_only))
+            space.add(Categorical("loop", ("rows", "columns"), role="knob", when=nhwc_only))
+
+            def split_ok(c, spec=spec):
+                if "tile_n" not in c:
+                    return True
+                name, mr = configured.effective_kernel(spec, c)
+                nr = kernels.nr_of(name)
+                own = configured.default_tile_n(spec, c["threads"], mr, nr)
+                tile = own if c["tile_n"] == "default" else c["tile_n"]
+                if c["tile_n"] != "default" and (tile % nr or tile == own):
+                    return False
+                columns = -(-(spec.output_channels // spec.groups) // tile)
+                row_tiles = spec.groups * -(-spec.rows // mr)
+                return c["loop"] == "rows" or (columns > 1 and row_tiles > 1)
+
+            space.constrain("tile_n is a multiple of the kernel's nr and not XNNPack's own tile; "
+                            "loop=columns only with several row and column tiles", split_ok)
+        return space
+
+    def _split_dims(self, spec) -> bool:
+        return self._override_on() and spec.cls in ("gemm", "igemm") and self._shim_on()
+
+    def default_config(self, task: Task, device: Device) -> dict:
+        """XNNPack's own choice: the NHWC operator, the kernel its initialisation put in the table
+        (the mr=1 sibling for a single-row GEMM / IGEMM), its own tile, all cores."""
+        spec = configured.OpSpec(task)
+        config: dict = {}
+        if spec.nchw_path()[0]:
+            config["path"] = "nhwc"
+        if self._override_on() and spec.cls in ("gemm", "igemm", "dwconv"):
+            config["ukernel"] = kernels.default_kernel(spec.cls, spec.rows, spec.taps)[0]
+        config["threads"] = device.cores
+        if device.cores > 1 and self._shim_on():
+            config["spinning"] = 1
+        if self._split_dims(spec):
+            config["tile_n"] = "default"
+            config["loop"] = "rows"
+        return config
+
+    def tolerance(self, task: Task, config: dict) -> float:
+        return 1e-3
+
+    # -- candidates (in the measuring child) --------------------------------------------------
+    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        spec = configured.OpSpec(task)
+        shim = tileshim.shim()
+        if shim is not None and configured.in_measuring_child():
+            shim.clear()  # one candidate at a time in the child: no rule of an earlier one survives
+        if kernels.override_status()[0]:
+            configured.check_table_pristine()
+        w, b = inputs["w"], inputs.get("b")
+        if task.kind == "conv":
+            x = configured.buffer([task.input_shape[i] for i in (0, 2, 3, 1)])
+            np.copyto(x, inputs["x"].transpose(0, 2, 3, 1))
+            n, c, oh, ow = task.output_shape
+            y = configured.buffer((n, oh, ow, c))
+        else:
+            x = configured.buffer(task.input_shape)
+            np.copyto(x, inputs["x"])
+            y = configured.buffer(task.output_shape)
+            w = (w * np.float32(task.attrs["alpha"])).astype(np.float32)
+            b = None if b is None else (b * np.float32(task.attrs["beta"])).astype(np.float32)
+        flags = configured.pool_flags(config)
+        built = configured.build(spec, config, w, b, x, y, unsafe=configured.in_measuring_child())
+        return XnnCandidate(built, task.kind == "conv", flags)
+
+    # -- plans ------------------------------------------------------------------------------
+    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+        """Nothing to write: the plan JSON is the artifact; ``model_runner`` (executor.py) reads
+        it and builds each op as it says."""
+        return []
+
+    def model_runner(self, model, plan):
+        from kselect.plugins.xnnpack.executor import Executor
+
+        return Executor(self, model, plan)
