@@ -4,7 +4,6 @@ split) against ONNX Runtime on the same ONNX, and the Python-side overhead per i
 
 from __future__ import annotations
 
-import math
 import random
 import time
 
