@@ -99,8 +99,9 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
-def _conv_pads(node, input_shape, weight_shape, strides, dilations) -> list[int]:
-    """Explicit [top, left, bottom, right] pads, auto_pad resolved."""
+def explicit_pads(node, input_shape, kernel, strides, dilations) -> list[int]:
+    """A conv's or pool's explicit [top, left, bottom, right] pads, auto_pad resolved (``kernel``:
+    the two spatial kernel sizes)."""
     auto_pad = _attr(node, "auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if auto_pad in ("NOTSET", ""):
@@ -112,8 +113,8 @@ def _conv_pads(node, input_shape, weight_shape, strides, dilations) -> list[int]
     for axis in range(2):
         size = input_shape[2 + axis]
         out = -(-size // strides[axis])
-        kernel = (weight_shape[2 + axis] - 1) * dilations[axis] + 1
-        total = max(0, (out - 1) * strides[axis] + kernel - size)
+        span = (kernel[axis] - 1) * dilations[axis] + 1
+        total = max(0, (out - 1) * strides[axis] + span - size)
         small, large = total // 2, total - total // 2
         begin.append(large if auto_pad == "SAME_LOWER" else small)
         end.append(small if auto_pad == "SAME_LOWER" else large)
@@ -142,7 +143,7 @@ def find_ops(model: Model) -> list[Op]:
             y = _shape(model, node.output[0], node)
             strides = list(_attr(node, "strides", [1, 1]))
             dilations = list(_attr(node, "dilations", [1, 1]))
-            attrs = {"kernel": w[2:], "strides": strides, "pads": _conv_pads(node, x, w, strides, dilations),
+            attrs = {"kernel": w[2:], "strides": strides, "pads": explicit_pads(node, x, w[2:], strides, dilations),
                      "dilations": dilations, "group": int(_attr(node, "group", 1))}
             ops.append(Op(name, "conv", x, w, y, attrs, len(node.input) > 2 and node.input[2] != ""))
         else:

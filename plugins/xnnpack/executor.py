@@ -29,7 +29,7 @@ from onnx import numpy_helper
 
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
-from kselect.core.tasks import Task, find_ops
+from kselect.core.tasks import Task, explicit_pads, find_ops
 from kselect.plugins.xnnpack import configured
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
@@ -315,25 +315,6 @@ class Executor:
         y.perm = x.perm
         self._add_op(op, y.threads)
 
-    def _pool_pads(self, node, x_shape, kernel, strides, dilations):
-        auto_pad = _attr(node, "auto_pad", b"NOTSET")
-        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-        if auto_pad in ("NOTSET", ""):
-            pads = list(_attr(node, "pads", [0, 0, 0, 0]))
-            return [pads[0], pads[1], pads[2], pads[3]]
-        if auto_pad == "VALID":
-            return [0, 0, 0, 0]
-        begin, end = [], []
-        for axis in range(2):
-            size = x_shape[2 + axis]
-            out = -(-size // strides[axis])
-            span = (kernel[axis] - 1) * dilations[axis] + 1
-            total = max(0, (out - 1) * strides[axis] + span - size)
-            small, large = total // 2, total - total // 2
-            begin.append(large if auto_pad == "SAME_LOWER" else small)
-            end.append(small if auto_pad == "SAME_LOWER" else large)
-        return [begin[0], begin[1], end[0], end[1]]
-
     def _pool(self, node, i, out_name, kind):
         x = self._input(node)
         if not x.nhwc:
@@ -341,7 +322,7 @@ class Executor:
         kernel = list(_attr(node, "kernel_shape"))
         strides = list(_attr(node, "strides", [1, 1]))
         dilations = list(_attr(node, "dilations", [1, 1]))
-        pads = self._pool_pads(node, x.shape, kernel, strides, dilations)
+        pads = explicit_pads(node, x.shape, kernel, strides, dilations)
         y_shape = self._shape(node.output[0])
         if kernel == [1, 1]:  # XNNPack rejects 1x1 pooling windows; unstrided, unpadded it is an identity
             if strides == [1, 1] and not any(pads):
