@@ -24,7 +24,7 @@ from onnx import numpy_helper
 
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
-from kselect.core.tasks import _attr, _conv_pads
+from kselect.core.tasks import _attr, explicit_pads
 
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")
 FLOAT_MAX = 3.4028234e38
@@ -168,7 +168,7 @@ class _Lowering:
             self.refuse(node, "only 2-D convolutions")
         strides = list(_attr(node, "strides", [1, 1]))
         dilations = list(_attr(node, "dilations", [1, 1]))
-        pads = _conv_pads(node, x_shape, list(w.shape), strides, dilations)
+        pads = explicit_pads(node, x_shape, list(w.shape)[2:], strides, dilations)
         group = int(_attr(node, "group", 1))
         b = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if len(node.input) > 2 and node.input[2] and b is None:
