@@ -191,8 +191,11 @@ def cmd_tune(args) -> None:
 
         with console.status("checking the plan end to end against the library default"):
             plan = verified_plan(library, model, variants, on_result=show)
-        if plan.extra["verified"]["chosen"] != "tuned":
-            console.print(f"[yellow]the tuned plan lost end to end; keeping the {plan.extra['verified']['chosen']} plan[/]")
+        tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
+        if tried[0] != plan.extra["verified"]["chosen"]:
+            console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the {plan.extra['verified']['chosen']} plan[/]")
+        elif tried[0] == "library default":
+            console.print("the best measured configs are the library's own: the plan is the library default")
     else:
         plan = variants[0][1]
     plan_path = Path(args.output or f"{model.name}.{library.name}.plan.json")

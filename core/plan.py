@@ -167,15 +167,18 @@ def plan_variants(model: Model, device: Device, library, library_version: str, t
     settings_only = only(lambda key, r: op_level(r.config, dims) == op_level(defaults[key], dims))
     default_only = only(lambda key, r: r.config_key == config_key(defaults[key]))
     variants = [("tuned", records), ("settings only", settings_only), ("library default", default_only)]
-    plans, seen = [], set()
+    plans: list[tuple[str, Plan]] = []
+    index_of: dict[str, int] = {}
     for name, subset in variants:
         try:
             plan = build_plan(model, device, library, library_version, tasks, subset, defaults)
         except KselectError:
             continue  # e.g. a default config that failed: that variant cannot be built
         key = json.dumps(plan.nodes, sort_keys=True) + json.dumps(plan.plan_level, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
+        if key in index_of:  # the same plan as a more tuned variant: keep it once, by its simpler name
+            plans[index_of[key]] = (name, plans[index_of[key]][1])
+        else:
+            index_of[key] = len(plans)
             plans.append((name, plan))
     return plans
 
