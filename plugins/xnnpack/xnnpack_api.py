@@ -366,6 +366,14 @@ class Operator:
     def _setup(self, *args, **kwargs):
         raise NotImplementedError
 
+    def run(self, x, out=None, threadpool=None) -> np.ndarray:
+        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
+        if not self._cached(x, out, threadpool):
+            out = self._setup(x, out, threadpool)
+            self._remember(x, out, threadpool)
+        self.execute(threadpool)
+        return out
+
     def execute(self, threadpool: Threadpool | None = None) -> None:
         """``xnn_run_operator`` alone (after a setup with the same pointers)."""
         op = self._op.value
@@ -375,6 +383,16 @@ class Operator:
         status = self._run_fn(op, None if pool is None else pool.handle)
         if status:
             raise XNNPackError(status, "xnn_run_operator")
+
+    def _setup_nhwc(self, x, channels: int, out, threadpool) -> np.ndarray:
+        """``xnn_setup_*(op, N, H, W, x, out, pool)`` of an NHWC operator with ``channels`` inputs."""
+        x = _as_f32(x, "x")
+        if x.ndim != 4 or x.shape[3] != channels:
+            raise ValueError(f"x: expected (N, H, W, {channels}), got {x.shape}")
+        out = _out(out, self.output_shape(x.shape))
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
 
     def _cached(self, x, out, threadpool) -> bool:
         """True when the last setup used these very arrays (same shape) and pool."""
@@ -503,21 +521,7 @@ class Convolution2DNHWC(_Conv2DBase):
         return (n, *self.output_hw(h, w), self.output_channels)
 
     def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
-        x = _as_f32(x, "x")
-        if x.ndim != 4 or x.shape[3] != self.input_channels:
-            raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
-        out = _out(out, self.output_shape(x.shape))
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
-        return out
-
-    def run(self, x, out=None, threadpool=None) -> np.ndarray:
-        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
-        if not self._cached(x, out, threadpool):
-            out = self._setup(x, out, threadpool)
-            self._remember(x, out, threadpool)
-        self.execute(threadpool)
-        return out
+        return self._setup_nhwc(x, self.input_channels, out, threadpool)
 
 
 def nchw_convolution_supported(kernel, stride=1, dilation=1, padding=0, groups=1,
@@ -604,14 +608,6 @@ class Convolution2DNCHW(_Conv2DBase):
                self._setup_name)
         return out
 
-    def run(self, x, out=None, threadpool=None) -> np.ndarray:
-        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
-        if not self._cached(x, out, threadpool):
-            out = self._setup(x, out, threadpool)
-            self._remember(x, out, threadpool)
-        self.execute(threadpool)
-        return out
-
 
 class FullyConnected(Operator):
     """``xnn_create_fully_connected_nc_f32``: y = x @ W.T + b.
@@ -649,32 +645,10 @@ class FullyConnected(Operator):
                self._setup_name)
         return out
 
-    def run(self, x, out=None, threadpool=None) -> np.ndarray:
-        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
-        if not self._cached(x, out, threadpool):
-            out = self._setup(x, out, threadpool)
-            self._remember(x, out, threadpool)
-        self.execute(threadpool)
-        return out
-
 
 class _Pool2DBase(Operator):
     def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
-        x = _as_f32(x, "x")
-        if x.ndim != 4 or x.shape[3] != self.channels:
-            raise ValueError(f"x: expected (N, H, W, {self.channels}), got {x.shape}")
-        out = _out(out, self.output_shape(x.shape))
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
-        return out
-
-    def run(self, x, out=None, threadpool=None) -> np.ndarray:
-        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
-        if not self._cached(x, out, threadpool):
-            out = self._setup(x, out, threadpool)
-            self._remember(x, out, threadpool)
-        self.execute(threadpool)
-        return out
+        return self._setup_nhwc(x, self.channels, out, threadpool)
 
     def output_shape(self, input_shape) -> tuple:
         n, h, w, c = input_shape
@@ -745,14 +719,6 @@ class GlobalAveragePooling(Operator):
                self._setup_name)
         return out
 
-    def run(self, x, out=None, threadpool=None) -> np.ndarray:
-        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
-        if not self._cached(x, out, threadpool):
-            out = self._setup(x, out, threadpool)
-            self._remember(x, out, threadpool)
-        self.execute(threadpool)
-        return out
-
 
 class Add(Operator):
     """``xnn_create_add_nd_f32`` with numpy broadcasting (up to 6 dims)."""
@@ -802,14 +768,6 @@ class _RowwiseNC(Operator):
         out = _out(out, x.shape)
         _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out),
                               self._pool(threadpool)), self._setup_name)
-        return out
-
-    def run(self, x, out=None, threadpool=None) -> np.ndarray:
-        """setup (skipped when x, out and pool are the very objects of the last call) + run."""
-        if not self._cached(x, out, threadpool):
-            out = self._setup(x, out, threadpool)
-            self._remember(x, out, threadpool)
-        self.execute(threadpool)
         return out
 
 
