@@ -63,3 +63,16 @@ def run_kselect(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "kselect.cli.main", *map(str, args)], capture_output=True, text=True,
                           env=full_env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def acl():
+    """The ACL library plugin (its runner process is closed after the module's tests)."""
+    from kselect.core import plugins
+
+    library = plugins.libraries()["acl"]
+    ok, reason = library.availability()
+    if not ok:
+        pytest.skip(reason)
+    yield library
+    library.close()

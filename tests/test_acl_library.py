@@ -46,16 +46,6 @@ def fc_task(m, k, n, bias=True) -> Task:
 
 
 @pytest.fixture(scope="module")
-def acl():
-    library = plugins.libraries()["acl"]
-    ok, reason = library.availability()
-    if not ok:
-        pytest.skip(reason)
-    yield library
-    library.close()
-
-
-@pytest.fixture(scope="module")
 def device():
     return this_device()
 

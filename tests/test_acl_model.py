@@ -18,7 +18,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import run_kselect, small_cnn
-from kselect.core import plugins
 from kselect.core.bench import bench, compare_outputs, random_feeds
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
@@ -30,15 +29,6 @@ from kselect.plugins.acl import build
 
 pytestmark = [pytest.mark.emulated] if build.is_emulated() else []
 TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def acl():
-    library = plugins.libraries()["acl"]
-    ok, reason = library.availability()
-    if not ok:
-        pytest.skip(reason)
-    return library
 
 
 def ort_outputs(model, feeds):
