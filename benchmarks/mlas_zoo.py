@@ -20,13 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import bench, fresh_runners, verified_plan
+from kselect.core.bench import bench, fresh_runners
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
-from kselect.core.plan import plan_variants
 from kselect.core.records import RecordDB
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
+from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune, verified_library_plan
 
 console = Console()
 
@@ -38,9 +37,7 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     start = time.perf_counter()
     outcomes = tune(tasks, library, device, db, options)
     records = stored_outcomes(tasks, library, device, db)
-    variants = plan_variants(model, device, library, library.version(), tasks, records,
-                             {o.task.key: o.default_config for o in outcomes})
-    plan = verified_plan(library, model, variants)  # what `kselect tune` does before it writes the plan
+    plan = verified_library_plan(model, library, device, db, tasks, outcomes)  # what `kselect tune` writes
     tune_s = time.perf_counter() - start
     # the figure reported: a fresh interleaved run, separate from the check that chose the plan
     result = bench(fresh_runners(library, model, None), fresh_runners(library, model, plan), model, rounds=rounds)

@@ -151,59 +151,117 @@ class ProgressReporter:
 
 def cmd_tune(args) -> None:
     from kselect.core.measure import MeasureSettings
-    from kselect.core.bench import verified_plan
-    from kselect.core.plan import plan_variants
     from kselect.core.records import DEFAULT_DB, RecordDB
-    from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
+    from kselect.core.tune import TuneOptions
 
-    library = plugins.get_library(args.library)
+    libraries = plugins.select_libraries(args.library)
     plugins.get_searcher(args.search)
     if args.budget < 1:
         raise KselectError("--budget must be at least 1")
     model = load_model(args.model, args.input_shape)
-    tasks = library_tasks(model, library)
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
-    searcher_options = {}
-    if args.storage:  # one Optuna study per device, library build and task
-        searcher_options = {"storage": args.storage, "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
-    options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop, searcher_options,
-                          MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
-                                          max_time_s=15 * args.min_time))
+    settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
+                               max_time_s=15 * args.min_time)
+    tuned = {}  # library name -> (library, tasks, outcomes, plan)
+    for library in libraries:
+        searcher_options = {}
+        if args.storage:  # one Optuna study per device, library build and task
+            searcher_options = {"storage": args.storage,
+                                "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
+        options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop, searcher_options,
+                              settings)
+        tuned[library.name] = _tune_library(args, model, library, device, db, options)
+    if len(libraries) == 1:
+        library, _, outcomes, plan = next(iter(tuned.values()))
+        _save_plan(args, model, plan, library, f"{model.name}.{library.name}.plan.json")
+        return
+    plan = _cross_library_plan(args, model, device, db, settings, tuned)
+    path = _save_plan(args, model, plan, None, f"{model.name}.{'+'.join(tuned)}.plan.json")
+
+
+def _tune_library(args, model, library, device, db, options):
+    """Tunes one library's tasks and returns (library, tasks, outcomes, its verified plan)."""
+    from kselect.core.tune import library_tasks, tune, verified_library_plan
+
+    tasks = library_tasks(model, library)
     spaces = {t.key: library.space(t, device) for t in tasks}
     total = sum(min(args.budget, len(spaces[t.key])) for t in tasks)
     console.print(f"tuning {model.name} on {library.name} ({library.version()}), {len(tasks)} tasks, "
                   f"search {args.search}, budget {args.budget} per task; device {device.summary()}; records in {db.path}")
     if library.emulated:
         console.print(EMULATED_NOTE)
+
+    def show(name, result):
+        console.print(f"whole model, {name} plan: default {result['default_ms']:.3f} ms, plan {result['plan_ms']:.3f} ms "
+                      f"({result['speedup']:.3f}x)" + (" [EMULATED]" if library.emulated else ""))
+
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
     with Progress(*columns, console=console, transient=False) as progress:
         outcomes = tune(tasks, library, device, db, options, ProgressReporter(progress, total))
-
-    records = stored_outcomes(tasks, library, device, db)
-    defaults = {o.task.key: o.default_config for o in outcomes}
-    variants = plan_variants(model, device, library, library.version(), tasks, records, defaults)
+    with console.status(f"checking the {library.name} plan end to end against the library default"):
+        plan = verified_library_plan(model, library, device, db, tasks, outcomes, args.verify, on_result=show)
     if args.verify:
-        def show(name, result):
-            console.print(f"whole model, {name} plan: default {result['default_ms']:.3f} ms, plan {result['plan_ms']:.3f} ms "
-                          f"({result['speedup']:.3f}x)" + (" [EMULATED]" if library.emulated else ""))
-
-        with console.status("checking the plan end to end against the library default"):
-            plan = verified_plan(library, model, variants, on_result=show)
         tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
         if tried[0] != plan.extra["verified"]["chosen"]:
             console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the {plan.extra['verified']['chosen']} plan[/]")
         elif tried[0] == "library default":
             console.print("the best measured configs are the library's own: the plan is the library default")
-    else:
-        plan = variants[0][1]
-    plan_path = Path(args.output or f"{model.name}.{library.name}.plan.json")
+    _tune_table(outcomes, plan, library)
+    return library, tasks, outcomes, plan
+
+
+def _save_plan(args, model, plan, library, default_name: str) -> Path:
+    plan_path = Path(args.output or default_name)
     plan_path.parent.mkdir(parents=True, exist_ok=True)
     plan.save(plan_path)
-    artifacts = library.apply(plan, model, plan_path.parent)
-    _tune_table(outcomes, plan, library)
+    artifacts = []
+    if len(plan.libraries) == 1:
+        library = library or plugins.get_library(plan.library)
+        artifacts = library.apply(plan, model, plan_path.parent)
     console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+    return plan_path
+
+
+def _cross_library_plan(args, model, device, db, settings, tuned):
+    """Per op across the tuned libraries, conversions counted; checked end to end against ONNX
+    Runtime's default session and each library's own plan, keeping the fastest."""
+    from kselect.core.bench import verified_across
+    from kselect.core.crossplan import plan_across
+
+    with console.status("measuring layout conversions and planning across libraries"):
+        plan = plan_across(model, device, db, {name: entry[0] for name, entry in tuned.items()},
+                           {name: entry[3] for name, entry in tuned.items()}, settings)
+    summary = plan.extra["cross_library"]
+    table = Table(title=f"{model.name}: sum of isolated op and conversion times (ops in between not included)")
+    for column in ("choice", "ops ms", "conversions ms", "total ms"):
+        table.add_column(column, justify="left" if column == "choice" else "right")
+    rows = [("cross-library (planned)", summary["predicted"]), ("greedy per op", summary["greedy"])]
+    rows += [(f"{name} alone", value) for name, value in summary["single_library"].items()]
+    for name, value in rows:
+        table.add_row(name, f"{value['ops_us'] / 1000:.3f}", f"{value['conversions_us'] / 1000:.3f}",
+                      f"{value['total_us'] / 1000:.3f}")
+    console.print(table)
+    used = {}
+    for entry in plan.nodes.values():
+        used[entry["library"]] = used.get(entry["library"], 0) + 1
+    console.print("cross-library plan: " + ", ".join(f"{count} ops on {name}" for name, count in used.items()))
+    if not args.verify:
+        return plan
+    candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + [("cross-library plan", plan)]
+    with console.status("checking the plans end to end against ONNX Runtime's default session"):
+        chosen, results = verified_across(model, candidates)
+    table = Table(title=f"{model.name}: whole model, interleaved (median of {results[0]['runs']} runs each)")
+    for column in ("plan", "ms", "vs onnxruntime default", "max output error"):
+        table.add_column(column, justify="left" if column == "plan" else "right")
+    table.add_row("onnxruntime default", f"{results[0]['default_ms']:.3f}", "1.000x", "-")
+    for result in results:
+        table.add_row(result["variant"], f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
+                      f"{result['max_relative_output_error']:.1e}")
+    console.print(table)
+    console.print(f"keeping the {chosen.extra['verified']['chosen']}")
+    return chosen
 
 
 def _op(task) -> str:
@@ -274,17 +332,26 @@ def cmd_plan_show(args) -> None:
                   f"({plan.device.get('fingerprint')}); {libraries}")
     if plan.emulated:
         console.print(EMULATED_NOTE)
-    if plan.plan_level:
-        console.print(f"plan-level settings: {plan.plan_level}")
+    for name, settings in plan.library_settings.items():
+        if settings:
+            console.print(f"plan-level settings ({name}): {settings}")
     table = Table(title="per task")
     for column in ("task", "op", "input", "ops", "library", "config", "default us", "plan us", "speedup"):
         table.add_column(column, justify="right" if column in ("ops", "default us", "plan us", "speedup") else "left")
     for entry in plan.tasks:
-        config = ", ".join(f"{k}={v}" for k, v in entry["config"].items() if k not in plan.plan_level)
+        settings = plan.library_settings.get(entry["library"], plan.plan_level)
+        config = ", ".join(f"{k}={v}" for k, v in entry["config"].items() if k not in settings)
         speedup = f"{entry['default_us'] / entry['time_us']:.2f}x" if entry.get("default_us") else "-"
         table.add_row(entry["id"], _op(Task.from_json(entry)), _shape(entry["input"]), str(len(entry["nodes"])),
                       entry["library"], config, _us(entry.get("default_us")), _us(entry["time_us"]), speedup)
     console.print(table)
+    summary = plan.extra.get("cross_library")
+    if summary:
+        conversions = [c for entry in plan.nodes.values() for c in entry.get("conversions", [])]
+        predicted = summary["predicted"]
+        console.print(f"{len(conversions)} conversions between ops; predicted sum: ops {predicted['ops_us'] / 1000:.3f} ms "
+                      f"+ conversions {predicted['conversions_us'] / 1000:.3f} ms (greedy per op: "
+                      f"{summary['greedy']['total_us'] / 1000:.3f} ms)")
 
 
 def _checked_plan(args, model):
@@ -304,6 +371,10 @@ def _checked_plan(args, model):
 def cmd_plan_apply(args) -> None:
     model = load_model(args.model, args.input_shape)
     plan = _checked_plan(args, model)
+    if plan.cross_library:
+        console.print("a cross-library plan has no library artifact: the plan JSON is what an app loads "
+                      "(kselect.load_plan(PLAN, MODEL).run(inputs))")
+        return
     library = plugins.get_library(plan.library)
     for path in library.apply(plan, model, Path(args.output_dir)):
         console.print(f"wrote {path}")
@@ -311,19 +382,27 @@ def cmd_plan_apply(args) -> None:
 
 def cmd_bench(args) -> None:
     from kselect.core.bench import bench, fresh_runners
+    from kselect.core.runtime import load_plan
 
     model = load_model(args.model, args.input_shape)
     plan = _checked_plan(args, model)
-    library = plugins.get_library(plan.library)
-    with console.status(f"benchmarking {model.name}: {library.name} default vs plan, interleaved"):
-        result = bench(fresh_runners(library, model, None), fresh_runners(library, model, plan), model,
-                       args.rounds, args.runs_per_round)
-    result = {"model": model.name, "library": library.name, "library_version": library.version(),
-              "emulated": library.emulated, "device": this_device().summary(), **result}
-    table = Table(title=f"{model.name} on {library.name}: whole-model latency (median of {result['runs']} runs each, "
+    if plan.cross_library:  # the baseline is ONNX Runtime's default session
+        library = plugins.get_library("mlas")
+        default_runners, plan_runners = fresh_runners(library, model, None), [load_plan(plan, model)]
+        baseline = "onnxruntime default"
+    else:
+        library = plugins.get_library(plan.library)
+        default_runners, plan_runners = fresh_runners(library, model, None), fresh_runners(library, model, plan)
+        baseline = f"{library.name} default"
+    libraries = "+".join(plan.libraries)
+    with console.status(f"benchmarking {model.name}: {baseline} vs {libraries} plan, interleaved"):
+        result = bench(default_runners, plan_runners, model, args.rounds, args.runs_per_round)
+    result = {"model": model.name, "library": libraries, "library_versions": plan.libraries, "baseline": baseline,
+              "emulated": plan.emulated, "device": this_device().summary(), **result}
+    table = Table(title=f"{model.name} on {libraries}: whole-model latency (median of {result['runs']} runs each, "
                   f"{result['instances']} fresh instance(s) per side)"
-                  + (" [EMULATED]" if library.emulated else ""))
-    for column in ("default ms", "plan ms", "speedup", "spread default / plan", "max output error"):
+                  + (" [EMULATED]" if plan.emulated else ""))
+    for column in (f"{baseline} ms", "plan ms", "speedup", "spread default / plan", "max output error"):
         table.add_column(column, justify="right")
     table.add_row(f"{result['default_ms']:.3f}", f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
                   f"{result['default_spread']:.1%} / {result['plan_spread']:.1%}", f"{result['max_relative_output_error']:.1e}")

@@ -103,3 +103,37 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
                                       "tried": tried}
             return plan
     raise ValueError("no plan variants to verify")
+
+
+def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_round: int = 3,
+                    max_error: float = 1e-3) -> tuple:
+    """Runs ONNX Runtime's default session (the baseline) and each candidate plan ([(name,
+    plan)]) on the whole model, interleaved; returns (the fastest plan whose outputs match the
+    baseline, one result per candidate). A cross-library plan runs through core/runtime.py."""
+    from kselect.core import plugins
+    from kselect.core.runtime import load_plan
+
+    baseline = plugins.get_library("mlas").model_runner(model, None)
+    runners = {"onnxruntime default": baseline, **{name: load_plan(plan, model) for name, plan in candidates}}
+    feeds = random_feeds(model)
+    reference = baseline(feeds)
+    errors = {name: compare_outputs(reference, runners[name](feeds)) for name, _ in candidates}
+    times = interleaved(runners, feeds, rounds, runs_per_round)
+    baseline_ms = statistics.median(times["onnxruntime default"])
+    results = []
+    for name, plan in candidates:
+        plan_ms = statistics.median(times[name])
+        results.append({"variant": name, "default_ms": round(baseline_ms, 4), "plan_ms": round(plan_ms, 4),
+                        "speedup": round(baseline_ms / plan_ms, 4), "runs": len(times[name]),
+                        "plan_spread": round(_relative_iqr(times[name]), 4),
+                        "max_relative_output_error": errors[name]})
+    valid = [(result, plan) for result, (_, plan) in zip(results, candidates)
+             if result["max_relative_output_error"] <= max_error]
+    if not valid:
+        raise ValueError("no plan's outputs match ONNX Runtime's")
+    best_result, best_plan = min(valid, key=lambda pair: pair[0]["plan_ms"])
+    best_plan.extra["verified"] = {"chosen": best_result["variant"], "baseline": "onnxruntime default",
+                                   "tried": results}
+    for runner in runners.values():
+        getattr(runner, "close", lambda: None)()
+    return best_plan, results

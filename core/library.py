@@ -33,6 +33,14 @@ class Candidate:
         pass
 
 
+class CallCandidate(Candidate):
+    """A candidate made of two functions: the timed work and how to read its result."""
+
+    def __init__(self, run: Callable[[], None], output: Callable[[], np.ndarray]):
+        self.run = run
+        self.output = output
+
+
 class Library:
     name: str = ""
     emulated: bool = False  # timings are taken under emulation: never real performance
@@ -68,13 +76,19 @@ class Library:
 
     def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
         """Time one candidate; returns ``{"times_us": [...], "output": array}``. The default
-        builds ``fresh_instances`` candidates with ``prepare`` and times each with the core
-        protocol; a library that times inside its own runner overrides this."""
+        builds ``fresh_instances`` candidates with ``prepare`` (``conversion`` for a layout
+        conversion task) and times each with the core protocol; a library that times inside its
+        own runner overrides this."""
         from kselect.core.measure import time_candidate
 
         times, output = [], None
         for _ in range(self.fresh_instances):
-            candidate = self.prepare(task, config, inputs)
+            if task.kind == "convert":
+                candidate = self.conversion(task.attrs["label"], task.attrs["direction"], inputs["x"])
+                if candidate is None:
+                    return {"times_us": [[0.0]], "output": inputs["x"]}
+            else:
+                candidate = self.prepare(task, config, inputs)
             try:
                 candidate.run()
                 if output is None:
@@ -83,6 +97,21 @@ class Library:
             finally:
                 candidate.close()
         return {"times_us": times, "output": output}
+
+    # -- layouts, for plans that mix libraries ----------------------------------------------
+    def layout_label(self, config: dict) -> str:
+        """What the neighbouring op must match to take this op's output without a conversion:
+        ``"<library>:<layout>"``."""
+        return f"{self.name}:NCHW"
+
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
+        """A candidate doing what this library's runner does to a tensor at a segment boundary:
+        ``direction`` "in" takes NCHW ``x`` into the layout ``label`` names, "out" takes it back
+        to NCHW (its input is ``x`` already in that layout, prepared outside the timing). Its
+        ``output()`` is the tensor in NCHW, for checking. None: the runner does nothing there.
+        Labels ending in ":flat" are tensors that are not 4-D. Entering a library includes
+        the cost of calling its runner once more (a segment more)."""
+        raise NotImplementedError(f"{self.name} cannot measure layout conversions")
 
     # -- plans ----------------------------------------------------------------------------
     def apply(self, plan, model, out_dir: Path) -> list[Path]:
@@ -93,3 +122,9 @@ class Library:
         """A callable running the whole model: with the library's defaults when ``plan`` is
         None, else as the plan says. Used by ``kselect bench``."""
         raise NotImplementedError
+
+    def runs_op(self, op_type: str) -> bool:
+        """Whether ``model_runner`` can run a node of this ONNX op type. A plan mixing libraries
+        (core/runtime.py) gives an untuned node to the library of the node feeding it only if
+        that library runs it; the default is a library that runs any ONNX graph."""
+        return True

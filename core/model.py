@@ -18,7 +18,7 @@ from kselect.core.errors import KselectError
 class Model:
     name: str
     proto: onnx.ModelProto
-    source: str  # file path or "builtin"
+    source: str  # file path, "builtin" or "in memory"
     input_shapes: dict[str, list[int]]
     shapes: dict[str, list[int]] = field(default_factory=dict)  # every tensor's static shape
     initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
@@ -68,16 +68,23 @@ def _read(spec: str) -> tuple[str, onnx.ModelProto, str]:
     return os.path.splitext(os.path.basename(spec))[0], proto, os.path.abspath(spec)
 
 
+def _known(dim) -> bool:
+    return dim.HasField("dim_value") and dim.dim_value > 0
+
+
+def _graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializer_names = {t.name for t in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in initializer_names]
+
+
 def load_model(spec: str, input_shapes: list[str] | None = None) -> Model:
     name, proto, source = _read(spec)
     overrides = dict(parse_input_shape(text) for text in input_shapes or [])
-    initializer_names = {t.name for t in proto.graph.initializer}
-    graph_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
+    graph_inputs = _graph_inputs(proto)
     known = {i.name for i in graph_inputs}
     for unknown in set(overrides) - known:
         raise KselectError(f"--input-shape names {unknown!r}, but the model's inputs are: {', '.join(sorted(known))}")
 
-    resolved: dict[str, list[int]] = {}
     for graph_input in graph_inputs:
         dims = graph_input.type.tensor_type.shape.dim
         if graph_input.name in overrides:
@@ -88,20 +95,29 @@ def load_model(spec: str, input_shapes: list[str] | None = None) -> Model:
             for dim, value in zip(dims, wanted):  # static dims may be overridden too (e.g. a smaller image)
                 dim.Clear()
                 dim.dim_value = value
-        shape = []
         for index, dim in enumerate(dims):
-            if not (dim.HasField("dim_value") and dim.dim_value > 0):
+            if not _known(dim):
                 label = f" ({dim.dim_param!r})" if dim.dim_param else ""
                 raise KselectError(
                     f"input {graph_input.name!r} dim {index}{label} is unknown: "
                     f"pass --input-shape {graph_input.name}=" + ",".join(
                         str(d.dim_value) if d.dim_value > 0 else "N" for d in dims))
-            shape.append(dim.dim_value)
-        resolved[graph_input.name] = shape
+    return model_from_proto(name, proto, source)
+
+
+def model_from_proto(name: str, proto: onnx.ModelProto, source: str = "in memory") -> Model:
+    """A Model of an ONNX graph whose inputs all have static shapes: unnamed nodes get names (in
+    ``proto`` itself: plans address nodes by name) and every tensor's shape is inferred."""
+    resolved: dict[str, list[int]] = {}
+    for graph_input in _graph_inputs(proto):
+        dims = graph_input.type.tensor_type.shape.dim
+        if not all(_known(dim) for dim in dims):
+            raise KselectError(f"{name}: input {graph_input.name!r} has unknown dims")
+        resolved[graph_input.name] = [dim.dim_value for dim in dims]
 
     used = {node.name for node in proto.graph.node}
     for index, node in enumerate(proto.graph.node):
-        if not node.name:  # plans address nodes by name
+        if not node.name:
             candidate = f"{node.op_type}_{index}"
             while candidate in used:
                 candidate += "_"

@@ -112,11 +112,27 @@ class Plan:
     nodes: dict[str, dict]
     format: str = PLAN_FORMAT
     extra: dict = field(default_factory=dict)
+    library_settings: dict[str, dict] = field(default_factory=dict)  # library -> its plan-level settings
+
+    def __post_init__(self):
+        if not self.library_settings and len(self.libraries) == 1:
+            self.library_settings = {next(iter(self.libraries)): dict(self.plan_level)}
 
     def to_json(self) -> dict:
         return {"format": self.format, "model": self.model, "device": self.device, "libraries": self.libraries,
-                "emulated": self.emulated, "plan_level": self.plan_level, "tasks": self.tasks, "nodes": self.nodes,
-                **({"extra": self.extra} if self.extra else {})}
+                "emulated": self.emulated, "plan_level": self.plan_level, "library_settings": self.library_settings,
+                "tasks": self.tasks, "nodes": self.nodes, **({"extra": self.extra} if self.extra else {})}
+
+    @property
+    def cross_library(self) -> bool:
+        return len(self.libraries) > 1
+
+    def for_library(self, name: str) -> "Plan":
+        """The part of this plan one library runs: its nodes and its plan-level settings, as a
+        single-library plan (what ``Library.model_runner`` and ``Library.apply`` take)."""
+        return Plan(self.model, self.device, {name: self.libraries[name]}, self.emulated,
+                    dict(self.library_settings.get(name, {})), [t for t in self.tasks if t["library"] == name],
+                    {node: entry for node, entry in self.nodes.items() if entry["library"] == name})
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
@@ -192,7 +208,7 @@ def load_plan_file(path: str | Path) -> Plan:
         if data.get("format") != PLAN_FORMAT:
             raise KselectError(f"{path} is not a kselect plan (format {data.get('format')!r}, expected {PLAN_FORMAT!r})")
         return Plan(data["model"], data["device"], data["libraries"], bool(data["emulated"]), data["plan_level"],
-                    data["tasks"], data["nodes"], data["format"], data.get("extra", {}))
+                    data["tasks"], data["nodes"], data["format"], data.get("extra", {}), data.get("library_settings", {}))
     except KselectError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -105,6 +105,26 @@ def get_library(name: str):
     return lib
 
 
+def select_libraries(spec: str) -> list:
+    """``--library`` values: one name, names joined by commas, or ``all`` (every available
+    library that runs natively here). Timings taken under emulation never mix with native ones."""
+    if spec == "all":
+        available = [lib for lib in libraries().values() if lib.availability()[0]]
+        chosen = [lib for lib in available if not lib.emulated] or available
+        if not chosen:
+            raise KselectError("no library plugin is available here (see `kselect plugins`)")
+        return chosen
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if not names or len(set(names)) != len(names):
+        raise KselectError(f"--library {spec!r}: give one library, several joined by commas, or 'all'")
+    chosen = [get_library(name) for name in names]
+    emulated = [lib.name for lib in chosen if lib.emulated]
+    if emulated and len(emulated) != len(chosen):
+        raise KselectError(f"cannot mix {', '.join(emulated)} (timed under emulation on this machine) with natively "
+                           f"timed libraries: tune {' and '.join(emulated)} on its own")
+    return chosen
+
+
 def get_searcher(name: str):
     found = searchers()
     if name not in found:

@@ -155,3 +155,16 @@ def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: Rec
     """Every stored record per task key, for this device and library build."""
     version = library.version()
     return {task.key: db.records(device.fingerprint, library.name, version, task.key) for task in tasks}
+
+
+def verified_library_plan(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
+                          outcomes: list[TaskOutcome], verify: bool = True, on_result=None):
+    """What ``kselect tune`` writes after tuning one library: the most tuned plan variant that is
+    not slower than the library default end to end (``verify``), else the tuned one."""
+    from kselect.core.bench import verified_plan
+    from kselect.core.plan import plan_variants
+
+    records = stored_outcomes(tasks, library, device, db)
+    variants = plan_variants(model, device, library, library.version(), tasks, records,
+                             {o.task.key: o.default_config for o in outcomes})
+    return verified_plan(library, model, variants, on_result=on_result) if verify else variants[0][1]

@@ -419,3 +419,8 @@ class AclLibrary(Library):
         work_dir = engine.WorkDir()
         graph = engine.lower(model, configs, default, work_dir.path)
         return engine.AclModelRunner(graph, work_dir, timeout_s=timeout_s)
+
+    def runs_op(self, op_type: str) -> bool:
+        from kselect.plugins.acl import engine
+
+        return hasattr(engine._Lowering, f"op_{op_type}")

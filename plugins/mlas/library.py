@@ -187,6 +187,38 @@ class MlasLibrary(Library):
                                        providers=["CPUExecutionProvider"])
         return OrtCandidate(session, {session.get_inputs()[0].name: x}, unblock)
 
+    # -- layouts, for plans that mix libraries ------------------------------------------------
+    def layout_label(self, config: dict) -> str:
+        return f"mlas:{config.get('layout', 'NCHW')}"
+
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
+        """Entering ONNX Runtime costs a session call, plus a
+        ReorderInput into NCHWc; leaving NCHWc costs a ReorderOutput; leaving NCHW costs nothing."""
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        from kselect.plugins.mlas import nchwc
+
+        layout = label.split(":", 1)[1]
+        if layout == "NCHWc":
+            block = self._block()
+            if direction == "in":
+                model, _, _ = nchwc.reorder_model(x.shape, "NCHW->NCHWc", block)
+                feed, unblock = x, (lambda y: nchwc.from_blocked(y, x.shape[1], block))
+            else:
+                model, _, _ = nchwc.reorder_model(x.shape, "NCHWc->NCHW", block)
+                feed, unblock = nchwc.nchwc_feed(x, block), (lambda y: y)
+        elif direction == "out":
+            return None
+        else:  # a session call that reads the tensor in place (Shape), as a segment's session does
+            graph = helper.make_graph([helper.make_node("Shape", ["x"], ["y"])], "enter",
+                                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                                      [helper.make_tensor_value_info("y", TensorProto.INT64, [x.ndim])])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+            feed, unblock = x, (lambda y: x)
+        session = ort.InferenceSession(model.SerializeToString(), session_options({}), providers=["CPUExecutionProvider"])
+        return OrtCandidate(session, {session.get_inputs()[0].name: feed}, unblock)
+
     # -- plans ----------------------------------------------------------------------------
     def apply(self, plan, model, out_dir: Path) -> list[Path]:
         from kselect.plugins.mlas.apply import write_optimized_model

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from kselect.core.device import Device
-from kselect.core.library import Candidate, Library
+from kselect.core.library import CallCandidate, Candidate, Library
 from kselect.core.space import Categorical, Integer, Space
 from kselect.core.tasks import Task
 from kselect.plugins.xnnpack import configured, kernels, tileshim
@@ -213,6 +213,25 @@ class XnnpackLibrary(Library):
         built = configured.build(spec, config, w, b, x, y, unsafe=configured.in_measuring_child())
         return XnnCandidate(built, task.kind == "conv", flags)
 
+    # -- layouts, for plans that mix libraries ------------------------------------------------
+    def layout_label(self, config: dict) -> str:
+        return "xnnpack:NHWC"
+
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate:
+        """What the executor does at its inputs and outputs (executor.py ``__call__``): a copy
+        into NHWC on the way in, a copy back to NCHW on the way out; a plain copy when not 4-D."""
+        four_d = label.endswith(":NHWC") and x.ndim == 4
+        to_nhwc = (lambda a: a.transpose(0, 2, 3, 1)) if four_d else (lambda a: a)
+        to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if four_d else (lambda a: a)
+        if direction == "in":
+            stored = configured.buffer(to_nhwc(x).shape)
+            return CallCandidate(lambda: np.copyto(stored, to_nhwc(x)), lambda: np.ascontiguousarray(to_nchw(stored)))
+        stored, result = np.ascontiguousarray(to_nhwc(x)), {}
+
+        def run():
+            result["y"] = to_nchw(stored).copy()
+        return CallCandidate(run, lambda: result["y"])
+
     # -- plans ------------------------------------------------------------------------------
     def apply(self, plan, model, out_dir: Path) -> list[Path]:
         """Nothing to write: the plan JSON is the artifact; ``model_runner`` (executor.py) reads
@@ -223,3 +242,8 @@ class XnnpackLibrary(Library):
         from kselect.plugins.xnnpack.executor import Executor
 
         return Executor(self, model, plan)
+
+    def runs_op(self, op_type: str) -> bool:
+        from kselect.plugins.xnnpack.executor import Executor
+
+        return hasattr(Executor, f"_op_{op_type}")

@@ -1,0 +1,109 @@
+"""Layout and library changes between neighbouring ops, measured like kernels.
+
+A tensor passing from an op labelled A (``Library.layout_label``, e.g. ``"xnnpack:NHWC"``) to an
+op labelled B costs nothing when A == B. Otherwise A's library takes it out of A's layout
+("out") and B's library takes it into B's ("in"), as their runners do at a segment boundary
+(core/runtime.py). Each side is a candidate of its library (``Library.conversion``), measured in
+the worker child per tensor shape, checked (a conversion never changes values) and stored in the
+records database under the library name plus ``/convert``, so later plans reuse it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kselect.core.device import Device
+from kselect.core.errors import KselectError
+from kselect.core.measure import MeasureSettings
+from kselect.core.records import RecordDB
+from kselect.core.space import config_key
+from kselect.core.tasks import Task, task_key
+from kselect.core.worker import MeasureWorker
+
+GRAPH_LABEL = "onnx:NCHW"  # the model's own inputs and outputs
+RECORD_SUFFIX = "/convert"
+
+
+def library_of(label: str) -> str:
+    return label.split(":", 1)[0]
+
+
+def side_label(label: str, rank: int) -> str:
+    """Layouts only matter for 4-D tensors; any other tensor is ``<library>:flat``."""
+    return label if rank == 4 else f"{library_of(label)}:flat"
+
+
+def conversion_task(label: str, direction: str, shape) -> Task:
+    shape = [int(d) for d in shape]
+    signature = {"kind": "convert", "label": label, "direction": direction, "shape": shape}
+    task_id = f"{direction} {label} {'x'.join(map(str, shape))}"
+    return Task(task_id, task_key(signature), "convert", shape, [], shape, {"label": label, "direction": direction},
+                False)
+
+
+Side = tuple  # (label, direction, shape tuple)
+
+
+@dataclass
+class ConversionTable:
+    times_us: dict[Side, float] = field(default_factory=dict)  # inf when the conversion failed
+
+    def side_us(self, label: str, direction: str, shape) -> float:
+        if library_of(label) == library_of(GRAPH_LABEL):
+            return 0.0
+        return self.times_us[(side_label(label, len(shape)), direction, tuple(shape))]
+
+    def cost_us(self, producer: str, consumer: str, shape) -> float:
+        a, b = side_label(producer, len(shape)), side_label(consumer, len(shape))
+        if a == b:
+            return 0.0
+        leaving = self.side_us(a, "out", shape)
+        # entering a library's NCHW / flat side stands for one more call of its runner: none
+        # is made when the change stays inside one library
+        stays = library_of(a) == library_of(b) and not b.endswith(("NCHWc",))
+        return leaving + (0.0 if stays else self.side_us(b, "in", shape))
+
+    def sides_needed(self, producer: str, consumer: str, shape) -> list[Side]:
+        a, b = side_label(producer, len(shape)), side_label(consumer, len(shape))
+        if a == b:
+            return []
+        return [(label, direction, tuple(shape)) for label, direction in ((a, "out"), (b, "in"))
+                if library_of(label) != library_of(GRAPH_LABEL)]
+
+
+def measure_conversions(sides: set[Side], libraries: dict, device: Device, db: RecordDB,
+                        settings: MeasureSettings, on_measured=None) -> ConversionTable:
+    """Stored results are reused; the rest are measured now, grouped by library."""
+    table = ConversionTable()
+    db.add_device(device.fingerprint, device.to_json())
+    by_library: dict[str, list[Side]] = {}
+    for side in sorted(sides, key=lambda s: (s[0], s[1], s[2])):
+        by_library.setdefault(library_of(side[0]), []).append(side)
+    for name, wanted in by_library.items():
+        library = libraries.get(name)
+        if library is None:
+            raise KselectError(f"no library {name!r} to measure conversions into {wanted[0][0]}")
+        version, record_library = library.version(), name + RECORD_SUFFIX
+        stored = {r.task: r for r in db.records(device.fingerprint, record_library, version)}
+        to_measure = []
+        for side in wanted:
+            task = conversion_task(*side)
+            if task.key in stored:
+                table.times_us[side] = _time_of(stored[task.key].result)
+            else:
+                to_measure.append((side, task))
+        if not to_measure:
+            continue
+        with MeasureWorker(name, settings) as worker:
+            for side, task in to_measure:
+                result = worker.measure(task, {})
+                db.add(device.fingerprint, record_library, version, task.to_json(), config_key({}), result,
+                       library.emulated, True)
+                table.times_us[side] = _time_of(result)
+                if on_measured:
+                    on_measured(task, result)
+    return table
+
+
+def _time_of(result) -> float:
+    return result.median_us if result.status == "ok" else float("inf")

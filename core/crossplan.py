@@ -1,0 +1,245 @@
+"""Plans across libraries: per op, the library and config that minimise the whole model's time,
+layout and library changes included.
+
+Every tuned node gets one option per (library, layout label) from that library's records, within
+the plan-level settings of that library's own plan. Edges join each tuned node to the tuned nodes
+(or model inputs) its data comes from, through the untuned ops between them (those run in their
+producer's library, core/runtime.py, so the change happens at the consumer's input); model
+outputs are nodes too. planner.py finds the cheapest labelling exactly, and what greedy per-op
+choice and each library alone would have given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kselect.core.conversions import GRAPH_LABEL, ConversionTable
+from kselect.core.model import Model
+from kselect.core.plan import PLAN_FORMAT, Plan, _pick
+from kselect.core.planner import Edge, Option, PlanGraph, greedy, solve
+from kselect.core.space import config_key
+from kselect.core.tasks import Task, extract_tasks
+
+
+# Worker threads that spin between parallel loops hold cores the other library's threads need:
+# resnet18 on 2 cores ran 56 ms with XNNPack's pool spinning after its segments, 27 ms with it
+# sleeping (ONNX Runtime's default: 27 ms). In a plan that mixes libraries only the library with
+# the most op time keeps spinning; options are taken whatever their spinning setting.
+SHARED_CORE_DIMS = ("spinning",)
+
+
+def _without(settings: dict, names) -> dict:
+    return {k: v for k, v in settings.items() if k not in names}
+
+
+@dataclass
+class Choice:  # an option's payload
+    library: str
+    task: Task
+    record: object  # core.records.Record
+    emulated: bool
+    default_us: float | None = None  # the library's own config for this task
+
+
+@dataclass
+class CrossProblem:
+    options: dict[str, list[Option]] = field(default_factory=dict)
+    edges: list[tuple[str, str, str, tuple]] = field(default_factory=list)  # (producer, consumer, tensor, shape)
+
+    def sides(self, table: ConversionTable) -> set:
+        """The conversions any labelling could need."""
+        needed = set()
+        for producer, consumer, _, shape in self.edges:
+            for a in {o.label for o in self.options[producer]}:
+                for b in {o.label for o in self.options[consumer]}:
+                    needed.update(table.sides_needed(a, b, shape))
+        return needed
+
+    def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
+        """The planning graph, optionally with only some libraries' options."""
+        def allowed(option):
+            return libraries is None or option.payload is None or option.payload.library in libraries
+
+        options = {node: [o for o in opts if allowed(o)] for node, opts in self.options.items()}
+        edges = [Edge(p, c, lambda a, b, shape=shape: table.cost_us(a, b, shape)) for p, c, _, shape in self.edges]
+        return PlanGraph(options, edges)
+
+
+def _data_sources(model: Model) -> callable:
+    """tensor -> the tuned nodes and model inputs its value comes from (through untuned ops)."""
+    producer = {out: node for node in model.proto.graph.node for out in node.output}
+    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+    memo: dict[str, frozenset] = {}
+
+    def sources(tensor: str, tuned: set[str]) -> frozenset:
+        if tensor not in memo:
+            if tensor in graph_inputs:
+                memo[tensor] = frozenset({f"input:{tensor}"})
+            elif tensor in model.initializers or tensor not in producer:
+                memo[tensor] = frozenset()
+            elif producer[tensor].name in tuned:
+                memo[tensor] = frozenset({producer[tensor].name})
+            else:
+                memo[tensor] = frozenset().union(*(sources(t, tuned) for t in producer[tensor].input if t))
+        return memo[tensor]
+    return sources
+
+
+def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
+                  defaults: dict[str, dict], plan_level: dict[str, dict]) -> CrossProblem:
+    """``records[library][task key]``, ``defaults[library][task key]``, ``plan_level[library]``."""
+    problem = CrossProblem()
+    task_of = {node: task for task in tasks for node in task.nodes}
+    for name, library in libraries.items():
+        for task in tasks:
+            if task.key not in defaults[name]:
+                continue  # a task this library does not support
+            task_records = [r for r in records[name].get(task.key, []) if r.result.status == "ok"]
+            default_key = config_key(defaults[name][task.key])
+            default_us = next((r.result.median_us for r in task_records if r.config_key == default_key), None)
+            by_label: dict[str, list] = {}
+            for record in task_records:
+                by_label.setdefault(library.layout_label(record.config), []).append(record)
+            for label, label_records in by_label.items():
+                picked = _pick(label_records, default_key, _without(plan_level[name], SHARED_CORE_DIMS))
+                if picked is None:
+                    continue
+                for node in task.nodes:
+                    problem.options.setdefault(node, []).append(
+                        Option(label, picked.result.median_us, Choice(name, task, picked, picked.emulated, default_us)))
+    tuned = set(problem.options)
+    sources = _data_sources(model)
+    nodes = {node.name: node for node in model.proto.graph.node}
+    for node_name in tuned:
+        tensor = nodes[node_name].input[0]
+        for source in sorted(sources(tensor, tuned)):
+            problem.edges.append((source, node_name, tensor, tuple(model.shapes[tensor])))
+    for output in model.proto.graph.output:
+        for source in sorted(sources(output.name, tuned)):
+            problem.edges.append((source, f"output:{output.name}", output.name, tuple(model.shapes[output.name])))
+    for source, consumer, _, _ in problem.edges:
+        for pseudo in (source, consumer):
+            if pseudo not in problem.options:
+                problem.options[pseudo] = [Option(GRAPH_LABEL, 0.0)]
+    missing = [n for n in task_of if n not in problem.options]
+    if missing:
+        raise ValueError(f"no measured option for nodes {', '.join(missing[:5])}")
+    return problem
+
+
+def _summary(graph: PlanGraph, assignment: dict) -> dict:
+    ops = sum(o.time_us for o in assignment.values())
+    total = graph.total_us(assignment)
+    return {"ops_us": round(ops, 3), "conversions_us": round(total - ops, 3), "total_us": round(total, 3)}
+
+
+def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProblem, table: ConversionTable,
+                     plan_level: dict[str, dict], defaults: dict[str, dict]) -> Plan:
+    graph = problem.graph(table)
+    assignment, _ = solve(graph)
+    greedy_assignment, _ = greedy(graph)
+    alone = {}
+    for name in libraries:
+        try:
+            alone[name] = _summary(graph, solve(problem.graph(table, {name}))[0])
+        except (ValueError, IndexError):
+            pass  # the library cannot run every tuned node
+    ceiling = sum(min(o.time_us for o in options) for node, options in graph.options.items())
+
+    settings = _library_settings(assignment, plan_level)
+    labels = {node: option.label for node, option in assignment.items()}
+    nodes, groups = {}, {}
+    for node, option in assignment.items():
+        choice: Choice | None = option.payload
+        if choice is None:  # a model input or output
+            continue
+        conversions = []
+        for producer, consumer, tensor, shape in problem.edges:
+            if consumer == node:
+                cost = table.cost_us(labels[producer], option.label, shape)
+                if cost:
+                    conversions.append({"from": producer, "tensor": tensor, "from_label": labels[producer],
+                                        "to_label": option.label, "time_us": round(cost, 3)})
+        config = {**choice.record.config, **{k: v for k, v in settings[choice.library].items() if k in choice.record.config}}
+        nodes[node] = {"task": choice.task.id, "library": choice.library, "config": config,
+                       "label": option.label, "time_us": round(option.time_us, 3), "emulated": choice.emulated,
+                       "conversions": conversions}
+        group = (choice.task.key, choice.library, config_key(config))
+        groups.setdefault(group, (choice, config, []))[2].append(node)
+    output_conversions = [{"from": p, "tensor": t, "from_label": labels[p], "to_label": GRAPH_LABEL,
+                           "time_us": round(table.cost_us(labels[p], GRAPH_LABEL, s), 3)}
+                          for p, c, t, s in problem.edges if c.startswith("output:")]
+
+    tasks = []
+    for (_, name, _), (choice, config, group_nodes) in groups.items():
+        task = choice.task
+        tasks.append({"id": task.id, "key": task.key, "kind": task.kind, "input": task.input_shape,
+                      "weight": task.weight_shape, "output": task.output_shape, "attrs": task.attrs,
+                      "bias": task.has_bias, "nodes": group_nodes, "library": name, "config": config,
+                      "time_us": round(choice.record.result.median_us, 3),
+                      "default_config": defaults[name][task.key],
+                      "default_us": round(choice.default_us, 3) if choice.default_us else None,
+                      "samples": None, "emulated": choice.emulated})
+    used = {entry["library"] for entry in nodes.values()}
+    versions = {name: libraries[name].version() for name in libraries if name in used}
+    chosen = _summary(graph, assignment)
+    extra = {"cross_library": {
+        "predicted": chosen, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
+        "ops_ceiling_us": round(ceiling, 3), "output_conversions": output_conversions,
+        "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
+    return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
+                device=device.to_json(), libraries=versions, emulated=any(libraries[n].emulated for n in used),
+                plan_level={} if len(used) > 1 else settings[next(iter(used))], tasks=tasks, nodes=nodes,
+                format=PLAN_FORMAT, extra=extra, library_settings={n: settings[n] for n in used})
+
+
+def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str, dict]:
+    """Each library's plan-level settings; with several libraries, all but the one with the most
+    op time stop spinning (SHARED_CORE_DIMS)."""
+    op_time: dict[str, float] = {}
+    for option in assignment.values():
+        if option.payload is not None:
+            op_time[option.payload.library] = op_time.get(option.payload.library, 0.0) + option.time_us
+    settings = {name: dict(values) for name, values in plan_level.items()}
+    if len(op_time) > 1:
+        main = max(op_time, key=op_time.get)
+        for name in op_time:
+            if name != main:
+                settings[name].update({dim: 0 for dim in SHARED_CORE_DIMS if dim in settings[name]})
+    return settings
+
+
+def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None) -> Plan:
+    """The cross-library plan from stored records: each library keeps the plan-level settings of
+    its own plan (``single_plans``); conversions not yet stored are measured now."""
+    from kselect.core.conversions import measure_conversions
+    from kselect.core.tune import library_tasks, stored_outcomes
+
+    records, defaults, plan_level = {}, {}, {}
+    for name, library in libraries.items():
+        library_task_list = library_tasks(model, library)
+        records[name] = stored_outcomes(library_task_list, library, device, db)
+        defaults[name] = {t.key: library.space(t, device).normalise(library.default_config(t, device))
+                          for t in library_task_list}
+        plan_level[name] = dict(single_plans[name].plan_level)
+    tasks = extract_tasks(model)
+    problem = cross_problem(model, libraries, tasks, records, defaults, plan_level)
+    table = measure_conversions(problem.sides(ConversionTable()), libraries, device, db, settings, on_measured)
+    plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
+    plan.extra["cross_library"]["default_ops_us"] = {
+        name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}
+    return plan
+
+
+def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float | None:
+    """The summed time of every tuned op with the library's own configs (None if one is missing)."""
+    total = 0.0
+    for task in tasks:
+        if task.key not in defaults:
+            return None
+        key = config_key(defaults[task.key])
+        record = next((r for r in records.get(task.key, []) if r.config_key == key and r.result.status == "ok"), None)
+        if record is None:
+            return None
+        total += record.result.median_us * len(task.nodes)
+    return round(total, 3)

@@ -1,0 +1,178 @@
+"""Cross-library plans: conversions measured and stored, inserted where labels change and nowhere
+else, the mixed plan running end to end like ONNX Runtime, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import run_kselect, small_cnn
+from kselect.core import plugins
+from kselect.core.bench import compare_outputs, random_feeds
+from kselect.core.conversions import GRAPH_LABEL, RECORD_SUFFIX, ConversionTable, measure_conversions
+from kselect.core.crossplan import CrossProblem, build_cross_plan, plan_across
+from kselect.core.device import this_device
+from kselect.core.errors import KselectError
+from kselect.core.measure import MeasureSettings
+from kselect.core.model import load_model
+from kselect.core.planner import Option, brute_force, solve
+from kselect.core.records import RecordDB
+from kselect.core.tune import TuneOptions, library_tasks, tune, verified_library_plan
+
+FAST = MeasureSettings(min_time_s=0.01, min_repeats=3, max_time_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """small_cnn tuned on MLAS and XNNPack (2 configs per task), and its cross-library plan."""
+    folder = tmp_path_factory.mktemp("cross")
+    path = folder / "small.onnx"
+    onnx.save(small_cnn(), path)
+    model = load_model(str(path))
+    device, db = this_device(), RecordDB(folder / "records.db")
+    libraries = {name: plugins.get_library(name) for name in ("mlas", "xnnpack")}
+    single = {}
+    for name, library in libraries.items():
+        tasks = library_tasks(model, library)
+        outcomes = tune(tasks, library, device, db, TuneOptions("random", 2, settings=FAST))
+        single[name] = verified_library_plan(model, library, device, db, tasks, outcomes, verify=False)
+    measured = []
+    plan = plan_across(model, device, db, libraries, single, FAST, on_measured=lambda task, result: measured.append(result))
+    return {"model": model, "path": path, "db": db, "device": device, "libraries": libraries, "single": single,
+            "plan": plan, "measured": measured, "folder": folder}
+
+
+def test_conversions_are_measured_verified_stored_and_reused(tuned):
+    assert tuned["measured"] and all(r.status == "ok" and r.error == 0.0 for r in tuned["measured"])
+    db, device = tuned["db"], tuned["device"]
+    for name, library in tuned["libraries"].items():
+        stored = db.records(device.fingerprint, name + RECORD_SUFFIX, library.version())
+        assert stored, f"no {name} conversion records"
+    again = []
+    plan_across(tuned["model"], device, db, tuned["libraries"], tuned["single"], FAST,
+                on_measured=lambda task, result: again.append(task))
+    assert again == []  # everything came from the records
+
+
+def test_every_conversion_side_runs_real_kernels_and_keeps_values():
+    device = this_device()
+    libraries = {name: plugins.get_library(name) for name in ("mlas", "xnnpack")}
+    sides = {(label, direction, (1, 20, 9, 7)) for label in ("mlas:NCHW", "mlas:NCHWc", "xnnpack:NHWC")
+             for direction in ("in", "out")}
+    sides |= {(label, direction, (1, 10)) for label in ("mlas:flat", "xnnpack:flat") for direction in ("in", "out")}
+    results = []
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        table = measure_conversions(sides, libraries, device, RecordDB(f"{folder}/r.db"), FAST,
+                                    on_measured=lambda task, result: results.append((task.id, result)))
+    assert len(results) == len(sides)
+    for task_id, result in results:
+        assert result.status == "ok" and result.error == 0.0, (task_id, result)
+    assert table.side_us("mlas:NCHW", "out", (1, 20, 9, 7)) == 0.0  # leaving ONNX Runtime in NCHW is free
+    assert table.side_us("xnnpack:NHWC", "in", (1, 20, 9, 7)) > 0.0
+    assert table.cost_us("xnnpack:NHWC", "xnnpack:NHWC", (1, 20, 9, 7)) == 0.0
+    assert table.cost_us("mlas:NCHWc", "mlas:NCHW", (1, 10)) == 0.0  # layouts of a 2-D tensor do not differ
+
+
+def test_conversions_are_recorded_exactly_where_labels_change(tuned):
+    plan = tuned["plan"]
+    labels = {node: entry["label"] for node, entry in plan.nodes.items()}
+    labels["input:input"] = GRAPH_LABEL
+    model = tuned["model"]
+    from kselect.core.crossplan import _data_sources
+
+    sources = _data_sources(model)
+    nodes = {n.name: n for n in model.proto.graph.node}
+    for node, entry in plan.nodes.items():
+        tensor = nodes[node].input[0]
+        producers = sources(tensor, set(plan.nodes))
+        shape = model.shapes[tensor]
+        expected = {p for p in producers
+                    if (labels[p] if len(shape) == 4 else labels[p].split(":")[0]) !=
+                    (entry["label"] if len(shape) == 4 else entry["label"].split(":")[0])}
+        assert {c["from"] for c in entry["conversions"]} == expected, node
+
+
+def test_mixed_plan_runs_like_onnxruntime_and_saves(tuned):
+    import kselect
+
+    plan, model = tuned["plan"], tuned["model"]
+    path = tuned["folder"] / "cross.plan.json"
+    plan.save(path)
+    data = json.loads(path.read_text())
+    for entry in data["nodes"].values():
+        assert {"library", "config", "label", "time_us", "emulated", "conversions"} <= set(entry)
+    runner = kselect.load_plan(str(path), str(tuned["path"]))
+    reference = plugins.get_library("mlas").model_runner(model, None)
+    feeds = random_feeds(model, seed=3)
+    assert compare_outputs(reference(feeds), runner.run(feeds)) < 1e-4
+    runner.close()
+
+
+def test_planner_pays_conversions_that_greedy_ignores():
+    """A chain input -> a -> b -> c -> output: b is a bit faster on 'y', but getting there and
+    back costs more than it saves; the exact plan stays on 'x', greedy does not."""
+    from kselect.core.crossplan import Choice, _summary
+
+    problem = CrossProblem()
+    problem.options = {"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]}
+    times = {"a": (100, 300), "b": (100, 90), "c": (100, 300)}
+    for node, (x_us, y_us) in times.items():
+        problem.options[node] = [Option("x:NCHW", x_us, Choice("x", None, None, False)),
+                                 Option("y:NHWC", y_us, Choice("y", None, None, False))]
+    shape = (1, 8, 4, 4)
+    problem.edges = [("input:x", "a", "t0", shape), ("a", "b", "t1", shape), ("b", "c", "t2", shape),
+                     ("c", "output:y", "t3", shape)]
+    table = ConversionTable({(label, direction, shape): 10.0 for label in ("x:NCHW", "y:NHWC")
+                             for direction in ("in", "out")})
+    graph = problem.graph(table)
+    assignment, total = solve(graph)
+    assert {n: o.label for n, o in assignment.items() if n in times} == {n: "x:NCHW" for n in times}
+    assert total == pytest.approx(brute_force(graph)[1])
+    from kselect.core.planner import greedy
+
+    greedy_assignment, greedy_total = greedy(graph)
+    assert greedy_assignment["b"].label == "y:NHWC" and greedy_total > total
+    assert _summary(graph, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
+
+
+def test_select_libraries_refuses_to_mix_emulated_with_native():
+    acl = plugins.libraries()["acl"]
+    if not acl.availability()[0]:
+        pytest.skip("acl not available")
+    if acl.emulated:
+        with pytest.raises(KselectError, match="cannot mix acl"):
+            plugins.select_libraries("mlas,acl")
+        assert "acl" not in [lib.name for lib in plugins.select_libraries("all")]
+    assert {lib.name for lib in plugins.select_libraries("all")} >= {"mlas", "xnnpack"}
+
+
+def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_path):
+    plan_path = tmp_path / "small.cross.plan.json"
+    result = run_kselect("tune", small_model_path, "--library", "mlas,xnnpack", "--budget", "2", "--search", "random",
+                         "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "greedy per op" in result.stdout and "onnxruntime default" in result.stdout
+    plan = json.loads(plan_path.read_text())
+    assert set(plan["libraries"]) <= {"mlas", "xnnpack"}
+    assert plan["extra"]["verified"]["chosen"] in ("mlas plan", "xnnpack plan", "cross-library plan")
+    bench = run_kselect("bench", small_model_path, "--plan", plan_path, "--rounds", "2", "--runs-per-round", "2",
+                        "--json", tmp_path / "bench.json")
+    assert bench.returncode == 0, bench.stderr + bench.stdout
+    assert json.loads((tmp_path / "bench.json").read_text())["max_relative_output_error"] < 1e-4
+    show = run_kselect("plan", "show", plan_path)
+    assert show.returncode == 0, show.stderr
+
+
+def test_cli_refuses_an_emulated_library_among_native_ones(small_model_path, tmp_path):
+    acl = plugins.libraries()["acl"]
+    if not (acl.availability()[0] and acl.emulated):
+        pytest.skip("acl is not emulated here")
+    result = run_kselect("tune", small_model_path, "--library", "mlas,acl", "--db", tmp_path / "r.db")
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "cannot mix acl" in result.stderr
+    assert "Traceback" not in result.stderr
