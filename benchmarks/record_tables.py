@@ -7,6 +7,7 @@ Records go to a database first (default benchmarks/results/record_tables.db), so
 recording resumes; running it again with more models adds their tasks to the table.
 
     .venv/bin/python benchmarks/record_tables.py [--models resnet18,mobilenetv2] [--library mlas] [--min-time 0.05]
+        [--input-shape input=1,3,56,56] [--tasks N]
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--min-time", type=float, default=0.05, help="minimum timing per candidate instance, s")
     parser.add_argument("--db", default="benchmarks/results/record_tables.db")
     parser.add_argument("--out", help="table path (default benchmarks/tables/<library>-<fingerprint>.json)")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                        help="smaller inputs, e.g. input=1,3,56,56 for a set that fits emulation")
+    parser.add_argument("--tasks", type=int, help="only the first N tasks of each model")
     args = parser.parse_args()
 
     library = plugins.get_library(args.library)
@@ -55,8 +59,8 @@ def main() -> None:
                   f"[{device.fingerprint}], min time {args.min_time} s")
     timings = dict((table or {}).get("recording_s", {}))
     for name in args.models.split(","):
-        model = load_model(name)
-        tasks = library_tasks(model, library)
+        model = load_model(name, args.input_shape)
+        tasks = library_tasks(model, library)[:args.tasks]
         size = sum(len(library.space(t, device)) for t in tasks)
         console.print(f"[bold]{name}[/]: {len(tasks)} tasks, {size} configs")
         start = time.perf_counter()
@@ -74,6 +78,10 @@ def main() -> None:
     table["note"] = ("Measured: exhaustive tunes on the device described here (kselect's measuring protocol: child "
                      "process, warm-up, medians of fresh instances, outputs verified). Other processes shared the "
                      "machine while recording, so timings carry that noise (see spread).")
+    if library.emulated:
+        table["emulated"] = True
+        table["note"] += (" EMULATED: timed under qemu user-mode emulation on x86_64; never Arm performance, only "
+                          "a space to replay searches on.")
     write_table(table, out)
     console.print(f"wrote {out}: {len(table['tasks'])} tasks, {sum(len(t['configs']) for t in table['tasks'])} configs")
 

@@ -173,11 +173,11 @@ def cmd_tune(args) -> None:
                               settings)
         tuned[library.name] = _tune_library(args, model, library, device, db, options)
     if len(libraries) == 1:
-        library, _, outcomes, plan = next(iter(tuned.values()))
+        library, _, _, plan = next(iter(tuned.values()))
         _save_plan(args, model, plan, library, f"{model.name}.{library.name}.plan.json")
         return
     plan = _cross_library_plan(args, model, device, db, settings, tuned)
-    path = _save_plan(args, model, plan, None, f"{model.name}.{'+'.join(tuned)}.plan.json")
+    _save_plan(args, model, plan, None, f"{model.name}.{'+'.join(tuned)}.plan.json")
 
 
 def _tune_library(args, model, library, device, db, options):
@@ -212,7 +212,7 @@ def _tune_library(args, model, library, device, db, options):
     return library, tasks, outcomes, plan
 
 
-def _save_plan(args, model, plan, library, default_name: str) -> Path:
+def _save_plan(args, model, plan, library, default_name: str) -> None:
     plan_path = Path(args.output or default_name)
     plan_path.parent.mkdir(parents=True, exist_ok=True)
     plan.save(plan_path)
@@ -221,14 +221,13 @@ def _save_plan(args, model, plan, library, default_name: str) -> Path:
         library = library or plugins.get_library(plan.library)
         artifacts = library.apply(plan, model, plan_path.parent)
     console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
-    return plan_path
 
 
 def _cross_library_plan(args, model, device, db, settings, tuned):
     """Per op across the tuned libraries, conversions counted; checked end to end against ONNX
     Runtime's default session and each library's own plan, keeping the fastest."""
     from kselect.core.bench import verified_across
-    from kselect.core.crossplan import plan_across
+    from kselect.core.crossplan import plan_across, spinning_variants
 
     with console.status("measuring layout conversions and planning across libraries"):
         plan = plan_across(model, device, db, {name: entry[0] for name, entry in tuned.items()},
@@ -249,7 +248,7 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     console.print("cross-library plan: " + ", ".join(f"{count} ops on {name}" for name, count in used.items()))
     if not args.verify:
         return plan
-    candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + [("cross-library plan", plan)]
+    candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + spinning_variants(plan)
     with console.status("checking the plans end to end against ONNX Runtime's default session"):
         chosen, results = verified_across(model, candidates)
     table = Table(title=f"{model.name}: whole model, interleaved (median of {results[0]['runs']} runs each)")

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("tune", help="measure configurations per task and write a plan")
     _add_model_args(p)
-    p.add_argument("--library", required=True)
+    p.add_argument("--library", required=True,
+                   help="a library, several joined by commas (planned per op across them), or all")
     p.add_argument("--search", default="xgb", help="search backend: xgb (default), tpe, random, exhaustive, or a plugin's")
     p.add_argument("--budget", type=int, default=16, help="configs measured per task, the default included (default 16)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop measuring after this long")

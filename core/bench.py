@@ -17,8 +17,11 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def interleaved(runners: dict[str, callable], feeds: dict, rounds: int = 10, runs_per_round: int = 5,
-                warmup: int = 3) -> dict[str, list[float]]:
-    """Milliseconds per run for each runner, alternating runners every few runs."""
+                warmup: int = 3, settle: int = 1) -> dict[str, list[float]]:
+    """Milliseconds per run for each runner, alternating runners every few runs. After each
+    switch ``settle`` runs go untimed: the previous runner's worker threads may still be spinning
+    on the cores (ONNX Runtime's and XNNPack's pools spin a while after their work), which would
+    bill one runner for another's threads."""
     for run in runners.values():
         for _ in range(warmup):
             run(feeds)
@@ -27,6 +30,8 @@ def interleaved(runners: dict[str, callable], feeds: dict, rounds: int = 10, run
     for round_index in range(rounds):
         order = names if round_index % 2 == 0 else names[::-1]
         for name in order:
+            for _ in range(settle):
+                runners[name](feeds)
             for _ in range(runs_per_round):
                 start = time.perf_counter()
                 runners[name](feeds)

@@ -11,20 +11,23 @@ choice and each library alone would have given.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from kselect.core.conversions import GRAPH_LABEL, ConversionTable
 from kselect.core.model import Model
 from kselect.core.plan import PLAN_FORMAT, Plan, _pick
-from kselect.core.planner import Edge, Option, PlanGraph, greedy, solve
+from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
 from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
 
 
 # Worker threads that spin between parallel loops hold cores the other library's threads need:
-# resnet18 on 2 cores ran 56 ms with XNNPack's pool spinning after its segments, 27 ms with it
-# sleeping (ONNX Runtime's default: 27 ms). In a plan that mixes libraries only the library with
-# the most op time keeps spinning; options are taken whatever their spinning setting.
+# resnet18 on 2 cores, all but the last op on ONNX Runtime, ran 27 ms with ORT's threads spinning
+# and XNNPack's pool yielding, 42 ms the other way round, 38 ms with neither spinning (ORT's
+# default session: 27 ms). So in a plan that mixes libraries one library at most spins: the one
+# with the most op time in the plan as built, the others as variants for the end-to-end check
+# (``spinning_variants``). Options are taken whatever their spinning setting.
 SHARED_CORE_DIMS = ("spinning",)
 
 
@@ -136,15 +139,22 @@ def _summary(graph: PlanGraph, assignment: dict) -> dict:
 def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProblem, table: ConversionTable,
                      plan_level: dict[str, dict], defaults: dict[str, dict]) -> Plan:
     graph = problem.graph(table)
-    assignment, _ = solve(graph)
     greedy_assignment, _ = greedy(graph)
-    alone = {}
+    alone, alone_assignments = {}, []
     for name in libraries:
-        try:
-            alone[name] = _summary(graph, solve(problem.graph(table, {name}))[0])
-        except (ValueError, IndexError):
-            pass  # the library cannot run every tuned node
+        restricted = problem.graph(table, {name})
+        if all(restricted.options.values()):  # the library runs every tuned node
+            assignment_alone = _solve(restricted)[0]
+            alone[name] = _summary(graph, assignment_alone)
+            alone_assignments.append(assignment_alone)
+    assignment, method = _solve(graph, [greedy_assignment, *alone_assignments])
     ceiling = sum(min(o.time_us for o in options) for node, options in graph.options.items())
+    ceiling_by_library = {}
+    for name in libraries:
+        per_node = [[o.time_us for o in options if o.payload is not None and o.payload.library == name]
+                    for options in graph.options.values() if any(o.payload is not None for o in options)]
+        if all(per_node):
+            ceiling_by_library[name] = round(sum(min(times) for times in per_node), 3)
 
     settings = _library_settings(assignment, plan_level)
     labels = {node: option.label for node, option in assignment.items()}
@@ -184,13 +194,23 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     versions = {name: libraries[name].version() for name in libraries if name in used}
     chosen = _summary(graph, assignment)
     extra = {"cross_library": {
-        "predicted": chosen, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
-        "ops_ceiling_us": round(ceiling, 3), "output_conversions": output_conversions,
+        "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
+        "ops_ceiling_us": round(ceiling, 3), "ops_ceiling_by_library_us": ceiling_by_library,
+        "output_conversions": output_conversions,
         "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
     return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
                 device=device.to_json(), libraries=versions, emulated=any(libraries[n].emulated for n in used),
                 plan_level={} if len(used) > 1 else settings[next(iter(used))], tasks=tasks, nodes=nodes,
                 format=PLAN_FORMAT, extra=extra, library_settings={n: settings[n] for n in used})
+
+
+def _solve(graph: PlanGraph, starts: list | None = None) -> tuple[dict, str]:
+    """Exact when the graph allows (planner.solve), else local search from the best start."""
+    try:
+        return solve(graph)[0], "exact"
+    except ValueError:
+        starts = starts or [greedy(graph)[0]]
+        return improve(graph, min(starts, key=graph.total_us))[0], "local search"
 
 
 def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str, dict]:
@@ -243,3 +263,31 @@ def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float |
             return None
         total += record.result.median_us * len(task.nodes)
     return round(total, 3)
+
+
+def spinning_variants(plan: Plan) -> list[tuple[str, Plan]]:
+    """The cross-library plan as built, then with each other choice of the library whose workers
+    spin (one, or none); an end-to-end run decides among them."""
+    spinners = [name for name, values in plan.library_settings.items() if any(d in values for d in SHARED_CORE_DIMS)]
+    if not plan.cross_library or not spinners:
+        return [("cross-library plan", plan)]
+    current = next((name for name in spinners if all(plan.library_settings[name].get(d, 0) for d in SHARED_CORE_DIMS
+                                                      if d in plan.library_settings[name])), None)
+    variants = [(f"cross-library plan ({current or 'none'} spinning)", plan)]
+    for owner in [*spinners, None]:
+        if owner != current:
+            variants.append((f"cross-library plan ({owner or 'none'} spinning)", _spinning(plan, owner)))
+    return variants
+
+
+def _spinning(plan: Plan, owner: str | None) -> Plan:
+    settings = {name: {**values, **{d: int(name == owner) for d in SHARED_CORE_DIMS if d in values}}
+                for name, values in plan.library_settings.items()}
+
+    def configured(library: str, config: dict) -> dict:
+        return {**config, **{k: v for k, v in settings[library].items() if k in config}}
+
+    nodes = {node: {**entry, "config": configured(entry["library"], entry["config"])} for node, entry in plan.nodes.items()}
+    tasks = [{**entry, "config": configured(entry["library"], entry["config"])} for entry in plan.tasks]
+    return Plan(plan.model, plan.device, plan.libraries, plan.emulated, plan.plan_level, tasks, nodes, plan.format,
+                copy.deepcopy(plan.extra), settings)

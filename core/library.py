@@ -99,6 +99,11 @@ class Library:
         return {"times_us": times, "output": output}
 
     # -- layouts, for plans that mix libraries ----------------------------------------------
+    @property
+    def mixes(self) -> bool:
+        """Whether this library can share a plan with others (it measures its conversions)."""
+        return type(self).conversion is not Library.conversion
+
     def layout_label(self, config: dict) -> str:
         """What the neighbouring op must match to take this op's output without a conversion:
         ``"<library>:<layout>"``."""

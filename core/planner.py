@@ -7,7 +7,9 @@ consumer) costs a conversion when the two labels differ. Since edge costs depend
 a node keeps its fastest option per label, and the problem is a min-sum labelling of the graph:
 solved exactly by variable elimination (exact on chains, where it is the usual dynamic program,
 and on every graph whose elimination keeps factors small -- ResNet's residual adds and GoogLeNet's
-concatenations have treewidth 2-4). ``greedy`` gives what picking each op alone would.
+concatenations have treewidth 2-4). A graph whose elimination would need a factor over more than
+MAX_FACTOR_VARIABLES nodes gets ``improve`` (local search from a given start) instead.
+``greedy`` gives what picking each op alone would.
 """
 
 from __future__ import annotations
@@ -105,6 +107,34 @@ def _combine(factors: list[_Factor], domains: dict[str, list]) -> _Factor:
         shape = [len(domains[v]) if v in factor.scope else 1 for v in scope]
         table = table + aligned.reshape(shape)
     return _Factor(scope, table)
+
+
+def improve(graph: PlanGraph, start: dict[str, Option]) -> tuple[dict[str, Option], float]:
+    """Local search for graphs too entangled for ``solve``: change one node at a time to the
+    option cheapest given its neighbours' choices, until no change helps. Never worse than
+    ``start`` (e.g. the better of greedy and each library alone)."""
+    incident: dict[str, list[Edge]] = {node: [] for node in graph.options}
+    for edge in graph.edges:
+        incident[edge.producer].append(edge)
+        incident[edge.consumer].append(edge)
+    assignment = dict(start)
+
+    def local_cost(node: str, option: Option) -> float:
+        cost = option.time_us
+        for edge in incident[node]:
+            producer = option if edge.producer == node else assignment[edge.producer]
+            consumer = option if edge.consumer == node else assignment[edge.consumer]
+            cost += edge.conversion_us(producer.label, consumer.label)
+        return cost
+
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.options:
+            best = min(graph.best_per_label(node), key=lambda o: local_cost(node, o))
+            if local_cost(node, best) < local_cost(node, assignment[node]) - 1e-9:
+                assignment[node], changed = best, True
+    return assignment, graph.total_us(assignment)
 
 
 def greedy(graph: PlanGraph) -> tuple[dict[str, Option], float]:

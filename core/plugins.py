@@ -111,6 +111,8 @@ def select_libraries(spec: str) -> list:
     if spec == "all":
         available = [lib for lib in libraries().values() if lib.availability()[0]]
         chosen = [lib for lib in available if not lib.emulated] or available
+        if len(chosen) > 1:
+            chosen = [lib for lib in chosen if lib.mixes]
         if not chosen:
             raise KselectError("no library plugin is available here (see `kselect plugins`)")
         return chosen
@@ -122,6 +124,10 @@ def select_libraries(spec: str) -> list:
     if emulated and len(emulated) != len(chosen):
         raise KselectError(f"cannot mix {', '.join(emulated)} (timed under emulation on this machine) with natively "
                            f"timed libraries: tune {' and '.join(emulated)} on its own")
+    unmixable = [lib.name for lib in chosen if not lib.mixes]
+    if len(chosen) > 1 and unmixable:
+        raise KselectError(f"{', '.join(unmixable)} cannot share a plan with other libraries yet (no measured layout "
+                           f"conversions): tune it on its own")
     return chosen
 
 

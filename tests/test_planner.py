@@ -53,3 +53,18 @@ def test_large_chain_is_solved_quickly():
     graph = random_graph(rng, nodes=300, extra_edges=0)
     _, total = solve(graph)
     assert total <= greedy(graph)[1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_local_search_never_worsens_its_start_and_stops_at_a_local_optimum(seed):
+    from kselect.core.planner import improve
+
+    rng = random.Random(seed)
+    graph = random_graph(rng, nodes=8, extra_edges=6)
+    start, start_total = greedy(graph)
+    assignment, total = improve(graph, start)
+    assert total <= start_total + 1e-9
+    assert total >= brute_force(graph)[1] - 1e-9
+    for node in graph.options:  # no single change helps
+        for option in graph.options[node]:
+            assert graph.total_us({**assignment, node: option}) >= total - 1e-9
