@@ -234,7 +234,10 @@ def test_ctrl_c_stops_a_tune_cleanly_and_keeps_records(small_model_path, tmp_pat
     db = tmp_path / "records.db"
     args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas",
             "--budget", "8", "--min-time", "0.02", "--db", str(db), "-o", str(tmp_path / "p.json")]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a shell starts background jobs with SIGINT ignored, and children inherit that: restore the
+    # default so the CLI sees Ctrl-C even when the suite itself runs in the background
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and (not db.exists() or len(_records(db)) < 2):
         time.sleep(0.1)
