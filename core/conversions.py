@@ -22,6 +22,7 @@ from kselect.core.worker import MeasureWorker
 
 GRAPH_LABEL = "onnx:NCHW"  # the model's own inputs and outputs
 RECORD_SUFFIX = "/convert"
+PLAIN_LAYOUTS = ("NCHW", "flat")  # what runners take and return at their boundaries
 
 
 def library_of(label: str) -> str:
@@ -58,17 +59,19 @@ class ConversionTable:
         if a == b:
             return 0.0
         leaving = self.side_us(a, "out", shape)
-        # entering a library's NCHW / flat side stands for one more call of its runner: none
-        # is made when the change stays inside one library
-        stays = library_of(a) == library_of(b) and not b.endswith(("NCHWc",))
+        # entering a runner's plain side (NCHW, or flat) stands for one more call of that runner:
+        # none is made when the change stays inside one library
+        stays = library_of(a) == library_of(b) and b.split(":", 1)[1] in PLAIN_LAYOUTS
         return leaving + (0.0 if stays else self.side_us(b, "in", shape))
 
-    def sides_needed(self, producer: str, consumer: str, shape) -> list[Side]:
-        a, b = side_label(producer, len(shape)), side_label(consumer, len(shape))
-        if a == b:
-            return []
-        return [(label, direction, tuple(shape)) for label, direction in ((a, "out"), (b, "in"))
-                if library_of(label) != library_of(GRAPH_LABEL)]
+
+def sides_needed(producer: str, consumer: str, shape) -> list[Side]:
+    """The conversion sides a tensor of ``shape`` needs between these two labels."""
+    a, b = side_label(producer, len(shape)), side_label(consumer, len(shape))
+    if a == b:
+        return []
+    return [(label, direction, tuple(shape)) for label, direction in ((a, "out"), (b, "in"))
+            if library_of(label) != library_of(GRAPH_LABEL)]
 
 
 def measure_conversions(sides: set[Side], libraries: dict, device: Device, db: RecordDB,

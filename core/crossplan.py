@@ -14,9 +14,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from kselect.core.conversions import GRAPH_LABEL, ConversionTable
+from kselect.core.conversions import GRAPH_LABEL, ConversionTable, sides_needed
 from kselect.core.model import Model
-from kselect.core.plan import PLAN_FORMAT, Plan, _pick
+from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
 from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
@@ -49,13 +49,13 @@ class CrossProblem:
     options: dict[str, list[Option]] = field(default_factory=dict)
     edges: list[tuple[str, str, str, tuple]] = field(default_factory=list)  # (producer, consumer, tensor, shape)
 
-    def sides(self, table: ConversionTable) -> set:
+    def sides(self) -> set:
         """The conversions any labelling could need."""
         needed = set()
         for producer, consumer, _, shape in self.edges:
             for a in {o.label for o in self.options[producer]}:
                 for b in {o.label for o in self.options[consumer]}:
-                    needed.update(table.sides_needed(a, b, shape))
+                    needed.update(sides_needed(a, b, shape))
         return needed
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
@@ -68,13 +68,13 @@ class CrossProblem:
         return PlanGraph(options, edges)
 
 
-def _data_sources(model: Model) -> callable:
+def _data_sources(model: Model, tuned: set[str]) -> callable:
     """tensor -> the tuned nodes and model inputs its value comes from (through untuned ops)."""
     producer = {out: node for node in model.proto.graph.node for out in node.output}
     graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
     memo: dict[str, frozenset] = {}
 
-    def sources(tensor: str, tuned: set[str]) -> frozenset:
+    def sources(tensor: str) -> frozenset:
         if tensor not in memo:
             if tensor in graph_inputs:
                 memo[tensor] = frozenset({f"input:{tensor}"})
@@ -83,7 +83,7 @@ def _data_sources(model: Model) -> callable:
             elif producer[tensor].name in tuned:
                 memo[tensor] = frozenset({producer[tensor].name})
             else:
-                memo[tensor] = frozenset().union(*(sources(t, tuned) for t in producer[tensor].input if t))
+                memo[tensor] = frozenset().union(*(sources(t) for t in producer[tensor].input if t))
         return memo[tensor]
     return sources
 
@@ -104,21 +104,21 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
             for record in task_records:
                 by_label.setdefault(library.layout_label(record.config), []).append(record)
             for label, label_records in by_label.items():
-                picked = _pick(label_records, default_key, _without(plan_level[name], SHARED_CORE_DIMS))
+                picked = pick_record(label_records, default_key, _without(plan_level[name], SHARED_CORE_DIMS))
                 if picked is None:
                     continue
                 for node in task.nodes:
                     problem.options.setdefault(node, []).append(
                         Option(label, picked.result.median_us, Choice(name, task, picked, picked.emulated, default_us)))
     tuned = set(problem.options)
-    sources = _data_sources(model)
+    sources = _data_sources(model, tuned)
     nodes = {node.name: node for node in model.proto.graph.node}
     for node_name in tuned:
         tensor = nodes[node_name].input[0]
-        for source in sorted(sources(tensor, tuned)):
+        for source in sorted(sources(tensor)):
             problem.edges.append((source, node_name, tensor, tuple(model.shapes[tensor])))
     for output in model.proto.graph.output:
-        for source in sorted(sources(output.name, tuned)):
+        for source in sorted(sources(output.name)):
             problem.edges.append((source, f"output:{output.name}", output.name, tuple(model.shapes[output.name])))
     for source, consumer, _, _ in problem.edges:
         for pseudo in (source, consumer):
@@ -244,7 +244,7 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         plan_level[name] = dict(single_plans[name].plan_level)
     tasks = extract_tasks(model)
     problem = cross_problem(model, libraries, tasks, records, defaults, plan_level)
-    table = measure_conversions(problem.sides(ConversionTable()), libraries, device, db, settings, on_measured)
+    table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured)
     plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     plan.extra["cross_library"]["default_ops_us"] = {
         name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}

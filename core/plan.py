@@ -37,7 +37,9 @@ def _consistent(config: dict, assignment: dict) -> bool:
     return all(config[name] == value for name, value in assignment.items() if name in config)
 
 
-def _pick(records: list[Record], default_key: str, assignment: dict) -> Record | None:
+def pick_record(records: list[Record], default_key: str, assignment: dict) -> Record | None:
+    """The fastest ok record consistent with ``assignment``; the default's record instead unless
+    the fastest beats it by more than the noise of either (at least MIN_GAIN)."""
     candidates = [r for r in records if r.result.status == "ok" and _consistent(r.config, assignment)]
     if not candidates:
         return None
@@ -53,7 +55,7 @@ def _pick(records: list[Record], default_key: str, assignment: dict) -> Record |
 def _evaluate(tasks, records, defaults, assignment) -> tuple[float, list[Record]] | None:
     picks, total = [], 0.0
     for task in tasks:
-        record = _pick(records.get(task.key, []), config_key(defaults[task.key]), assignment)
+        record = pick_record(records.get(task.key, []), config_key(defaults[task.key]), assignment)
         if record is None:
             return None
         picks.append(record)

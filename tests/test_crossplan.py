@@ -85,11 +85,11 @@ def test_conversions_are_recorded_exactly_where_labels_change(tuned):
     model = tuned["model"]
     from kselect.core.crossplan import _data_sources
 
-    sources = _data_sources(model)
+    sources = _data_sources(model, set(plan.nodes))
     nodes = {n.name: n for n in model.proto.graph.node}
     for node, entry in plan.nodes.items():
         tensor = nodes[node].input[0]
-        producers = sources(tensor, set(plan.nodes))
+        producers = sources(tensor)
         shape = model.shapes[tensor]
         expected = {p for p in producers
                     if (labels[p] if len(shape) == 4 else labels[p].split(":")[0]) !=
