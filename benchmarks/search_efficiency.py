@@ -119,8 +119,10 @@ def versus(rows: list[dict], baseline: list[dict], budget: int) -> dict:
             "mean_samples_ratio": ratio}
 
 
-def show(name: str, summaries: dict, comparisons: dict, budgets: list[int], budget: int, synthetic: bool) -> None:
-    title = f"{name}: samples to within 2% of the exhaustive optimum, gap at budgets" + (" [SYNTHETIC]" if synthetic else "")
+def show(name: str, summaries: dict, comparisons: dict, budgets: list[int], budget: int, synthetic: bool,
+         emulated: bool = False) -> None:
+    title = (f"{name}: samples to within 2% of the exhaustive optimum, gap at budgets" + (" [SYNTHETIC]" if synthetic else "")
+             + (" [EMULATED: timed under qemu, not Arm performance]" if emulated else ""))
     table = Table(title=title)
     columns = ["backend", "runs", f"<=2% in {budget}", "tasks solved", "samples mean", "median", "of space",
                *[f"gap@{b}" for b in budgets], "samples vs random", "search s"]
@@ -176,7 +178,8 @@ def main() -> None:
                        if b != "random" and "random" in results}
         if "xgb" in results and "xgb+transfer" in results:
             comparisons["xgb+transfer vs xgb"] = versus(results["xgb+transfer"], results["xgb"], args.budget)
-        show(name, summaries, {k: v for k, v in comparisons.items() if k in summaries}, budgets, args.budget, synthetic)
+        show(name, summaries, {k: v for k, v in comparisons.items() if k in summaries}, budgets, args.budget, synthetic,
+             table.emulated)
         if "xgb+transfer vs xgb" in comparisons:
             c = comparisons["xgb+transfer vs xgb"]
             x, xt = summaries["xgb"], summaries["xgb+transfer"]
@@ -192,7 +195,7 @@ def main() -> None:
         report["tables"].append({
             "source": table.source, "synthetic": table.meta.get("synthetic") if synthetic else None,
             "library": table.library, "library_version": table.library_version, "device": table.device,
-            "tasks": len(table.tasks), "space_sizes": {"min": min(sizes), "max": max(sizes), "total": sum(sizes)},
+            "emulated": table.emulated, "tasks": len(table.tasks), "space_sizes": {"min": min(sizes), "max": max(sizes), "total": sum(sizes)},
             "summary": summaries, "comparisons": comparisons, "unsolved": unsolved,
             "runs": {b: [{k: v for k, v in r.items() if k != "best"} for r in rows] for b, rows in results.items()},
         })
