@@ -32,9 +32,8 @@ from kselect.core.bench import bench, random_feeds
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
-from kselect.core.plan import build_plan
 from kselect.core.records import RecordDB
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
+from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune, verified_library_plan
 from kselect.core.zoo import INPUT_SHAPE, build_model
 
 console = Console()
@@ -65,8 +64,12 @@ def run_model(name: str, size: int, library, db: RecordDB, options: TuneOptions,
     outcomes = tune(tasks, library, device, db, options)
     tune_s = time.perf_counter() - start
     records = stored_outcomes(tasks, library, device, db)
-    defaults = {o.task.key: o.default_config for o in outcomes}
-    plan = build_plan(model, device, library, library.version(), tasks, records, defaults)
+    # the tuned plan (layouts planned per op, permutes measured), without the end-to-end check:
+    # under emulation that would run the model dozens of times
+    plan = verified_library_plan(model, library, device, db, tasks, outcomes, verify=False, settings=options.settings)
+    layouts = {}
+    for entry in plan.nodes.values():
+        layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
     default_runner, plan_runner = library.model_runner(model, None), library.model_runner(model, plan)
     try:
         result = bench(default_runner, plan_runner, model, rounds=args.rounds, runs_per_round=args.runs_per_round)
@@ -84,7 +87,8 @@ def run_model(name: str, size: int, library, db: RecordDB, options: TuneOptions,
     return {"model": name, "input": [1, 3, size, size], "emulated": library.emulated, "tasks": len(tasks),
             "ops": sum(len(t.nodes) for t in tasks), "samples": sum(len(r) for r in records.values()),
             "measured_now": sum(o.measured_now for o in outcomes), "tune_s": round(tune_s, 1),
-            "plan_level": plan.plan_level, "tasks_changed": changed,
+            "plan_level": plan.plan_level, "tasks_changed": changed, "layouts": layouts,
+            "planned_permutes_ms": round(plan.extra["cross_library"]["predicted"]["conversions_us"] / 1000, 3),
             "op_sum_default_ms": round(default_sum / 1000, 3), "op_sum_plan_ms": round(plan_sum / 1000, 3),
             "plan_configs": {t["id"]: t["config"] for t in plan.tasks}, **engine, **inside, **result}
 

@@ -201,7 +201,8 @@ def _tune_library(args, model, library, device, db, options):
     with Progress(*columns, console=console, transient=False) as progress:
         outcomes = tune(tasks, library, device, db, options, ProgressReporter(progress, total))
     with console.status(f"checking the {library.name} plan end to end against the library default"):
-        plan = verified_library_plan(model, library, device, db, tasks, outcomes, args.verify, on_result=show)
+        plan = verified_library_plan(model, library, device, db, tasks, outcomes, args.verify, on_result=show,
+                                     settings=options.settings)
     if args.verify:
         tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
         if tried[0] != plan.extra["verified"]["chosen"]:
@@ -209,7 +210,21 @@ def _tune_library(args, model, library, device, db, options):
         elif tried[0] == "library default":
             console.print("the best measured configs are the library's own: the plan is the library default")
     _tune_table(outcomes, plan, library)
+    if "cross_library" in plan.extra:  # layouts planned per op
+        _layout_summary(plan, library)
     return library, tasks, outcomes, plan
+
+
+def _layout_summary(plan, library) -> None:
+    layouts: dict[str, int] = {}
+    for entry in plan.nodes.values():
+        layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
+    changes = sum(len(entry["conversions"]) for entry in plan.nodes.values())
+    summary = plan.extra["cross_library"]
+    console.print("layouts planned per op: " + ", ".join(f"{n} ops {label.split(':', 1)[1]}" for label, n in layouts.items())
+                  + f"; {changes} layout changes, {summary['predicted']['conversions_us'] / 1000:.3f} ms measured "
+                  + f"(per-op fastest, changes ignored: {summary['greedy']['total_us'] / 1000:.3f} ms in all, planned "
+                  + f"{summary['predicted']['total_us'] / 1000:.3f} ms)" + (" [EMULATED]" if library.emulated else ""))
 
 
 def _save_plan(args, model, plan, library, default_name: str) -> None:

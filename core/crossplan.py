@@ -42,6 +42,7 @@ class Choice:  # an option's payload
     record: object  # core.records.Record
     emulated: bool
     default_us: float | None = None  # the library's own config for this task
+    samples: int | None = None  # configs measured for this task on this library
 
 
 @dataclass
@@ -97,7 +98,8 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
         for task in tasks:
             if task.key not in defaults[name]:
                 continue  # a task this library does not support
-            task_records = [r for r in records[name].get(task.key, []) if r.result.status == "ok"]
+            measured = records[name].get(task.key, [])
+            task_records = [r for r in measured if r.result.status == "ok"]
             default_key = config_key(defaults[name][task.key])
             default_us = next((r.result.median_us for r in task_records if r.config_key == default_key), None)
             by_label: dict[str, list] = {}
@@ -109,7 +111,8 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                     continue
                 for node in task.nodes:
                     problem.options.setdefault(node, []).append(
-                        Option(label, picked.result.median_us, Choice(name, task, picked, picked.emulated, default_us)))
+                        Option(label, picked.result.median_us,
+                               Choice(name, task, picked, picked.emulated, default_us, len(measured))))
     tuned = set(problem.options)
     sources = _data_sources(model, tuned)
     nodes = {node.name: node for node in model.proto.graph.node}
@@ -189,7 +192,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                       "time_us": round(choice.record.result.median_us, 3),
                       "default_config": defaults[name][task.key],
                       "default_us": round(choice.default_us, 3) if choice.default_us else None,
-                      "samples": None, "emulated": choice.emulated})
+                      "samples": choice.samples, "emulated": choice.emulated})
     used = {entry["library"] for entry in nodes.values()}
     versions = {name: libraries[name].version() for name in libraries if name in used}
     chosen = _summary(graph, assignment)

@@ -46,6 +46,9 @@ class Library:
     emulated: bool = False  # timings are taken under emulation: never real performance
     fresh_instances: int = 1  # candidates built and timed this many times from scratch
     plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
+    # Layouts chosen per op with the measured conversions between them counted (core/crossplan.py
+    # on this library alone), rather than each op's fastest config whatever the changes cost.
+    plans_layouts_per_op: bool = False
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

@@ -126,8 +126,8 @@ def select_libraries(spec: str) -> list:
                            f"timed libraries: tune {' and '.join(emulated)} on its own")
     unmixable = [lib.name for lib in chosen if not lib.mixes]
     if len(chosen) > 1 and unmixable:
-        raise KselectError(f"{', '.join(unmixable)} cannot share a plan with other libraries yet (no measured layout "
-                           f"conversions): tune it on its own")
+        raise KselectError(f"{', '.join(unmixable)} cannot share a plan with other libraries yet (no measured "
+                           f"conversions to or from other libraries): tune it on its own")
     return chosen
 
 

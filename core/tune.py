@@ -158,13 +158,22 @@ def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: Rec
 
 
 def verified_library_plan(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
-                          outcomes: list[TaskOutcome], verify: bool = True, on_result=None):
+                          outcomes: list[TaskOutcome], verify: bool = True, on_result=None,
+                          settings: MeasureSettings | None = None):
     """What ``kselect tune`` writes after tuning one library: the most tuned plan variant that is
-    not slower than the library default end to end (``verify``), else the tuned one."""
+    not slower than the library default end to end (``verify``), else the tuned one. For a
+    library that plans layouts per op the tuned plan comes from core/crossplan.py, with the
+    layout changes it implies measured now (``settings``) unless stored."""
     from kselect.core.bench import verified_plan
     from kselect.core.plan import plan_variants
 
     records = stored_outcomes(tasks, library, device, db)
     variants = plan_variants(model, device, library, library.version(), tasks, records,
                              {o.task.key: o.default_config for o in outcomes})
+    if library.plans_layouts_per_op:
+        from kselect.core.crossplan import plan_across
+
+        planned = plan_across(model, device, db, {library.name: library}, {library.name: variants[0][1]},
+                              settings or MeasureSettings())
+        variants = [("tuned", planned)] + [(name, plan) for name, plan in variants if name != "tuned"]
     return verified_plan(library, model, variants, on_result=on_result) if verify else variants[0][1]

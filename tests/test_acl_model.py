@@ -23,6 +23,7 @@ from kselect.core.device import this_device
 from kselect.core.errors import KselectError
 from kselect.core.model import load_model
 from kselect.core.plan import load_plan_file
+from kselect.core.records import RecordDB
 from kselect.core.tasks import extract_tasks
 from kselect.core.zoo import build_model
 from kselect.plugins.acl import build
@@ -186,7 +187,32 @@ def test_cli_tune_and_bench_under_emulation(acl, tmp_path):
         assert "EMULATED" in tuned.stdout
     plan = load_plan_file(plan_path)
     assert plan.emulated == acl.emulated and plan.libraries == {"acl": acl.version()}
-    assert all(t["emulated"] == acl.emulated for t in plan.tasks) and plan.plan_level.keys() == {"layout"}
+    assert all(t["emulated"] == acl.emulated for t in plan.tasks) and plan.plan_level == {}
+    assert "layouts planned per op" in tuned.stdout
+    # layouts per op, a measured NEPermute wherever a conv takes a tensor of the other layout
+    labels = {node: entry["label"] for node, entry in plan.nodes.items()}
+    assert set(labels.values()) <= {"acl:NCHW", "acl:NHWC"}
+    for node, entry in plan.nodes.items():
+        assert entry["label"] == f"acl:{entry['config'].get('layout', 'NCHW')}"
+        for change in entry["conversions"]:
+            assert change["from_label"] != change["to_label"] == entry["label"] and change["time_us"] > 0
+    model = load_model(model_path)
+    producer = {out: n for n in model.proto.graph.node for out in n.output}
+
+    def tuned_source(tensor):  # through single-input untuned ops (ReLU), which run in their producer's layout
+        node = producer.get(tensor)
+        while node is not None and node.name not in labels and len(node.input) == 1:
+            node = producer.get(node.input[0])
+        return node.name if node is not None and node.name in labels else None
+
+    edges = [(n.name, tuned_source(n.input[0])) for n in model.proto.graph.node if n.op_type == "Conv"]
+    edges = [(node, source) for node, source in edges if source]
+    assert edges
+    for node, source in edges:  # a change exactly where the layouts differ
+        assert bool(plan.nodes[node]["conversions"]) == (labels[node] != labels[source])
+    records = RecordDB(db).records(this_device().fingerprint, "acl/convert", acl.version())
+    assert records and all(r.emulated == acl.emulated and r.result.status == "ok" for r in records)
+    assert any(r.result.median_us > 0 for r in records)  # NHWC sides are real NEPermute runs
     out = tmp_path / "bench.json"
     benched = run_kselect("bench", model_path, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "1", "--json", out)
     assert benched.returncode == 0, benched.stderr

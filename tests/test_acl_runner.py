@@ -341,3 +341,18 @@ def test_record_scheduler_names_kernels_then_default_again(runner):
     res2, out2 = run_conv(runner, CONV, arrays, method="GEMM", layout="NCHW", threads=1)
     assert "scheduler" not in res2 and res2["threads"] == 1
     assert np.abs(out - out2).max() < 1e-4
+
+
+def test_permute_changes_the_layout_and_keeps_the_values(runner):
+    """The NEPermute the engine inserts between layouts, timed on its own: its output, read back
+    in logical NCHW, is the input whichever way it goes."""
+    x = np.random.default_rng(3).standard_normal((1, 5, 7, 9)).astype(np.float32)
+    for source, target in (("NCHW", "NHWC"), ("NHWC", "NCHW")):
+        res, out = runner.run_op("permute", {"input": list(x.shape)}, {"from": source, "layout": target, "threads": 2},
+                                 {"input": x}, want_output=True, warmup=1, min_repeats=3)
+        assert res["ok"] and res["from"] == source and res["layout"] == target and len(res["times_us"]) >= 3
+        assert np.array_equal(out, x)
+    same = runner.request({"action": "run", "op": "permute", "input": [1, 2, 3, 4], "config": {"from": "NHWC", "layout": "NHWC"}})
+    assert not same["ok"] and same["error_kind"] == "bad_request"
+    flat = runner.request({"action": "run", "op": "permute", "input": [1, 2, 3], "config": {}})
+    assert not flat["ok"] and "4 integers" in flat["error"]

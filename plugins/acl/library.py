@@ -89,9 +89,9 @@ def _intersection(lists: list[list[str]]) -> list[str]:
 class AclLibrary(Library):
     name = "acl"
     fresh_instances = 1  # every run request configures a fresh ACL function
-    # One layout per model: per-op timings exclude the NHWC<->NCHW permutes that mixing layouts
-    # costs in a whole model, so the plan chooses the layout once (the engine can mix them).
-    plan_level_dims = ("layout",)
+    # Per-op timings exclude layout changes; the runner times the NEPermute the engine inserts
+    # where layouts change (a "convert" task), and the plan counts them (core/crossplan.py).
+    plans_layouts_per_op = True
 
     def __init__(self):
         self.emulated = build.is_emulated()
@@ -339,6 +339,16 @@ class AclLibrary(Library):
             config["scheduler"] = "acl"
         return self.space(task, device).normalise(config)
 
+    # -- layouts ----------------------------------------------------------------------------------
+    def layout_label(self, config: dict) -> str:
+        return f"acl:{config.get('layout', 'NCHW')}"
+
+    @property
+    def mixes(self) -> bool:
+        """Not with other libraries yet: what entering the runner for a segment of a mixed plan
+        costs is not measured (only the permutes between its own layouts are)."""
+        return False
+
     def tolerance(self, task: Task, config: dict) -> float:
         # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md).
         if config.get("method") in ("WINOGRAD", "FFT", "AUTO"):
@@ -352,6 +362,11 @@ class AclLibrary(Library):
         if self._measurer is None:
             self._measurer = AclRunner(timeout_s=max(5.0, 0.9 * settings.timeout_s))
         self._measurer.timeout_s = max(5.0, 0.9 * settings.timeout_s)
+        timing = {"warmup": settings.warmup, "min_repeats": settings.min_repeats, "max_repeats": settings.max_repeats,
+                  "min_time_ms": 1000.0 * settings.min_time_s, "max_time_ms": 1000.0 * settings.max_time_s,
+                  "stable_within": settings.stable_within}
+        if task.kind == "convert":
+            return self._measure_permute(task, inputs["x"], timing)
         arrays = {"input": inputs["x"], "weights": inputs["w"]}
         if "b" in inputs:
             arrays["bias"] = inputs["b"]
@@ -359,15 +374,27 @@ class AclLibrary(Library):
             arrays["weights"] = inputs["w"] * np.float32(task.attrs["alpha"])
             if "b" in inputs:
                 arrays["bias"] = inputs["b"] * np.float32(task.attrs["beta"])
-        timing = {"warmup": settings.warmup, "min_repeats": settings.min_repeats, "max_repeats": settings.max_repeats,
-                  "min_time_ms": 1000.0 * settings.min_time_s, "max_time_ms": 1000.0 * settings.max_time_s,
-                  "stable_within": settings.stable_within}
         result, output = self._measurer.run_op(task.kind, self.op_spec(task), runner_config(config), arrays,
                                                want_output=True, **timing)
         self.last_result = result
         if not result.get("ok"):
             raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
         return {"times_us": [result["times_us"]], "output": output.reshape(task.output_shape)}
+
+    def _measure_permute(self, task: Task, x: np.ndarray, timing: dict) -> dict:
+        """The NEPermute the engine runs where a tensor enters ("in") or leaves ("out") the
+        NHWC layout; nothing happens for NCHW or for tensors that are not 4-D."""
+        layout = task.attrs["label"].split(":", 1)[1]
+        if layout != "NHWC" or x.ndim != 4:
+            return {"times_us": [[0.0]], "output": x}
+        source, target = ("NCHW", "NHWC") if task.attrs["direction"] == "in" else ("NHWC", "NCHW")
+        config = {"from": source, "layout": target, "threads": armnn_threads(this_device()), "scheduler": "default"}
+        result, output = self._measurer.run_op("permute", {"input": list(x.shape)}, config, {"input": x},
+                                               want_output=True, **timing)
+        self.last_result = result
+        if not result.get("ok"):
+            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        return {"times_us": [result["times_us"]], "output": output.reshape(x.shape)}
 
     # -- whole models -------------------------------------------------------------------------------
     def node_configs(self, model, plan=None, device: Device | None = None) -> dict[str, dict]:

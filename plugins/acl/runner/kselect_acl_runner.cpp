@@ -2010,6 +2010,68 @@ std::string conv_run(const JVal &req)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Layout change: one NEPermute of a rank-4 activation, what the engine inserts where a step needs
+// its input in the other layout (Net::get). Input and output files are logical NCHW, as for conv.
+// ---------------------------------------------------------------------------------------------
+std::string permute_run(const JVal &req)
+{
+    std::vector<long long> in = int_list(req, "input", 4, {});
+    if(in.size() != 4)
+        throw BadRequest("permute: 'input' must be [N,C,H,W]");
+    std::vector<size_t> dims;
+    for(long long d : in)
+    {
+        if(d <= 0)
+            throw BadRequest("permute: 'input' dims must be positive");
+        dims.push_back(static_cast<size_t>(d));
+    }
+    const JVal *cfgp = req.get("config");
+    JVal        empty;
+    empty.type        = JVal::OBJ;
+    const JVal &cfg   = cfgp ? *cfgp : empty;
+    DataLayout  from  = parse_layout(opt_str(cfg, "from", "NCHW"));
+    DataLayout  to    = parse_layout(opt_str(cfg, "layout", "NHWC"));
+    if(from == to)
+        throw BadRequest("permute: 'from' and 'layout' are the same layout");
+    int threads = 0;
+    apply_cpu_config(cfg, &threads);
+
+    Mapping in_m = map4(dims, from), out_m = map4(dims, to);
+    Tensor  src, dst;
+    src.allocator()->init(TensorInfo(in_m.acl_shape(), 1, DataType::F32, from));
+    dst.allocator()->init(TensorInfo(out_m.acl_shape(), 1, DataType::F32, to));
+    PermutationVector pv = to == DataLayout::NHWC ? PermutationVector(2U, 0U, 1U) : PermutationVector(1U, 2U, 0U);
+    Status            st = NEPermute::validate(src.info(), dst.info(), pv);
+    if(!bool(st))
+    {
+        Obj o;
+        o.boolean("ok", false).str("action", "run").str("error_kind", "unsupported").str("error", "NEPermute::validate(): " + st.error_description());
+        return o.done();
+    }
+    Timing    tm;
+    auto      t0 = Clock::now();
+    NEPermute fn;
+    fn.configure(&src, &dst, pv);
+    tm.configure_us = us_since(t0);
+    src.allocator()->allocate();
+    dst.allocator()->allocate();
+    std::vector<float> vin = load_or_random(req, "input_path", in_m.count(), static_cast<uint32_t>(opt_int(req, "seed", 1)));
+    copy_logical<true>(src, in_m, vin.data());
+    time_function(fn, req, tm);
+    std::string out_path = opt_str(req, "output_path", "");
+    if(!out_path.empty())
+    {
+        std::vector<float> vo(out_m.count());
+        copy_logical<false>(dst, out_m, vo.data());
+        save(out_path, vo);
+    }
+    Obj o;
+    o.boolean("ok", true).str("action", "run").str("op", "permute").str("from", layout_name(from)).str("layout", layout_name(to)).integer("threads", threads).raw("output", jints(dims));
+    add_timing(o, tm);
+    return o.done();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fully connected: input (N,K), weights (M,K) as in ONNX Gemm(transB=1) / torch Linear, bias (M)
 // ---------------------------------------------------------------------------------------------
 struct FcSpec
@@ -3067,7 +3129,7 @@ std::string info()
         .boolean("has_dotprod", ci.has_dotprod())
         .integer("default_threads", Scheduler::get().num_threads())
         .raw("methods", methods)
-        .raw("ops", "[\"conv\",\"fc\"]")
+        .raw("ops", "[\"conv\",\"fc\",\"permute\"]")
         .raw("actions", "[\"info\",\"validate\",\"run\",\"gemm_kernels\",\"model_load\",\"model_run\",\"model_free\"]")
         .raw("extensions", ext::info_json());
     return o.done();
@@ -3104,7 +3166,9 @@ std::string handle(const std::string &line)
         return action == "validate" ? conv_validate(req) : conv_run(req);
     if(op == "fc")
         return fc_request(req, action == "run");
-    throw BadRequest("unknown op '" + op + "' (conv, fc)");
+    if(op == "permute" && action == "run")
+        return permute_run(req);
+    throw BadRequest("unknown op '" + op + "' (conv, fc; permute for run)");
 }
 
 std::string with_id(const std::string &response, const std::string &line)
