@@ -89,6 +89,8 @@ def run_model(name: str, size: int, library, db: RecordDB, options: TuneOptions,
             "measured_now": sum(o.measured_now for o in outcomes), "tune_s": round(tune_s, 1),
             "plan_level": plan.plan_level, "tasks_changed": changed, "layouts": layouts,
             "planned_permutes_ms": round(plan.extra["cross_library"]["predicted"]["conversions_us"] / 1000, 3),
+            "planned_permutes": sum(len(e["conversions"]) for e in plan.nodes.values())
+            + len(plan.extra["cross_library"]["untuned_conversions"]),
             "op_sum_default_ms": round(default_sum / 1000, 3), "op_sum_plan_ms": round(plan_sum / 1000, 3),
             "plan_configs": {t["id"]: t["config"] for t in plan.tasks}, **engine, **inside, **result}
 

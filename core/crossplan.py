@@ -2,17 +2,19 @@
 layout and library changes included.
 
 Every tuned node gets one option per (library, layout label) from that library's records, within
-the plan-level settings of that library's own plan. Edges join each tuned node to the tuned nodes
-(or model inputs) its data comes from, through the untuned ops between them (those run in their
-producer's library, core/runtime.py, so the change happens at the consumer's input); model
-outputs are nodes too. planner.py finds the cheapest labelling exactly, and what greedy per-op
-choice and each library alone would have given.
+the plan-level settings of that library's own plan. An untuned op runs where the producer of its
+first input runs (core/runtime.py; ACL's engine keeps the first input's layout the same way), so a
+tensor carries the label of one tuned node or model input, its *label source*. Edges join each
+tuned node's data input, each further input of an untuned op (an Add or Concat converts it to its
+first input's label) and each model output to that label source. planner.py finds the cheapest
+labelling exactly, and what greedy per-op choice and each library alone would have given.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kselect.core.conversions import GRAPH_LABEL, ConversionTable, sides_needed
 from kselect.core.model import Model
@@ -45,18 +47,28 @@ class Choice:  # an option's payload
     samples: int | None = None  # configs measured for this task on this library
 
 
+class DataEdge(NamedTuple):
+    """``tensor`` goes from ``producer``'s label to ``consumer``'s, converted at node ``at``: the
+    consumer itself, or an untuned op that takes it into the label of its first input."""
+    producer: str
+    consumer: str
+    tensor: str
+    shape: tuple
+    at: str | None = None  # None: at the consumer
+
+
 @dataclass
 class CrossProblem:
     options: dict[str, list[Option]] = field(default_factory=dict)
-    edges: list[tuple[str, str, str, tuple]] = field(default_factory=list)  # (producer, consumer, tensor, shape)
+    edges: list[DataEdge] = field(default_factory=list)
 
     def sides(self) -> set:
         """The conversions any labelling could need."""
         needed = set()
-        for producer, consumer, _, shape in self.edges:
-            for a in {o.label for o in self.options[producer]}:
-                for b in {o.label for o in self.options[consumer]}:
-                    needed.update(sides_needed(a, b, shape))
+        for edge in self.edges:
+            for a in {o.label for o in self.options[edge.producer]}:
+                for b in {o.label for o in self.options[edge.consumer]}:
+                    needed.update(sides_needed(a, b, edge.shape))
         return needed
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
@@ -65,28 +77,59 @@ class CrossProblem:
             return libraries is None or option.payload is None or option.payload.library in libraries
 
         options = {node: [o for o in opts if allowed(o)] for node, opts in self.options.items()}
-        edges = [Edge(p, c, lambda a, b, shape=shape: table.cost_us(a, b, shape)) for p, c, _, shape in self.edges]
+        edges = [Edge(e.producer, e.consumer, lambda a, b, shape=e.shape: table.cost_us(a, b, shape)) for e in self.edges]
         return PlanGraph(options, edges)
 
 
-def _data_sources(model: Model, tuned: set[str]) -> callable:
-    """tensor -> the tuned nodes and model inputs its value comes from (through untuned ops)."""
+def _first_data_input(node, producer: dict, graph_inputs: set) -> str | None:
+    """The input whose producer's library runs ``node`` when it is untuned (runtime.assign_libraries)."""
+    return next((t for t in node.input if t in producer), None) or next((t for t in node.input if t in graph_inputs), None)
+
+
+def _label_sources(model: Model, tuned: set[str]) -> callable:
+    """tensor -> the tuned node or model input (``input:NAME``) whose label it carries; None for
+    constants."""
     producer = {out: node for node in model.proto.graph.node for out in node.output}
     graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
-    memo: dict[str, frozenset] = {}
+    memo: dict[str, str | None] = {}
 
-    def sources(tensor: str) -> frozenset:
+    def source(tensor: str) -> str | None:
         if tensor not in memo:
             if tensor in graph_inputs:
-                memo[tensor] = frozenset({f"input:{tensor}"})
-            elif tensor in model.initializers or tensor not in producer:
-                memo[tensor] = frozenset()
+                memo[tensor] = f"input:{tensor}"
+            elif tensor not in producer:
+                memo[tensor] = None
             elif producer[tensor].name in tuned:
-                memo[tensor] = frozenset({producer[tensor].name})
+                memo[tensor] = producer[tensor].name
             else:
-                memo[tensor] = frozenset().union(*(sources(t) for t in producer[tensor].input if t))
+                first = _first_data_input(producer[tensor], producer, graph_inputs)
+                memo[tensor] = source(first) if first else None
         return memo[tensor]
-    return sources
+    return source
+
+
+def _data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
+    source = _label_sources(model, tuned)
+    producer = {out for node in model.proto.graph.node for out in node.output}
+    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+    edges = []
+    for node in model.proto.graph.node:
+        if node.name in tuned:
+            tensor = node.input[0]
+            if source(tensor):
+                edges.append(DataEdge(source(tensor), node.name, tensor, tuple(model.shapes[tensor])))
+            continue
+        first = _first_data_input(node, producer, graph_inputs)
+        target = source(first) if first else None
+        for tensor in node.input:
+            if tensor and tensor != first and (tensor in producer or tensor in graph_inputs):
+                if target and source(tensor) and source(tensor) != target:
+                    edges.append(DataEdge(source(tensor), target, tensor, tuple(model.shapes[tensor]), node.name))
+    for output in model.proto.graph.output:
+        if source(output.name):
+            edges.append(DataEdge(source(output.name), f"output:{output.name}", output.name,
+                                  tuple(model.shapes[output.name])))
+    return edges
 
 
 def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
@@ -113,18 +156,9 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                     problem.options.setdefault(node, []).append(
                         Option(label, picked.result.median_us,
                                Choice(name, task, picked, picked.emulated, default_us, len(measured))))
-    tuned = set(problem.options)
-    sources = _data_sources(model, tuned)
-    nodes = {node.name: node for node in model.proto.graph.node}
-    for node_name in tuned:
-        tensor = nodes[node_name].input[0]
-        for source in sorted(sources(tensor)):
-            problem.edges.append((source, node_name, tensor, tuple(model.shapes[tensor])))
-    for output in model.proto.graph.output:
-        for source in sorted(sources(output.name)):
-            problem.edges.append((source, f"output:{output.name}", output.name, tuple(model.shapes[output.name])))
-    for source, consumer, _, _ in problem.edges:
-        for pseudo in (source, consumer):
+    problem.edges = _data_edges(model, set(problem.options))
+    for edge in problem.edges:
+        for pseudo in (edge.producer, edge.consumer):
             if pseudo not in problem.options:
                 problem.options[pseudo] = [Option(GRAPH_LABEL, 0.0)]
     missing = [n for n in task_of if n not in problem.options]
@@ -167,11 +201,11 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         if choice is None:  # a model input or output
             continue
         conversions = []
-        for producer, consumer, tensor, shape in problem.edges:
-            if consumer == node:
-                cost = table.cost_us(labels[producer], option.label, shape)
+        for edge in problem.edges:
+            if edge.consumer == node and edge.at is None:
+                cost = table.cost_us(labels[edge.producer], option.label, edge.shape)
                 if cost:
-                    conversions.append({"from": producer, "tensor": tensor, "from_label": labels[producer],
+                    conversions.append({"from": edge.producer, "tensor": edge.tensor, "from_label": labels[edge.producer],
                                         "to_label": option.label, "time_us": round(cost, 3)})
         config = {**choice.record.config, **{k: v for k, v in settings[choice.library].items() if k in choice.record.config}}
         nodes[node] = {"task": choice.task.id, "library": choice.library, "config": config,
@@ -179,9 +213,14 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                        "conversions": conversions}
         group = (choice.task.key, choice.library, config_key(config))
         groups.setdefault(group, (choice, config, []))[2].append(node)
-    output_conversions = [{"from": p, "tensor": t, "from_label": labels[p], "to_label": GRAPH_LABEL,
-                           "time_us": round(table.cost_us(labels[p], GRAPH_LABEL, s), 3)}
-                          for p, c, t, s in problem.edges if c.startswith("output:")]
+    output_conversions = [{"from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer], "to_label": GRAPH_LABEL,
+                           "time_us": round(table.cost_us(labels[e.producer], GRAPH_LABEL, e.shape), 3)}
+                          for e in problem.edges if e.consumer.startswith("output:")]
+    untuned_conversions = [{"at": e.at, "from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer],
+                            "to_label": labels[e.consumer],
+                            "time_us": round(table.cost_us(labels[e.producer], labels[e.consumer], e.shape), 3)}
+                           for e in problem.edges if e.at is not None
+                           and table.cost_us(labels[e.producer], labels[e.consumer], e.shape)]
 
     tasks = []
     for (_, name, _), (choice, config, group_nodes) in groups.items():
@@ -199,7 +238,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     extra = {"cross_library": {
         "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
         "ops_ceiling_us": round(ceiling, 3), "ops_ceiling_by_library_us": ceiling_by_library,
-        "output_conversions": output_conversions,
+        "output_conversions": output_conversions, "untuned_conversions": untuned_conversions,
         "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
     return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
                 device=device.to_json(), libraries=versions, emulated=any(libraries[n].emulated for n in used),

@@ -79,22 +79,34 @@ def test_every_conversion_side_runs_real_kernels_and_keeps_values():
 
 
 def test_conversions_are_recorded_exactly_where_labels_change(tuned):
+    """At a tuned op's input, and where an untuned Add or Concat takes a further input into its
+    first input's label (it runs where that input's producer runs)."""
     plan = tuned["plan"]
     labels = {node: entry["label"] for node, entry in plan.nodes.items()}
     labels["input:input"] = GRAPH_LABEL
     model = tuned["model"]
-    from kselect.core.crossplan import _data_sources
+    from kselect.core.crossplan import _label_sources
 
-    sources = _data_sources(model, set(plan.nodes))
-    nodes = {n.name: n for n in model.proto.graph.node}
-    for node, entry in plan.nodes.items():
-        tensor = nodes[node].input[0]
-        producers = sources(tensor)
-        shape = model.shapes[tensor]
-        expected = {p for p in producers
-                    if (labels[p] if len(shape) == 4 else labels[p].split(":")[0]) !=
-                    (entry["label"] if len(shape) == 4 else entry["label"].split(":")[0])}
-        assert {c["from"] for c in entry["conversions"]} == expected, node
+    source = _label_sources(model, set(plan.nodes))
+
+    def differ(a, b, shape):
+        return (a if len(shape) == 4 else a.split(":")[0]) != (b if len(shape) == 4 else b.split(":")[0])
+
+    for node in model.proto.graph.node:
+        if node.name in plan.nodes:
+            tensor = node.input[0]
+            expected = {source(tensor)} if differ(labels[source(tensor)], labels[node.name], model.shapes[tensor]) else set()
+            assert {c["from"] for c in plan.nodes[node.name]["conversions"]} == expected, node.name
+    untuned = plan.extra["cross_library"]["untuned_conversions"]
+    expected = set()
+    for node in model.proto.graph.node:
+        data = [t for t in node.input if t and t not in model.initializers]
+        if node.name not in plan.nodes and len(data) > 1:
+            first = source(data[0])
+            expected |= {(node.name, t) for t in data[1:]
+                         if source(t) != first and differ(labels[source(t)], labels[first], model.shapes[t])}
+    assert {(c["at"], c["tensor"]) for c in untuned} == expected
+    assert all(c["time_us"] > 0 for c in untuned)
 
 
 def test_mixed_plan_runs_like_onnxruntime_and_saves(tuned):
@@ -116,7 +128,7 @@ def test_mixed_plan_runs_like_onnxruntime_and_saves(tuned):
 def test_planner_pays_conversions_that_greedy_ignores():
     """A chain input -> a -> b -> c -> output: b is a bit faster on 'y', but getting there and
     back costs more than it saves; the exact plan stays on 'x', greedy does not."""
-    from kselect.core.crossplan import Choice, _summary
+    from kselect.core.crossplan import Choice, DataEdge, _summary
 
     problem = CrossProblem()
     problem.options = {"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]}
@@ -125,8 +137,8 @@ def test_planner_pays_conversions_that_greedy_ignores():
         problem.options[node] = [Option("x:NCHW", x_us, Choice("x", None, None, False)),
                                  Option("y:NHWC", y_us, Choice("y", None, None, False))]
     shape = (1, 8, 4, 4)
-    problem.edges = [("input:x", "a", "t0", shape), ("a", "b", "t1", shape), ("b", "c", "t2", shape),
-                     ("c", "output:y", "t3", shape)]
+    problem.edges = [DataEdge("input:x", "a", "t0", shape), DataEdge("a", "b", "t1", shape),
+                     DataEdge("b", "c", "t2", shape), DataEdge("c", "output:y", "t3", shape)]
     table = ConversionTable({(label, direction, shape): 10.0 for label in ("x:NCHW", "y:NHWC")
                              for direction in ("in", "out")})
     graph = problem.graph(table)
@@ -199,3 +211,27 @@ def test_spinning_variants_let_at_most_one_library_spin_and_keep_node_configs_co
         for entry in [*variant.nodes.values(), *variant.tasks]:
             assert entry["config"]["spinning"] == spinning[entry["library"]]
     assert plan.nodes["b"]["config"]["spinning"] == 0  # the original is left as it was
+
+
+def test_an_add_takes_its_second_input_into_its_first_inputs_label():
+    """input -> a -> relu -> b; add(b, relu) -> c: the Add runs where b runs, so the skip tensor
+    goes from a's label to b's at the Add, and c reads b's label."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.crossplan import DataEdge, _data_edges
+    from kselect.core.model import model_from_proto
+
+    weights = [numpy_helper.from_array(np.ones((4, 4, 3, 3), np.float32), f"w{i}") for i in range(3)]
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["ta"], name="a", **conv),
+             helper.make_node("Relu", ["ta"], ["tr"], name="relu"),
+             helper.make_node("Conv", ["tr", "w1"], ["tb"], name="b", **conv),
+             helper.make_node("Add", ["tb", "tr"], ["ts"], name="add"),
+             helper.make_node("Conv", ["ts", "w2"], ["y"], name="c", **conv)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    model = model_from_proto("residual", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    shape = (1, 4, 8, 8)
+    assert set(_data_edges(model, {"a", "b", "c"})) == {
+        DataEdge("input:x", "a", "x", shape), DataEdge("a", "b", "tr", shape), DataEdge("a", "b", "tr", shape, "add"),
+        DataEdge("b", "c", "ts", shape), DataEdge("c", "output:y", "y", shape)}
