@@ -31,10 +31,9 @@ from kselect.core.bench import bench, compare_outputs, random_feeds, verified_pl
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
-from kselect.core.plan import plan_variants
 from kselect.core.records import RecordDB
 from kselect.core.tasks import Task
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
+from kselect.core.tune import TuneOptions, library_plan_variants, library_tasks, stored_outcomes, tune
 
 console = Console()
 
@@ -59,8 +58,7 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     outcomes = tune(tasks, library, device, db, options)
     tune_s = time.perf_counter() - start
     records = stored_outcomes(tasks, library, device, db)
-    defaults = {o.task.key: o.default_config for o in outcomes}
-    variants = plan_variants(model, device, library, library.version(), tasks, records, defaults)
+    variants = library_plan_variants(model, library, device, db, tasks, outcomes, options.settings)
     start = time.perf_counter()
     plan = verified_plan(library, model, variants)
     verify_s = time.perf_counter() - start

@@ -27,9 +27,12 @@ from kselect.core.tasks import Task, extract_tasks
 # Worker threads that spin between parallel loops hold cores the other library's threads need:
 # resnet18 on 2 cores, all but the last op on ONNX Runtime, ran 27 ms with ORT's threads spinning
 # and XNNPack's pool yielding, 42 ms the other way round, 38 ms with neither spinning (ORT's
-# default session: 27 ms). So in a plan that mixes libraries one library at most spins: the one
-# with the most op time in the plan as built, the others as variants for the end-to-end check
-# (``spinning_variants``). Options are taken whatever their spinning setting.
+# default session: 27 ms). So in a plan that mixes libraries exactly one library spins: the one
+# with the most op time in the plan as built, each other one as a variant for the end-to-end check
+# (``spinning_variants``). Not none: with no thread spinning every parallel loop waits for its
+# workers to wake, which on a VM whose vCPUs stall takes milliseconds in some periods and not in
+# others (alexnet's plan with none spinning ran 26.0 ms in one run, 46.9 ms in the next, with one
+# spinning 26.4 ms). Options are taken whatever their spinning setting.
 SHARED_CORE_DIMS = ("spinning",)
 
 
@@ -256,8 +259,8 @@ def _solve(graph: PlanGraph, starts: list | None = None) -> tuple[dict, str]:
 
 
 def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str, dict]:
-    """Each library's plan-level settings; with several libraries, all but the one with the most
-    op time stop spinning (SHARED_CORE_DIMS)."""
+    """Each library's plan-level settings; with several libraries, the one with the most op time
+    spins (SHARED_CORE_DIMS) and the others do not."""
     op_time: dict[str, float] = {}
     for option in assignment.values():
         if option.payload is not None:
@@ -266,8 +269,7 @@ def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str
     if len(op_time) > 1:
         main = max(op_time, key=op_time.get)
         for name in op_time:
-            if name != main:
-                settings[name].update({dim: 0 for dim in SHARED_CORE_DIMS if dim in settings[name]})
+            settings[name].update({dim: int(name == main) for dim in SHARED_CORE_DIMS if dim in settings[name]})
     return settings
 
 
@@ -308,15 +310,15 @@ def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float |
 
 
 def spinning_variants(plan: Plan) -> list[tuple[str, Plan]]:
-    """The cross-library plan as built, then with each other choice of the library whose workers
-    spin (one, or none); an end-to-end run decides among them."""
+    """The cross-library plan as built, then with each other library as the one whose workers
+    spin; an end-to-end run decides among them."""
     spinners = [name for name, values in plan.library_settings.items() if any(d in values for d in SHARED_CORE_DIMS)]
     if not plan.cross_library or not spinners:
         return [("cross-library plan", plan)]
     current = next((name for name in spinners if all(plan.library_settings[name].get(d, 0) for d in SHARED_CORE_DIMS
                                                       if d in plan.library_settings[name])), None)
     variants = [(f"cross-library plan ({current or 'none'} spinning)", plan)]
-    for owner in [*spinners, None]:
+    for owner in spinners:
         if owner != current:
             variants.append((f"cross-library plan ({owner or 'none'} spinning)", _spinning(plan, owner)))
     return variants

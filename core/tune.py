@@ -157,14 +157,11 @@ def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: Rec
     return {task.key: db.records(device.fingerprint, library.name, version, task.key) for task in tasks}
 
 
-def verified_library_plan(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
-                          outcomes: list[TaskOutcome], verify: bool = True, on_result=None,
-                          settings: MeasureSettings | None = None):
-    """What ``kselect tune`` writes after tuning one library: the most tuned plan variant that is
-    not slower than the library default end to end (``verify``), else the tuned one. For a
-    library that plans layouts per op the tuned plan comes from core/crossplan.py, with the
-    layout changes it implies measured now (``settings``) unless stored."""
-    from kselect.core.bench import verified_plan
+def library_plan_variants(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
+                          outcomes: list[TaskOutcome], settings: MeasureSettings | None = None) -> list:
+    """[(name, plan)], most tuned first (core/plan.plan_variants). For a library that plans
+    layouts per op the tuned plan comes from core/crossplan.py, with the layout changes it
+    implies measured now (``settings``) unless stored."""
     from kselect.core.plan import plan_variants
 
     records = stored_outcomes(tasks, library, device, db)
@@ -176,4 +173,15 @@ def verified_library_plan(model: Model, library: Library, device: Device, db: Re
         planned = plan_across(model, device, db, {library.name: library}, {library.name: variants[0][1]},
                               settings or MeasureSettings())
         variants = [("tuned", planned)] + [(name, plan) for name, plan in variants if name != "tuned"]
+    return variants
+
+
+def verified_library_plan(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
+                          outcomes: list[TaskOutcome], verify: bool = True, on_result=None,
+                          settings: MeasureSettings | None = None):
+    """What ``kselect tune`` writes after tuning one library: the most tuned plan variant that is
+    not slower than the library default end to end (``verify``), else the tuned one."""
+    from kselect.core.bench import verified_plan
+
+    variants = library_plan_variants(model, library, device, db, tasks, outcomes, settings)
     return verified_plan(library, model, variants, on_result=on_result) if verify else variants[0][1]

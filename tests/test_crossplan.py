@@ -191,7 +191,7 @@ def test_cli_refuses_an_emulated_library_among_native_ones(small_model_path, tmp
     assert "Traceback" not in result.stderr
 
 
-def test_spinning_variants_let_at_most_one_library_spin_and_keep_node_configs_consistent():
+def test_spinning_variants_let_exactly_one_library_spin_and_keep_node_configs_consistent():
     from kselect.core.crossplan import spinning_variants
     from kselect.core.plan import Plan
 
@@ -202,12 +202,11 @@ def test_spinning_variants_let_at_most_one_library_spin_and_keep_node_configs_co
     plan = Plan({"name": "m"}, {}, {"mlas": "1", "xnnpack": "2"}, False, {}, tasks, nodes,
                 library_settings={"mlas": {"threads": 2, "spinning": 1}, "xnnpack": {"spinning": 0}})
     variants = spinning_variants(plan)
-    assert [name for name, _ in variants] == ["cross-library plan (mlas spinning)", "cross-library plan (xnnpack spinning)",
-                                              "cross-library plan (none spinning)"]
+    assert [name for name, _ in variants] == ["cross-library plan (mlas spinning)", "cross-library plan (xnnpack spinning)"]
     assert variants[0][1] is plan
     for _, variant in variants:
         spinning = {name: values["spinning"] for name, values in variant.library_settings.items()}
-        assert sum(spinning.values()) <= 1
+        assert sum(spinning.values()) == 1
         for entry in [*variant.nodes.values(), *variant.tasks]:
             assert entry["config"]["spinning"] == spinning[entry["library"]]
     assert plan.nodes["b"]["config"]["spinning"] == 0  # the original is left as it was
