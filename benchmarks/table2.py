@@ -154,8 +154,14 @@ NOTES = """
   minutes on end (plugins/xnnpack/README.md, "Measuring on a shared machine"). Isolated op times
   recorded in such a period are inflated; a plan built on them loses end to end and is not kept,
   and its ceiling and prediction are meaningless. Spreads are in the JSON.
-- Mixing libraries needs one library at most spinning: ONNX Runtime's and XNNPack's worker
-  threads otherwise take the cores from each other between segments.
+- Mixing libraries needs exactly one library spinning: ONNX Runtime's and XNNPack's worker
+  threads otherwise take the cores from each other between segments, and with none spinning a
+  plan's speed depends on the period (wake-up latency).
+- The checks that choose a plan repeat a run whose spread is above 0.3 (core/bench.py,
+  `STEADY_SPREAD`); the figures above come from one run per model, whatever its spread.
+- *tune s* is the time of this invocation's tuning step: when the records were already stored
+  (a rerun on the same database) it is the time of planning and checking only.
+  `benchmarks/results/table2_fresh.json` holds a run that tuned everything from scratch.
 """
 
 
