@@ -315,14 +315,17 @@ def table_from_records(db, device, library, tasks: list[Task], defaults: dict[st
                        model: str | None = None, version: str | None = None, settings=None) -> dict:
     """A replay table (JSON-ready dict) of ``tasks`` from a ``RecordDB``, after an exhaustive
     tune: for each task its space (from ``library.space(task, device)``), the default and every
-    stored record of this device and library build. Warns (``incomplete`` per task) when a task
-    lacks records for some configs of its space."""
+    stored record of this device and library build that is a config of that space (a record of
+    another spelling, e.g. an older default with a knob its layout ignores, is left out). Warns
+    (``incomplete`` per task) when a task lacks records for some configs of its space."""
     version = version or library.version()
     device_json = device.to_json() if hasattr(device, "to_json") else dict(device)
     entries = []
     for task in tasks:
         space = library.space(task, device)
-        records = db.records(device_json["fingerprint"], library.name, version, task.key)
+        in_space = {config_key(c) for c in space.enumerate()}
+        records = [r for r in db.records(device_json["fingerprint"], library.name, version, task.key)
+                   if r.config_key in in_space]
         rows = [{"config": r.config, "status": r.result.status,
                  "median_us": None if r.result.median_us is None else round(r.result.median_us, 3),
                  "spread": None if r.result.spread is None else round(r.result.spread, 4),

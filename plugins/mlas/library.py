@@ -153,9 +153,10 @@ class MlasLibrary(Library):
         config: dict = {}
         if task.kind == "conv":
             config["layout"] = "NCHWc" if self.ort_converts(task) else "NCHW"
-            if self.sliding_kernel_applies(task) and self.nchwc_possible(task):
+            # the NCHWc-only knobs, where ORT runs the conv as NCHWc (the space's `when`)
+            if config["layout"] == "NCHWc" and self.sliding_kernel_applies(task):
                 config["depthwise_sliding"] = 1
-            if task.is_pointwise and self.nchwc_possible(task):
+            if config["layout"] == "NCHWc" and task.is_pointwise:
                 config["pointwise_batch"] = "default"
         config["threads"] = device.cores
         config["spinning"] = 1
