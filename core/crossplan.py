@@ -84,9 +84,10 @@ class CrossProblem:
         return PlanGraph(options, edges)
 
 
-def _first_data_input(node, producer: dict, graph_inputs: set) -> str | None:
-    """The input whose producer's library runs ``node`` when it is untuned (runtime.assign_libraries)."""
-    return next((t for t in node.input if t in producer), None) or next((t for t in node.input if t in graph_inputs), None)
+def _first_data_input(node, produced, graph_inputs: set) -> str | None:
+    """The input whose producer's library runs ``node`` when it is untuned (runtime.assign_libraries):
+    the first one some node produces, else the first model input."""
+    return next((t for t in node.input if t in produced), None) or next((t for t in node.input if t in graph_inputs), None)
 
 
 def _label_sources(model: Model, tuned: set[str]) -> callable:
@@ -113,7 +114,7 @@ def _label_sources(model: Model, tuned: set[str]) -> callable:
 
 def _data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
     source = _label_sources(model, tuned)
-    producer = {out for node in model.proto.graph.node for out in node.output}
+    produced = {out for node in model.proto.graph.node for out in node.output}
     graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
     edges = []
     for node in model.proto.graph.node:
@@ -122,10 +123,10 @@ def _data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
             if source(tensor):
                 edges.append(DataEdge(source(tensor), node.name, tensor, tuple(model.shapes[tensor])))
             continue
-        first = _first_data_input(node, producer, graph_inputs)
+        first = _first_data_input(node, produced, graph_inputs)
         target = source(first) if first else None
         for tensor in node.input:
-            if tensor and tensor != first and (tensor in producer or tensor in graph_inputs):
+            if tensor and tensor != first and (tensor in produced or tensor in graph_inputs):
                 if target and source(tensor) and source(tensor) != target:
                     edges.append(DataEdge(source(tensor), target, tensor, tuple(model.shapes[tensor]), node.name))
     for output in model.proto.graph.output:
@@ -219,11 +220,12 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     output_conversions = [{"from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer], "to_label": GRAPH_LABEL,
                            "time_us": round(table.cost_us(labels[e.producer], GRAPH_LABEL, e.shape), 3)}
                           for e in problem.edges if e.consumer.startswith("output:")]
-    untuned_conversions = [{"at": e.at, "from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer],
-                            "to_label": labels[e.consumer],
-                            "time_us": round(table.cost_us(labels[e.producer], labels[e.consumer], e.shape), 3)}
-                           for e in problem.edges if e.at is not None
-                           and table.cost_us(labels[e.producer], labels[e.consumer], e.shape)]
+    untuned_conversions = []
+    for e in problem.edges:
+        cost = table.cost_us(labels[e.producer], labels[e.consumer], e.shape) if e.at is not None else 0.0
+        if cost:
+            untuned_conversions.append({"at": e.at, "from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer],
+                                        "to_label": labels[e.consumer], "time_us": round(cost, 3)})
 
     tasks = []
     for (_, name, _), (choice, config, group_nodes) in groups.items():
