@@ -1414,6 +1414,17 @@ void save(const std::string &path, const std::vector<float> &v)
         throw std::runtime_error("short write to output file '" + path + "'");
 }
 
+// A run's output, in logical order, to the request's output_path when it names one.
+void save_output(const JVal &req, Tensor &t, const Mapping &m)
+{
+    std::string path = opt_str(req, "output_path", "");
+    if(path.empty())
+        return;
+    std::vector<float> v(m.count());
+    copy_logical<false>(t, m, v.data());
+    save(path, v);
+}
+
 std::string layout_name(DataLayout l)
 {
     return l == DataLayout::NHWC ? "NHWC" : "NCHW";
@@ -1426,6 +1437,11 @@ DataLayout parse_layout(const std::string &s)
     if(u == "NHWC")
         return DataLayout::NHWC;
     throw BadRequest("layout must be NCHW or NHWC, got '" + s + "'");
+}
+// What NEPermute takes to bring a rank-4 tensor from the other layout into `want`.
+PermutationVector permutation_to(DataLayout want)
+{
+    return want == DataLayout::NHWC ? PermutationVector(2U, 0U, 1U) : PermutationVector(1U, 2U, 0U);
 }
 std::string conv_method_name(ConvolutionMethod m)
 {
@@ -1981,13 +1997,7 @@ std::string conv_run(const JVal &req)
 
     time_function(*fn, req, tm);
 
-    std::string out_path = opt_str(req, "output_path", "");
-    if(!out_path.empty())
-    {
-        std::vector<float> vo(ti.out_m.count());
-        copy_logical<false>(out, ti.out_m, vo.data());
-        save(out_path, vo);
-    }
+    save_output(req, out, ti.out_m);
 
     Obj o;
     o.boolean("ok", true)
@@ -2040,7 +2050,7 @@ std::string permute_run(const JVal &req)
     Tensor  src, dst;
     src.allocator()->init(TensorInfo(in_m.acl_shape(), 1, DataType::F32, from));
     dst.allocator()->init(TensorInfo(out_m.acl_shape(), 1, DataType::F32, to));
-    PermutationVector pv = to == DataLayout::NHWC ? PermutationVector(2U, 0U, 1U) : PermutationVector(1U, 2U, 0U);
+    PermutationVector pv = permutation_to(to);
     Status            st = NEPermute::validate(src.info(), dst.info(), pv);
     if(!bool(st))
     {
@@ -2058,13 +2068,7 @@ std::string permute_run(const JVal &req)
     std::vector<float> vin = load_or_random(req, "input_path", in_m.count(), static_cast<uint32_t>(opt_int(req, "seed", 1)));
     copy_logical<true>(src, in_m, vin.data());
     time_function(fn, req, tm);
-    std::string out_path = opt_str(req, "output_path", "");
-    if(!out_path.empty())
-    {
-        std::vector<float> vo(out_m.count());
-        copy_logical<false>(dst, out_m, vo.data());
-        save(out_path, vo);
-    }
+    save_output(req, dst, out_m);
     Obj o;
     o.boolean("ok", true).str("action", "run").str("op", "permute").str("from", layout_name(from)).str("layout", layout_name(to)).integer("threads", threads).raw("output", jints(dims));
     add_timing(o, tm);
@@ -2197,13 +2201,7 @@ std::string fc_request(const JVal &req, bool run)
         copy_logical<true>(b, b_m, vb.data());
     }
     time_function(fc, req, tm);
-    std::string out_path = opt_str(req, "output_path", "");
-    if(!out_path.empty())
-    {
-        std::vector<float> vo(out_m.count());
-        copy_logical<false>(out, out_m, vo.data());
-        save(out_path, vo);
-    }
+    save_output(req, out, out_m);
     Obj o;
     o.boolean("ok", true).str("action", "run").str("op", "fc").str("method", "FC").str("effective_method", "FC").integer("threads", threads).raw("cpu_models", cpu_models_json()).raw("output", jints(std::vector<size_t>{ s.N, s.M }));
     add_timing(o, tm);
@@ -2406,7 +2404,7 @@ public:
         if(it != by_key.end())
             return *it->second;
         MT               &dst = add_tensor(name, src.dims, map4(src.dims, want), want);
-        PermutationVector pv  = want == DataLayout::NHWC ? PermutationVector(2U, 0U, 1U) : PermutationVector(1U, 2U, 0U);
+        PermutationVector pv  = permutation_to(want);
         Status            st  = NEPermute::validate(src.t->info(), dst.t->info(), pv);
         if(!bool(st))
             throw Unsupported("NEPermute of '" + name + "' rejected: " + st.error_description());
