@@ -29,6 +29,7 @@ from rich.table import Table
 
 from kselect.core import plugins
 from kselect.core.bench import bench, random_feeds
+from kselect.core.crossplan import planned_conversions
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
@@ -89,8 +90,7 @@ def run_model(name: str, size: int, library, db: RecordDB, options: TuneOptions,
             "measured_now": sum(o.measured_now for o in outcomes), "tune_s": round(tune_s, 1),
             "plan_level": plan.plan_level, "tasks_changed": changed, "layouts": layouts,
             "planned_permutes_ms": round(plan.extra["cross_library"]["predicted"]["conversions_us"] / 1000, 3),
-            "planned_permutes": sum(len(e["conversions"]) for e in plan.nodes.values())
-            + len(plan.extra["cross_library"]["untuned_conversions"]),
+            "planned_permutes": len(planned_conversions(plan)),
             "op_sum_default_ms": round(default_sum / 1000, 3), "op_sum_plan_ms": round(plan_sum / 1000, 3),
             "plan_configs": {t["id"]: t["config"] for t in plan.tasks}, **engine, **inside, **result}
 

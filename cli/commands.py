@@ -219,8 +219,10 @@ def _layout_summary(plan, library) -> None:
     layouts: dict[str, int] = {}
     for entry in plan.nodes.values():
         layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
+    from kselect.core.crossplan import planned_conversions
+
     summary = plan.extra["cross_library"]
-    changes = sum(len(entry["conversions"]) for entry in plan.nodes.values()) + len(summary.get("untuned_conversions", []))
+    changes = len(planned_conversions(plan))
     console.print("layouts planned per op: " + ", ".join(f"{n} ops {label.split(':', 1)[1]}" for label, n in layouts.items())
                   + f"; {changes} layout changes, {summary['predicted']['conversions_us'] / 1000:.3f} ms measured "
                   + f"(per-op fastest, changes ignored: {summary['greedy']['total_us'] / 1000:.3f} ms in all, planned "
@@ -361,8 +363,9 @@ def cmd_plan_show(args) -> None:
     console.print(table)
     summary = plan.extra.get("cross_library")
     if summary:
-        conversions = [c for entry in plan.nodes.values() for c in entry.get("conversions", [])]
-        conversions += summary.get("untuned_conversions", [])
+        from kselect.core.crossplan import planned_conversions
+
+        conversions = planned_conversions(plan)
         predicted = summary["predicted"]
         console.print(f"{len(conversions)} conversions between ops; predicted sum: ops {predicted['ops_us'] / 1000:.3f} ms "
                       f"+ conversions {predicted['conversions_us'] / 1000:.3f} ms (greedy per op: "

@@ -311,6 +311,13 @@ def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float |
     return round(total, 3)
 
 
+def planned_conversions(plan: Plan) -> list[dict]:
+    """The conversions between ops a plan from here counts: into its tuned ops, and where an
+    untuned Add or Concat takes an input into its first input's label (model outputs aside)."""
+    into_ops = [c for entry in plan.nodes.values() for c in entry.get("conversions", [])]
+    return into_ops + plan.extra.get("cross_library", {}).get("untuned_conversions", [])
+
+
 def spinning_variants(plan: Plan) -> list[tuple[str, Plan]]:
     """The cross-library plan as built, then with each other library as the one whose workers
     spin; an end-to-end run decides among them."""
