@@ -16,6 +16,10 @@ tuned ops of (fastest MLAS option - fastest option of any library)). (Per-node m
 default configs' records: one slow outlier among those would inflate it.) MLAS's own config
 headroom shows in the MLAS plan column.
 
+Before planning, every config and conversion the planner chooses among (and each library plan's
+configs) is re-timed, as `kselect tune` does, so the plan, the ceiling and the prediction use
+timings from the minutes before the end-to-end runs (`--no-remeasure`: the stored records as they are).
+
 Prediction check (cross-library plan): its tuned ops and conversions as measured in isolation,
 plus the time of everything else (untuned ops, runner calls), calibrated per library on that
 library's own plan in the same run (its whole-model latency minus its tuned-op sum) and shared
@@ -43,7 +47,8 @@ from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.records import RecordDB
 from kselect.core.runtime import load_plan
-from kselect.core.tune import TuneOptions, library_tasks, tune, verified_library_plan
+from kselect.core.space import config_key
+from kselect.core.tune import TuneOptions, library_tasks, onnxruntime_default_plan, tune, verified_library_plan
 
 console = Console(width=200)
 LIBRARIES = ("mlas", "xnnpack")
@@ -55,6 +60,14 @@ def untuned_nodes(plan, runner) -> dict[str, int]:
     for segment in runner.segments:
         counts[segment.library] = counts.get(segment.library, 0) + sum(n not in plan.nodes for n in segment.nodes)
     return counts
+
+
+def ops_us_now(plan, library, device, db: RecordDB) -> float:
+    """A single-library plan's tuned-op sum from the records as stored now (re-timed by
+    plan_across), not as they were when the plan was built."""
+    stored = {(r.task, r.config_key): r.result.median_us
+              for r in db.records(device.fingerprint, library.name, library.version()) if r.result.status == "ok"}
+    return sum(stored.get((t["key"], config_key(t["config"])), t["time_us"]) * len(t["nodes"]) for t in plan.tasks)
 
 
 def derive(row: dict) -> dict:
@@ -74,7 +87,8 @@ def derive(row: dict) -> dict:
                            "rest_ms": {k: round(v / 1000, 3) for k, v in rest_us.items()}}}
 
 
-def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, rounds: int, runs: int) -> dict:
+def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, rounds: int, runs: int,
+              remeasure: bool = True) -> dict:
     device = this_device()
     model = load_model(name)
     single, tuning = {}, {}
@@ -88,11 +102,13 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
                                 "measured_now": sum(o.measured_now for o in outcomes),
                                 "plan_variant": single[library_name].extra["verified"]["chosen"]}
     start = time.perf_counter()
-    built = plan_across(model, device, db, libraries, single, options.settings)
+    built = plan_across(model, device, db, libraries, single, options.settings, remeasure=remeasure)
+    tuning["cross"] = {"plan_s": round(time.perf_counter() - start, 1)}  # re-timing included
     variants = spinning_variants(built)
     # what `kselect tune --library mlas,xnnpack` does: one end-to-end run picks the plan it keeps
-    kept_plan, selection = verified_across(model, [(f"{n} plan", p) for n, p in single.items()] + variants)
-    tuning["cross"] = {"plan_and_check_s": round(time.perf_counter() - start, 1)}
+    kept_plan, selection = verified_across(model, [(f"{n} plan", p) for n, p in single.items()] + variants,
+                                           fallback=onnxruntime_default_plan(model, device, db))
+    tuning["cross"]["plan_and_check_s"] = round(time.perf_counter() - start, 1)
     cross_name, cross = min(((n, p) for n, p in variants), key=lambda v: next(
         r["plan_ms"] for r in selection if r["variant"] == v[0]))
     kept = kept_plan.extra["verified"]["chosen"]
@@ -135,7 +151,8 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
                              "single_library": summary["single_library"], "ops_ceiling_us": summary["ops_ceiling_us"],
                              "ops_ceiling_by_library_us": summary["ops_ceiling_by_library_us"],
                              "default_ops_us": summary["default_ops_us"]},
-        "single_plan_ops_us": {n: round(p.estimated_us(), 3) for n, p in single.items()},
+        "single_plan_ops_us": {n: round(ops_us_now(p, libraries[n], device, db), 3) for n, p in single.items()},
+        "remeasured": summary.get("remeasured"),
     }
     return {**row, **derive(row)}
 
@@ -145,11 +162,16 @@ NOTES = """
 
 - *kept* is what `kselect tune --library mlas,xnnpack` keeps: the fastest of each library's plan and
   the cross-library plan's spinning variants in one end-to-end run; the figures above come from a
-  second, fresh run, so *kept* can read slightly slower than another column there.
+  second, fresh run, so *kept* can read slightly slower than another column there. When none of
+  them reached 0.99x of ONNX Runtime's default in that run, kselect keeps ONNX Runtime's own
+  configuration (the MLAS plan with every op at the library default: the original model and
+  default session options), and *kept* reads "onnxruntime default", 1.000.
 - *ceiling*: ONNX Runtime default / (default - sum over tuned ops of (fastest MLAS option - fastest
   option of any library)), from the isolated per-op measurements, conversions not counted.
 - *prediction error*: the cross-library plan's isolated op and conversion sums plus the untuned ops'
-  time calibrated on each library's own plan in the same run, against its measured latency.
+  time calibrated on each library's own plan in the same run, against its measured latency. The
+  isolated times are re-timed just before planning (the JSON's `remeasured` counts them), so they
+  and the whole-model runs come from the same minutes.
 - This machine has 2 vCPUs that sometimes stall a thread for milliseconds at a time, for
   minutes on end (plugins/xnnpack/README.md, "Measuring on a shared machine"). Isolated op times
   recorded in such a period are inflated; a plan built on them loses end to end and is not kept,
@@ -216,6 +238,8 @@ def main() -> None:
     parser.add_argument("--update", action="store_true",
                         help="replace only these models' rows in an existing JSON (e.g. after re-measuring them)")
     parser.add_argument("--render", action="store_true", help="only rewrite the markdown from the JSON")
+    parser.add_argument("--no-remeasure", dest="remeasure", action="store_false",
+                        help="plan on the stored records as they are (`kselect tune --no-remeasure`)")
     args = parser.parse_args()
     if args.render:
         data = json.loads(Path(args.json).read_text())
@@ -229,7 +253,7 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         console.print(f"[bold]{name}[/]: tuning mlas and xnnpack, planning across them, benchmarking")
-        rows.append(run_model(name, libraries, db, options, args.rounds, args.runs_per_round))
+        rows.append(run_model(name, libraries, db, options, args.rounds, args.runs_per_round, args.remeasure))
         console.print(rows[-1]["ms"], f"kept {rows[-1]['kept']}", f"ceiling {rows[-1]['ceiling']}")
         partial = Path(args.json).with_suffix(".partial.json")
         partial.parent.mkdir(parents=True, exist_ok=True)

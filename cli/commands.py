@@ -243,13 +243,19 @@ def _save_plan(args, model, plan, library, default_name: str) -> None:
 def _cross_library_plan(args, model, device, db, settings, tuned):
     """Per op across the tuned libraries, conversions counted; checked end to end against ONNX
     Runtime's default session and each library's own plan, keeping the fastest."""
-    from kselect.core.bench import verified_across
+    from kselect.core.bench import BASELINE, verified_across
     from kselect.core.crossplan import plan_across, spinning_variants
+    from kselect.core.tune import onnxruntime_default_plan
 
-    with console.status("measuring layout conversions and planning across libraries"):
+    doing = ("re-timing the configs and conversions the plan chooses among, then planning across libraries"
+             if args.remeasure else "measuring layout conversions and planning across libraries")
+    with console.status(doing):
         plan = plan_across(model, device, db, {name: entry[0] for name, entry in tuned.items()},
-                           {name: entry[3] for name, entry in tuned.items()}, settings)
+                           {name: entry[3] for name, entry in tuned.items()}, settings, remeasure=args.remeasure)
     summary = plan.extra["cross_library"]
+    if "remeasured" in summary:
+        console.print(f"re-timed {summary['remeasured']['configs']} configs and {summary['remeasured']['conversions']} "
+                      "conversions just now, so the plan compares timings from one period")
     table = Table(title=f"{model.name}: sum of isolated op and conversion times (ops in between not included)")
     for column in ("choice", "ops ms", "conversions ms", "total ms"):
         table.add_column(column, justify="left" if column == "choice" else "right")
@@ -266,8 +272,9 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     if not args.verify:
         return plan
     candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + spinning_variants(plan)
+    fallback = onnxruntime_default_plan(model, device, db) if "mlas" in tuned else None
     with console.status("checking the plans end to end against ONNX Runtime's default session"):
-        chosen, results = verified_across(model, candidates)
+        chosen, results = verified_across(model, candidates, fallback=fallback)
     table = Table(title=f"{model.name}: whole model, interleaved (median of {results[0]['runs']} runs each)")
     for column in ("plan", "ms", "vs onnxruntime default", "max output error"):
         table.add_column(column, justify="left" if column == "plan" else "right")
@@ -276,7 +283,11 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
         table.add_row(result["variant"], f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
                       f"{result['max_relative_output_error']:.1e}")
     console.print(table)
-    console.print(f"keeping the {chosen.extra['verified']['chosen']}")
+    if chosen.extra["verified"]["chosen"] == BASELINE:
+        console.print("no plan beat ONNX Runtime's default session in this run: keeping its own configuration "
+                      "(the MLAS plan with every op at the library default)")
+    else:
+        console.print(f"keeping the {chosen.extra['verified']['chosen']}")
     return chosen
 
 

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-repeats", type=int, default=10, help="minimum timed runs per candidate instance")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip the end-to-end check that falls back to a simpler plan when the tuned one is slower")
+    p.add_argument("--no-remeasure", dest="remeasure", action="store_false",
+                   help="with several libraries: plan on the stored records as they are, without first re-timing "
+                        "the configs and conversions the plan chooses among")
 
     p = commands.add_parser("predict", help="per-op latency predicted by the cost model, without measuring")
     _add_model_args(p)

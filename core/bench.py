@@ -135,35 +135,43 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
     raise ValueError("no plan variants to verify")
 
 
+BASELINE = "onnxruntime default"
+
+
 def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_round: int = 3,
-                    max_error: float = 1e-3) -> tuple:
+                    max_error: float = 1e-3, fallback=None, min_speedup: float = 0.99) -> tuple:
     """Runs ONNX Runtime's default session (the baseline) and each candidate plan ([(name,
     plan)]) on the whole model, interleaved; returns (the fastest plan whose outputs match the
-    baseline, one result per candidate). A cross-library plan runs through core/runtime.py."""
+    baseline, one result per candidate). A cross-library plan runs through core/runtime.py.
+    When that plan is slower than the baseline (below ``min_speedup``), ``fallback``, a plan of
+    the baseline's own configuration (core/tune.onnxruntime_default_plan), is returned instead."""
     from kselect.core import plugins
     from kselect.core.runtime import load_plan
 
     baseline = plugins.get_library("mlas").model_runner(model, None)
-    runners = {"onnxruntime default": baseline, **{name: load_plan(plan, model) for name, plan in candidates}}
+    runners = {BASELINE: baseline, **{name: load_plan(plan, model) for name, plan in candidates}}
     feeds = random_feeds(model)
     reference = baseline(feeds)
     errors = {name: compare_outputs(reference, runners[name](feeds)) for name, _ in candidates}
     times, attempts = steady_interleaved(runners, feeds, rounds, runs_per_round)
-    baseline_ms = statistics.median(times["onnxruntime default"])
+    baseline_ms = statistics.median(times[BASELINE])
     results = []
     for name, plan in candidates:
         plan_ms = statistics.median(times[name])
         results.append({"variant": name, "default_ms": round(baseline_ms, 4), "plan_ms": round(plan_ms, 4),
                         "speedup": round(baseline_ms / plan_ms, 4), "runs": len(times[name]),
                         "plan_spread": round(_relative_iqr(times[name]), 4),
-                        "default_spread": round(_relative_iqr(times["onnxruntime default"]), 4),
+                        "default_spread": round(_relative_iqr(times[BASELINE]), 4),
                         "measurement_runs": attempts, "max_relative_output_error": errors[name]})
     valid = [(result, plan) for result, (_, plan) in zip(results, candidates)
              if result["max_relative_output_error"] <= max_error]
     if not valid:
         raise ValueError("no plan's outputs match ONNX Runtime's")
     best_result, best_plan = min(valid, key=lambda pair: pair[0]["plan_ms"])
-    best_plan.extra["verified"] = {"chosen": best_result["variant"], "baseline": "onnxruntime default",
+    chosen = best_result["variant"]
+    if fallback is not None and best_result["speedup"] < min_speedup:
+        chosen, best_plan = BASELINE, fallback
+    best_plan.extra["verified"] = {"chosen": chosen, "baseline": BASELINE, "min_speedup": min_speedup,
                                    "tried": results}
     for runner in runners.values():
         getattr(runner, "close", lambda: None)()

@@ -75,8 +75,9 @@ def sides_needed(producer: str, consumer: str, shape) -> list[Side]:
 
 
 def measure_conversions(sides: set[Side], libraries: dict, device: Device, db: RecordDB,
-                        settings: MeasureSettings, on_measured=None) -> ConversionTable:
-    """Stored results are reused; the rest are measured now, grouped by library."""
+                        settings: MeasureSettings, on_measured=None, again: bool = False) -> ConversionTable:
+    """Stored results are reused (unless ``again``: then every side is measured now and a result
+    that is not ok keeps the stored one); the rest are measured now, grouped by library."""
     table = ConversionTable()
     db.add_device(device.fingerprint, device.to_json())
     by_library: dict[str, list[Side]] = {}
@@ -93,18 +94,20 @@ def measure_conversions(sides: set[Side], libraries: dict, device: Device, db: R
             task = conversion_task(*side)
             if task.key in stored:
                 table.times_us[side] = _time_of(stored[task.key].result)
-            else:
+            if again or task.key not in stored:
                 to_measure.append((side, task))
         if not to_measure:
             continue
         with MeasureWorker(name, settings) as worker:
             for side, task in to_measure:
                 result = worker.measure(task, {})
+                if on_measured:
+                    on_measured(task, result)
+                if task.key in stored and result.status != "ok":
+                    continue
                 db.add(device.fingerprint, record_library, version, task.to_json(), config_key({}), result,
                        library.emulated, True)
                 table.times_us[side] = _time_of(result)
-                if on_measured:
-                    on_measured(task, result)
     return table
 
 

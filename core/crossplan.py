@@ -275,26 +275,67 @@ def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str
     return settings
 
 
-def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None) -> Plan:
-    """The cross-library plan from stored records: each library keeps the plan-level settings of
-    its own plan (``single_plans``); conversions not yet stored are measured now."""
-    from kselect.core.conversions import measure_conversions
-    from kselect.core.tune import library_tasks, stored_outcomes
+REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored record; re-time that one too
 
-    records, defaults, plan_level = {}, {}, {}
+
+def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None,
+                remeasure: bool = False) -> Plan:
+    """The cross-library plan from stored records: each library keeps the plan-level settings of
+    its own plan (``single_plans``); conversions not yet stored are measured now. With
+    ``remeasure``, every config the planner chooses among (and each library default) and every
+    conversion it needs is timed again first, so that the choice and the prediction rest on
+    timings from one period, not on records from hours apart."""
+    from kselect.core.conversions import measure_conversions
+    from kselect.core.tune import library_tasks, remeasure as remeasure_configs, stored_outcomes
+
+    task_lists, defaults, plan_level = {}, {}, {}
     for name, library in libraries.items():
-        library_task_list = library_tasks(model, library)
-        records[name] = stored_outcomes(library_task_list, library, device, db)
+        task_lists[name] = library_tasks(model, library)
         defaults[name] = {t.key: library.space(t, device).normalise(library.default_config(t, device))
-                          for t in library_task_list}
+                          for t in task_lists[name]}
         plan_level[name] = dict(single_plans[name].plan_level)
     tasks = extract_tasks(model)
-    problem = cross_problem(model, libraries, tasks, records, defaults, plan_level)
-    table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured)
+
+    def current() -> tuple[dict, CrossProblem]:
+        records = {name: stored_outcomes(task_lists[name], library, device, db) for name, library in libraries.items()}
+        return records, cross_problem(model, libraries, tasks, records, defaults, plan_level)
+
+    records, problem = current()
+    remeasured: set = set()
+    for _ in range(REMEASURE_ROUNDS if remeasure else 0):
+        contenders = _contenders(problem, libraries, defaults, single_plans, task_lists)
+        wanted = {key: entry for key, entry in contenders.items() if key not in remeasured}
+        if not wanted:
+            break
+        remeasure_configs(list(wanted.values()), device, db, settings, on_measured)
+        remeasured |= set(wanted)
+        records, problem = current()
+    table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
     plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
-    plan.extra["cross_library"]["default_ops_us"] = {
-        name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}
+    summary = plan.extra["cross_library"]
+    summary["default_ops_us"] = {name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}
+    if remeasure:
+        summary["remeasured"] = {"configs": len(remeasured), "conversions": len(problem.sides())}
     return plan
+
+
+def _contenders(problem: CrossProblem, libraries: dict, defaults: dict, single_plans: dict, task_lists: dict) -> dict:
+    """(library, task, config) of every option the planner chooses among, of each library's
+    default for those tasks and of each library's own plan, keyed by (library, task key, config key)."""
+    wanted = {}
+    for options in problem.options.values():
+        for option in options:
+            choice: Choice | None = option.payload
+            if choice is None:
+                continue
+            for config in (choice.record.config, defaults[choice.library][choice.task.key]):
+                wanted[(choice.library, choice.task.key, config_key(config))] = (libraries[choice.library], choice.task, config)
+    for name, plan in single_plans.items():
+        task_of = {task.key: task for task in task_lists[name]}
+        for entry in plan.tasks:
+            if entry["key"] in task_of:
+                wanted[(name, entry["key"], config_key(entry["config"]))] = (libraries[name], task_of[entry["key"]], entry["config"])
+    return wanted
 
 
 def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float | None:

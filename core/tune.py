@@ -157,6 +157,36 @@ def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: Rec
     return {task.key: db.records(device.fingerprint, library.name, version, task.key) for task in tasks}
 
 
+def remeasure(candidates: list[tuple[Library, Task, dict]], device: Device, db: RecordDB, settings: MeasureSettings,
+              on_measured=None) -> int:
+    """Measures stored configs again and replaces their records, task by task with the libraries
+    alternating, so the configs a plan compares carry timings from one period (this VM's speed
+    drifts by up to 1.5x over hours). A result that is not ok keeps the stored record. Returns the
+    number of records replaced."""
+    from contextlib import ExitStack
+
+    by_task: dict[str, list[tuple[Library, Task, dict]]] = {}
+    for library, task, config in candidates:
+        by_task.setdefault(task.key, []).append((library, task, config))
+    replaced = 0
+    with ExitStack() as stack:
+        workers: dict[str, MeasureWorker] = {}
+        for entries in by_task.values():
+            for library, task, config in entries:
+                if library.name not in workers:
+                    workers[library.name] = stack.enter_context(MeasureWorker(library.name, settings))
+                result = workers[library.name].measure(task, config)
+                if on_measured:
+                    on_measured(task, result)
+                if result.status != "ok":
+                    continue
+                default = library.space(task, device).normalise(library.default_config(task, device))
+                db.add(device.fingerprint, library.name, library.version(), task.to_json(), config_key(config), result,
+                       library.emulated, config_key(config) == config_key(default))
+                replaced += 1
+    return replaced
+
+
 def library_plan_variants(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
                           outcomes: list[TaskOutcome], settings: MeasureSettings | None = None) -> list:
     """[(name, plan)], most tuned first (core/plan.plan_variants). For a library that plans
@@ -174,6 +204,24 @@ def library_plan_variants(model: Model, library: Library, device: Device, db: Re
                               settings or MeasureSettings())
         variants = [("tuned", planned)] + [(name, plan) for name, plan in variants if name != "tuned"]
     return variants
+
+
+def onnxruntime_default_plan(model: Model, device: Device, db: RecordDB):
+    """ONNX Runtime's default session as a plan: MLAS with every op at the library default (the
+    original model and ORT's default session options), or None without those records. A
+    cross-library tune keeps it when nothing it built beats that session end to end."""
+    from kselect.core import plugins
+    from kselect.core.plan import plan_variants
+
+    try:
+        mlas = plugins.get_library("mlas")
+        tasks = library_tasks(model, mlas)
+    except KselectError:  # no ONNX Runtime here, or no op it tunes
+        return None
+    defaults = {t.key: mlas.space(t, device).normalise(mlas.default_config(t, device)) for t in tasks}
+    variants = dict(plan_variants(model, device, mlas, mlas.version(), tasks, stored_outcomes(tasks, mlas, device, db),
+                                  defaults))
+    return variants.get("library default")
 
 
 def verified_library_plan(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],

@@ -3,7 +3,10 @@ else, the mixed plan running end to end like ONNX Runtime, and the CLI as a user
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import shutil
 
 import numpy as np
 import onnx
@@ -20,7 +23,8 @@ from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.planner import Option, brute_force, solve
 from kselect.core.records import RecordDB
-from kselect.core.tune import TuneOptions, library_tasks, tune, verified_library_plan
+from kselect.core.space import config_key
+from kselect.core.tune import TuneOptions, library_tasks, onnxruntime_default_plan, tune, verified_library_plan
 
 FAST = MeasureSettings(min_time_s=0.01, min_repeats=3, max_time_s=0.2)
 
@@ -55,6 +59,56 @@ def test_conversions_are_measured_verified_stored_and_reused(tuned):
     plan_across(tuned["model"], device, db, tuned["libraries"], tuned["single"], FAST,
                 on_measured=lambda task, result: again.append(task))
     assert again == []  # everything came from the records
+
+
+def test_remeasuring_replaces_stale_records_before_planning(tuned):
+    """Records from a slower period (here every XNNPack record inflated 100x) mislead the planner;
+    with remeasure the configs it chooses among and the conversions are timed again first."""
+    shutil.copy(tuned["db"].path, tuned["folder"] / "stale.db")
+    db, device = RecordDB(tuned["folder"] / "stale.db"), tuned["device"]
+    xnnpack = tuned["libraries"]["xnnpack"]
+    original = {(r.task, r.config_key): r.result.median_us
+                for r in db.records(device.fingerprint, "xnnpack", xnnpack.version()) if r.result.status == "ok"}
+    for task_json, record in db.all_records(device.fingerprint, "xnnpack", xnnpack.version()):
+        if record.result.status == "ok":
+            stale = dataclasses.replace(record.result, median_us=record.result.median_us * 100)
+            db.add(device.fingerprint, "xnnpack", xnnpack.version(), task_json, record.config_key, stale, False,
+                   record.is_default)
+    args = (tuned["model"], device, db, tuned["libraries"], tuned["single"], FAST)
+    before = plan_across(*args).extra["cross_library"]["single_library"]["xnnpack"]["ops_us"]
+    measured = []
+    plan = plan_across(*args, on_measured=lambda task, result: measured.append(task.kind), remeasure=True)
+    summary = plan.extra["cross_library"]
+    expected = tuned["plan"].extra["cross_library"]["single_library"]["xnnpack"]["ops_us"]
+    assert before > 30 * expected  # the stale records, as the planner would have used them
+    assert summary["single_library"]["xnnpack"]["ops_us"] < 5 * expected  # re-timed: back to real kernel speed
+    assert summary["remeasured"]["configs"] == sum(kind != "convert" for kind in measured) > 0
+    assert summary["remeasured"]["conversions"] == sum(kind == "convert" for kind in measured) > 0
+    for (task, key), median_us in original.items():  # what was compared is no longer inflated
+        now = next(r.result.median_us for r in db.records(device.fingerprint, "xnnpack", xnnpack.version(), task)
+                   if r.config_key == key)
+        chosen = any(e["library"] == "xnnpack" and e["key"] == task and config_key(e["config"]) == key
+                     for e in tuned["single"]["xnnpack"].tasks)
+        if chosen:  # the XNNPack plan's own configs are among those re-timed
+            assert now < 5 * median_us
+
+
+def test_a_check_that_nothing_passes_keeps_onnxruntimes_own_configuration(tuned):
+    """A cross-library tune that beats nothing end to end ships ONNX Runtime's default session as
+    an MLAS plan (original model, every op at the library default), not its slowest loser."""
+    from kselect.core.bench import BASELINE, verified_across
+    from kselect.plugins.mlas.apply import layouts_are_onnxruntimes
+
+    model, device = tuned["model"], tuned["device"]
+    fallback = onnxruntime_default_plan(model, device, tuned["db"])
+    assert set(fallback.libraries) == {"mlas"} and layouts_are_onnxruntimes(model, fallback)
+    for entry in fallback.tasks:
+        assert entry["config"] == entry["default_config"]
+    candidates = [("mlas plan", tuned["single"]["mlas"]), ("cross-library plan", tuned["plan"])]
+    kept, results = verified_across(model, candidates, rounds=2, runs_per_round=2, fallback=fallback, min_speedup=100.0)
+    assert kept is fallback and kept.extra["verified"]["chosen"] == BASELINE and len(results) == 2
+    kept, _ = verified_across(model, candidates, rounds=2, runs_per_round=2, fallback=fallback, min_speedup=0.0)
+    assert kept is not fallback and kept.extra["verified"]["chosen"] in ("mlas plan", "cross-library plan")
 
 
 def test_every_conversion_side_runs_real_kernels_and_keeps_values():
@@ -169,6 +223,8 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
                          "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "greedy per op" in result.stdout and "onnxruntime default" in result.stdout
+    retimed = re.search(r"re-timed (\d+) configs and (\d+) conversions", result.stdout)
+    assert retimed and int(retimed[1]) > 0  # the plan compares timings from one period
     plan = json.loads(plan_path.read_text())
     assert set(plan["libraries"]) <= {"mlas", "xnnpack"}
     chosen = plan["extra"]["verified"]["chosen"]
