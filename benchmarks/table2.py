@@ -179,6 +179,10 @@ NOTES = """
 - Mixing libraries needs exactly one library spinning: ONNX Runtime's and XNNPack's worker
   threads otherwise take the cores from each other between segments, and with none spinning a
   plan's speed depends on the period (wake-up latency).
+- After each switch of runner the next one runs untimed for at least 0.1 s (core/bench.py,
+  `SETTLE_S`): XNNPack's pool spins for tens of milliseconds after its work, and a runner timed
+  right after it reads up to 2x slow on a small model (mobilenetv2's ORT default: 15.3 ms after an
+  XNNPack runner with one settle run, 7.7 ms after 0.1 s of settle runs).
 - The checks that choose a plan repeat a run whose spread is above 0.3 (core/bench.py,
   `STEADY_SPREAD`); the figures above come from one run per model, whatever its spread.
 - *tune s* is the time of this invocation's tuning step: when the records were already stored

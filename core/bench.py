@@ -16,12 +16,20 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
     return {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in model.input_shapes.items()}
 
 
+# XNNPack's pool spins for tens of milliseconds after its last parallel loop. On mobilenetv2 ONNX
+# Runtime's default ran 15.3 ms (median) when timed one settle run after an XNNPack runner,
+# 8.2 ms after itself and 7.7 ms after 0.1 s of settle runs: one run of a small model is not
+# enough to outlast the spinning.
+SETTLE_S = 0.1
+
+
 def interleaved(runners: dict[str, callable], feeds: dict, rounds: int = 10, runs_per_round: int = 5,
-                warmup: int = 3, settle: int = 1) -> dict[str, list[float]]:
+                warmup: int = 3, settle: int = 1, settle_s: float = SETTLE_S) -> dict[str, list[float]]:
     """Milliseconds per run for each runner, alternating runners every few runs. After each
-    switch ``settle`` runs go untimed: the previous runner's worker threads may still be spinning
-    on the cores (ONNX Runtime's and XNNPack's pools spin a while after their work), which would
-    bill one runner for another's threads."""
+    switch the runner runs untimed (at least ``settle`` runs and ``settle_s`` seconds): the
+    previous runner's worker threads may still be spinning on the cores (ONNX Runtime's and
+    XNNPack's pools spin a while after their work), which would bill one runner for another's
+    threads."""
     for run in runners.values():
         for _ in range(warmup):
             run(feeds)
@@ -30,8 +38,10 @@ def interleaved(runners: dict[str, callable], feeds: dict, rounds: int = 10, run
     for round_index in range(rounds):
         order = names if round_index % 2 == 0 else names[::-1]
         for name in order:
-            for _ in range(settle):
+            settle_start, settled = time.perf_counter(), 0
+            while settled < settle or time.perf_counter() - settle_start < settle_s:
                 runners[name](feeds)
+                settled += 1
             for _ in range(runs_per_round):
                 start = time.perf_counter()
                 runners[name](feeds)

@@ -30,3 +30,23 @@ def test_after_the_last_attempt_the_steadiest_run_is_kept(monkeypatch):
 def test_a_steady_run_is_not_repeated(monkeypatch):
     scripted(monkeypatch, [STEADY, UNSTEADY])
     assert bench_module.steady_interleaved({}, {}, 2, 3) == (STEADY, 1)
+
+
+def test_after_each_switch_a_runner_runs_untimed_until_the_previous_ones_threads_are_quiet():
+    """Scripted runners of 5 ms: with settle_s 0.03 each switch runs the next one untimed for at
+    least 30 ms (XNNPack's pool spins that long after its work) before timing it."""
+    import time
+
+    calls = {"a": 0, "b": 0}
+
+    def runner(name):
+        def run(feeds):
+            calls[name] += 1
+            time.sleep(0.005)
+        return run
+
+    times = bench_module.interleaved({"a": runner("a"), "b": runner("b")}, {}, rounds=2, runs_per_round=2, warmup=0,
+                                     settle=1, settle_s=0.03)
+    assert all(len(values) == 4 for values in times.values())
+    for name in calls:  # 2 switches each: at least 6 settle runs of 5 ms, plus 4 timed runs
+        assert calls[name] >= 2 * 6 + 4
