@@ -286,13 +286,12 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     conversion it needs is timed again first, so that the choice and the prediction rest on
     timings from one period, not on records from hours apart."""
     from kselect.core.conversions import measure_conversions
-    from kselect.core.tune import library_tasks, remeasure as remeasure_configs, stored_outcomes
+    from kselect.core.tune import library_defaults, library_tasks, remeasure as remeasure_configs, stored_outcomes
 
     task_lists, defaults, plan_level = {}, {}, {}
     for name, library in libraries.items():
         task_lists[name] = library_tasks(model, library)
-        defaults[name] = {t.key: library.space(t, device).normalise(library.default_config(t, device))
-                          for t in task_lists[name]}
+        defaults[name] = library_defaults(task_lists[name], library, device)
         plan_level[name] = dict(single_plans[name].plan_level)
     tasks = extract_tasks(model)
 
@@ -307,7 +306,7 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         wanted = {key: entry for key, entry in contenders.items() if key not in remeasured}
         if not wanted:
             break
-        remeasure_configs(list(wanted.values()), device, db, settings, on_measured)
+        remeasure_configs(list(wanted.values()), defaults, device, db, settings, on_measured)
         remeasured |= set(wanted)
         records, problem = current()
     table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)

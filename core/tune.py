@@ -157,12 +157,18 @@ def stored_outcomes(tasks: list[Task], library: Library, device: Device, db: Rec
     return {task.key: db.records(device.fingerprint, library.name, version, task.key) for task in tasks}
 
 
-def remeasure(candidates: list[tuple[Library, Task, dict]], device: Device, db: RecordDB, settings: MeasureSettings,
-              on_measured=None) -> int:
+def library_defaults(tasks: list[Task], library: Library, device: Device) -> dict[str, dict]:
+    """The library's own config per task key, normalised to its space (as records store it)."""
+    return {t.key: library.space(t, device).normalise(library.default_config(t, device)) for t in tasks}
+
+
+def remeasure(candidates: list[tuple[Library, Task, dict]], defaults: dict[str, dict[str, dict]], device: Device, db: RecordDB,
+              settings: MeasureSettings, on_measured=None) -> int:
     """Measures stored configs again and replaces their records, task by task with the libraries
     alternating, so the configs a plan compares carry timings from one period (this VM's speed
-    drifts by up to 1.5x over hours). A result that is not ok keeps the stored record. Returns the
-    number of records replaced."""
+    drifts by up to 1.5x over hours). A result that is not ok keeps the stored record.
+    ``defaults[library][task key]`` marks the library defaults' records. Returns the number of
+    records replaced."""
     from contextlib import ExitStack
 
     by_task: dict[str, list[tuple[Library, Task, dict]]] = {}
@@ -180,9 +186,9 @@ def remeasure(candidates: list[tuple[Library, Task, dict]], device: Device, db: 
                     on_measured(task, result)
                 if result.status != "ok":
                     continue
-                default = library.space(task, device).normalise(library.default_config(task, device))
+                is_default = config_key(config) == config_key(defaults[library.name][task.key])
                 db.add(device.fingerprint, library.name, library.version(), task.to_json(), config_key(config), result,
-                       library.emulated, config_key(config) == config_key(default))
+                       library.emulated, is_default)
                 replaced += 1
     return replaced
 
@@ -218,7 +224,7 @@ def onnxruntime_default_plan(model: Model, device: Device, db: RecordDB):
         tasks = library_tasks(model, mlas)
     except KselectError:  # no ONNX Runtime here, or no op it tunes
         return None
-    defaults = {t.key: mlas.space(t, device).normalise(mlas.default_config(t, device)) for t in tasks}
+    defaults = library_defaults(tasks, mlas, device)
     variants = dict(plan_variants(model, device, mlas, mlas.version(), tasks, stored_outcomes(tasks, mlas, device, db),
                                   defaults))
     return variants.get("library default")
