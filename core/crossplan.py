@@ -32,7 +32,9 @@ from kselect.core.tasks import Task, extract_tasks
 # (``spinning_variants``). Not none: with no thread spinning every parallel loop waits for its
 # workers to wake, which on a VM whose vCPUs stall takes milliseconds in some periods and not in
 # others (alexnet's plan with none spinning ran 26.0 ms in one run, 46.9 ms in the next, with one
-# spinning 26.4 ms). Options are taken whatever their spinning setting.
+# spinning 26.4 ms). Options are taken whatever their spinning setting. Whichever spins stops at
+# the end of its segments (``Library.model_runner(..., in_mixed_plan=True)``): left spinning, the
+# threads of one segment took a core from the next (resnet101, two XNNPack ops: 251 -> 150 ms).
 SHARED_CORE_DIMS = ("spinning",)
 
 

@@ -126,9 +126,12 @@ class Library:
         """Write what a deployment needs to run the plan; returns the files written."""
         return []
 
-    def model_runner(self, model, plan) -> Callable[[dict], list]:
+    def model_runner(self, model, plan, in_mixed_plan: bool = False) -> Callable[[dict], list]:
         """A callable running the whole model: with the library's defaults when ``plan`` is
-        None, else as the plan says. Used by ``kselect bench``."""
+        None, else as the plan says. Used by ``kselect bench``. ``in_mixed_plan``: the model is
+        one segment of a plan that mixes libraries (core/runtime.py), so another library's
+        threads run as soon as the callable returns; threads of this library that would spin
+        waiting for more work must stop then, or they hold cores the next segment needs."""
         raise NotImplementedError
 
     def runs_op(self, op_type: str) -> bool:

@@ -104,7 +104,8 @@ def load_plan(plan: Plan | str | Path, model: Model | str) -> PlanRunner:
     try:
         for index, segment in enumerate(segments):
             segment_model = model if len(segments) == 1 else sub_model(model, segment, index)
-            runners.append(library(segment.library).model_runner(segment_model, segment_plan(plan, segment)))
+            runners.append(library(segment.library).model_runner(segment_model, segment_plan(plan, segment),
+                                                                 in_mixed_plan=len(segments) > 1))
     except BaseException:
         PlanRunner(plan, model, segments, runners).close()
         raise

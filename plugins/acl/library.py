@@ -435,9 +435,10 @@ class AclLibrary(Library):
         path.write_text(json.dumps(graph, indent=1) + "\n")
         return [path]
 
-    def model_runner(self, model, plan, timeout_s: float = 1800.0):
+    def model_runner(self, model, plan, in_mixed_plan: bool = False, timeout_s: float = 1800.0):
         """The model in a persistent runner process (``engine.AclModelRunner``), with the library
-        defaults when ``plan`` is None, else the plan's per-op configs."""
+        defaults when ``plan`` is None, else the plan's per-op configs. ``in_mixed_plan`` changes
+        nothing: ACL's scheduler threads wait on a condition variable, they do not spin."""
         from kselect.plugins.acl import engine
 
         device = this_device()

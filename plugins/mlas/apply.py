@@ -69,17 +69,23 @@ def load_session(model_path: str | Path, options_path: str | Path):
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
-def default_session(model):
-    """The baseline: ONNX Runtime's default session (ORT_ENABLE_ALL, all cores, its defaults)."""
+def default_session(model, extra_entries: dict | None = None):
+    """The baseline: ONNX Runtime's default session (ORT_ENABLE_ALL, all cores, its defaults);
+    ``extra_entries``: session config entries added to it."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    for key, value in (extra_entries or {}).items():
+        options.add_session_config_entry(key, value)
+    return ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def plan_session(model, plan):
+def plan_session(model, plan, extra_entries: dict | None = None):
     import onnxruntime as ort
 
     keep_original = layouts_are_onnxruntimes(model, plan)
-    return ort.InferenceSession(rewritten_model(model, plan, keep_original).SerializeToString(),
-                                session_options(plan.plan_level, keep_nchwc_transformer=keep_original),
+    options = session_options(plan.plan_level, keep_nchwc_transformer=keep_original)
+    for key, value in (extra_entries or {}).items():
+        options.add_session_config_entry(key, value)
+    return ort.InferenceSession(rewritten_model(model, plan, keep_original).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])

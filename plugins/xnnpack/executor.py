@@ -15,7 +15,9 @@ Threads: without a plan every operator runs on one pthreadpool of all cores (XNN
 With a plan, a conv / fc op uses the pool of its planned thread count (1 = the calling thread);
 ops without a config (pooling, add, concat, softmax, ...) take the thread count of the op that
 produces their first input. The plan-level ``spinning`` says whether the pools' workers spin or
-sleep between parallel loops (set on the shim at the start of every inference).
+sleep between parallel loops (set on the shim at the start of every inference). In a plan that
+mixes libraries (``release_at_end``) spinning pools are put to sleep when the segment ends, so
+that the next library's threads are not left one core short.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class _Storage:
 class Executor:
     """``Executor(library, model, plan)(feeds) -> [outputs]``; ``plan`` None = XNNPack defaults."""
 
-    def __init__(self, library, model, plan=None):
+    def __init__(self, library, model, plan=None, release_at_end: bool = False):
         self.model = model
         self.library = library
         self.plan = plan
@@ -88,6 +90,10 @@ class Executor:
         except BaseException:
             self.close()
             raise
+        used = {b for _, _, b in self.steps if isinstance(b, int)}  # pool handles (other steps copy arrays)
+        spinning = self.flags == 0
+        self._release = [] if not (release_at_end and spinning and shim is not None) else \
+            [(shim.release, pool.handle) for pool in configured.pools() if pool.handle in used]
 
     # -- building ---------------------------------------------------------------------------
     def _alloc(self, size: int) -> _Storage:
@@ -499,6 +505,8 @@ class Executor:
             status = fn(a, b)
             if status:
                 raise xa.XNNPackError(status, "xnn_run_operator")
+        for release, pool in self._release:
+            release(pool)
         return [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy()
                 for t in self.outputs]
 

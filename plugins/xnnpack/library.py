@@ -238,10 +238,10 @@ class XnnpackLibrary(Library):
         it and builds each op as it says."""
         return []
 
-    def model_runner(self, model, plan):
+    def model_runner(self, model, plan, in_mixed_plan: bool = False):
         from kselect.plugins.xnnpack.executor import Executor
 
-        return Executor(self, model, plan)
+        return Executor(self, model, plan, release_at_end=in_mixed_plan)
 
     def runs_op(self, op_type: str) -> bool:
         from kselect.plugins.xnnpack.executor import Executor

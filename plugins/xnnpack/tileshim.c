@@ -304,3 +304,22 @@ int kselect_shim_noop(void* op, void* pool) {
     return 0;
 }
 
+
+/* Hands the pool's cores back: one empty parallel loop with PTHREADPOOL_FLAG_YIELD_WORKERS (2),
+ * after which its workers sleep in the kernel instead of spinning for their next command. Run at
+ * the end of an XNNPack segment of a plan that mixes libraries, so that the next library's
+ * threads get both cores at once. */
+static void nothing(void* context, size_t i) {
+    (void) context;
+    (void) i;
+}
+
+int kselect_shim_release(pool_t pool) {
+    static void (*fn)(pool_t, task_t, void*, size_t, uint32_t) = NULL;
+    static size_t (*count)(pool_t) = NULL;
+    if (fn == NULL) fn = real("pthreadpool_parallelize_1d");
+    if (count == NULL) count = real("pthreadpool_get_threads_count");
+    if (fn == NULL || count == NULL || pool == NULL) return -1;
+    fn(pool, (task_t) nothing, NULL, count(pool), 2);
+    return 0;
+}

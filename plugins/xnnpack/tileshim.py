@@ -84,6 +84,9 @@ class Shim:
         cdll.kselect_shim_set_flags.restype = None
         cdll.kselect_shim_flags.restype = ctypes.c_uint32
         self.set_flags = cdll.kselect_shim_set_flags  # direct: called once per inference
+        cdll.kselect_shim_release.argtypes = [vp]
+        cdll.kselect_shim_release.restype = ctypes.c_int
+        self.release = cdll.kselect_shim_release  # (pool handle): its workers sleep instead of spinning
         self.verified = False
 
     def calls(self) -> int:
