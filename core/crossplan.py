@@ -60,12 +60,26 @@ class DataEdge(NamedTuple):
     tensor: str
     shape: tuple
     at: str | None = None  # None: at the consumer
+    flattened: tuple | None = None  # a Flatten on the way took a 4-D tensor of this shape (H x W > 1)
 
 
 @dataclass
 class CrossProblem:
     options: dict[str, list[Option]] = field(default_factory=dict)
     edges: list[DataEdge] = field(default_factory=list)
+    # label -> the label a Flatten in that library reads its 4-D input in (Library.flatten_label)
+    flatten_reads: dict[str, str] = field(default_factory=dict)
+
+    def steps(self, edge: DataEdge, a: str, b: str) -> list[tuple[str, str, tuple]]:
+        """The label changes a tensor makes along ``edge`` when its ends have labels ``a`` and
+        ``b``: a Flatten on the way runs in the producer's library, which first brings its 4-D
+        input into the layout it flattens (ACL, ONNX Runtime: NCHW; XNNPack folds it into the FC)."""
+        if edge.flattened is None:
+            return [(a, b, edge.shape)]
+        return [(a, self.flatten_reads.get(a, a), edge.flattened), (a, b, edge.shape)]
+
+    def cost_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
+        return sum(table.cost_us(x, y, shape) for x, y, shape in self.steps(edge, a, b))
 
     def sides(self) -> set:
         """The conversions any labelling could need."""
@@ -73,7 +87,8 @@ class CrossProblem:
         for edge in self.edges:
             for a in {o.label for o in self.options[edge.producer]}:
                 for b in {o.label for o in self.options[edge.consumer]}:
-                    needed.update(sides_needed(a, b, edge.shape))
+                    for x, y, shape in self.steps(edge, a, b):
+                        needed.update(sides_needed(x, y, shape))
         return needed
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
@@ -82,7 +97,7 @@ class CrossProblem:
             return libraries is None or option.payload is None or option.payload.library in libraries
 
         options = {node: [o for o in opts if allowed(o)] for node, opts in self.options.items()}
-        edges = [Edge(e.producer, e.consumer, lambda a, b, shape=e.shape: table.cost_us(a, b, shape)) for e in self.edges]
+        edges = [Edge(e.producer, e.consumer, lambda a, b, e=e: self.cost_us(table, e, a, b)) for e in self.edges]
         return PlanGraph(options, edges)
 
 
@@ -114,27 +129,52 @@ def _label_sources(model: Model, tuned: set[str]) -> callable:
     return source
 
 
+def _flattened(model: Model, tuned: set[str]) -> callable:
+    """tensor -> the 4-D shape a Flatten took on its way from its label's source (H x W > 1:
+    where the layout decides the element order), else None."""
+    producer = {out: node for node in model.proto.graph.node for out in node.output}
+    produced = set(producer)
+    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+
+    def flattened(tensor: str) -> tuple | None:
+        while tensor in producer and producer[tensor].name not in tuned:
+            node = producer[tensor]
+            first = _first_data_input(node, produced, graph_inputs)
+            shape = tuple(model.shapes.get(first, ())) if first else ()
+            if node.op_type in ("Flatten", "Reshape") and len(shape) == 4 and shape[2] * shape[3] > 1:
+                return shape
+            if not first:
+                return None
+            tensor = first
+        return None
+    return flattened
+
+
 def _data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
     source = _label_sources(model, tuned)
+    flattened = _flattened(model, tuned)
     produced = {out for node in model.proto.graph.node for out in node.output}
     graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+
+    def edge(tensor: str, consumer: str, at: str | None = None) -> DataEdge:
+        return DataEdge(source(tensor), consumer, tensor, tuple(model.shapes[tensor]), at, flattened(tensor))
+
     edges = []
     for node in model.proto.graph.node:
         if node.name in tuned:
             tensor = node.input[0]
             if source(tensor):
-                edges.append(DataEdge(source(tensor), node.name, tensor, tuple(model.shapes[tensor])))
+                edges.append(edge(tensor, node.name))
             continue
         first = _first_data_input(node, produced, graph_inputs)
         target = source(first) if first else None
         for tensor in node.input:
             if tensor and tensor != first and (tensor in produced or tensor in graph_inputs):
                 if target and source(tensor) and source(tensor) != target:
-                    edges.append(DataEdge(source(tensor), target, tensor, tuple(model.shapes[tensor]), node.name))
+                    edges.append(edge(tensor, target, node.name))
     for output in model.proto.graph.output:
         if source(output.name):
-            edges.append(DataEdge(source(output.name), f"output:{output.name}", output.name,
-                                  tuple(model.shapes[output.name])))
+            edges.append(edge(output.name, f"output:{output.name}"))
     return edges
 
 
@@ -163,6 +203,11 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                         Option(label, picked.result.median_us,
                                Choice(name, task, picked, picked.emulated, default_us, len(measured))))
     problem.edges = _data_edges(model, set(problem.options))
+    for name, library in libraries.items():
+        for options in problem.options.values():
+            for option in options:
+                if option.payload is not None and option.payload.library == name:
+                    problem.flatten_reads[option.label] = library.flatten_label(option.label)
     for edge in problem.edges:
         for pseudo in (edge.producer, edge.consumer):
             if pseudo not in problem.options:
@@ -209,7 +254,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         conversions = []
         for edge in problem.edges:
             if edge.consumer == node and edge.at is None:
-                cost = table.cost_us(labels[edge.producer], option.label, edge.shape)
+                cost = problem.cost_us(table, edge, labels[edge.producer], option.label)
                 if cost:
                     conversions.append({"from": edge.producer, "tensor": edge.tensor, "from_label": labels[edge.producer],
                                         "to_label": option.label, "time_us": round(cost, 3)})
@@ -220,11 +265,11 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         group = (choice.task.key, choice.library, config_key(config))
         groups.setdefault(group, (choice, config, []))[2].append(node)
     output_conversions = [{"from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer], "to_label": GRAPH_LABEL,
-                           "time_us": round(table.cost_us(labels[e.producer], GRAPH_LABEL, e.shape), 3)}
+                           "time_us": round(problem.cost_us(table, e, labels[e.producer], GRAPH_LABEL), 3)}
                           for e in problem.edges if e.consumer.startswith("output:")]
     untuned_conversions = []
     for e in problem.edges:
-        cost = table.cost_us(labels[e.producer], labels[e.consumer], e.shape) if e.at is not None else 0.0
+        cost = problem.cost_us(table, e, labels[e.producer], labels[e.consumer]) if e.at is not None else 0.0
         if cost:
             untuned_conversions.append({"at": e.at, "from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer],
                                         "to_label": labels[e.consumer], "time_us": round(cost, 3)})

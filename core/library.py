@@ -112,6 +112,12 @@ class Library:
         ``"<library>:<layout>"``."""
         return f"{self.name}:NCHW"
 
+    def flatten_label(self, label: str) -> str:
+        """The label in which this library's runner flattens a 4-D tensor held in ``label``
+        (a Flatten before an FC): ONNX's element order is NCHW's, so by default the tensor is
+        first converted to NCHW; a runner that flattens in place returns ``label``."""
+        return f"{self.name}:NCHW"
+
     def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
         """A candidate doing what this library's runner does to a tensor at a segment boundary:
         ``direction`` "in" takes NCHW ``x`` into the layout ``label`` names, "out" takes it back

@@ -291,3 +291,44 @@ def test_an_add_takes_its_second_input_into_its_first_inputs_label():
     assert set(_data_edges(model, {"a", "b", "c"})) == {
         DataEdge("input:x", "a", "x", shape), DataEdge("a", "b", "tr", shape), DataEdge("a", "b", "tr", shape, "add"),
         DataEdge("b", "c", "ts", shape), DataEdge("c", "output:y", "y", shape)}
+
+
+def test_a_flatten_before_an_fc_pays_for_its_input_layout():
+    """conv -> pool -> Flatten -> fc: the Flatten runs in the conv's library and reads NCHW order,
+    so a conv in a blocked layout pays to leave it there even when the fc is in the same library;
+    XNNPack folds the Flatten into its FC and pays nothing. A 1x1 map needs no reorder."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.crossplan import Choice, _data_edges
+    from kselect.core.model import model_from_proto
+
+    def model_with_map(size: int):
+        nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                 helper.make_node("MaxPool", ["c"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+                 helper.make_node("Flatten", ["p"], ["f"], name="flatten", axis=1),
+                 helper.make_node("Gemm", ["f", "wf"], ["y"], name="fc", transB=1)]
+        weights = [numpy_helper.from_array(np.ones((8, 4, 3, 3), np.float32), "w"),
+                   numpy_helper.from_array(np.ones((10, 8 * (size // 2) ** 2), np.float32), "wf")]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+        return model_from_proto(f"flat{size}", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+    edges = _data_edges(model_with_map(8), {"conv", "fc"})
+    into_fc = next(e for e in edges if e.consumer == "fc")
+    assert (into_fc.producer, into_fc.tensor, into_fc.shape, into_fc.flattened) == ("conv", "f", (1, 128), (1, 8, 4, 4))
+    assert next(e for e in _data_edges(model_with_map(2), {"conv", "fc"}) if e.consumer == "fc").flattened is None
+
+    mlas, xnnpack = plugins.get_library("mlas"), plugins.get_library("xnnpack")
+    problem = CrossProblem(edges=[into_fc])
+    problem.flatten_reads = {label: library.flatten_label(label)
+                             for library, label in ((mlas, "mlas:NCHWc"), (mlas, "mlas:NCHW"), (xnnpack, "xnnpack:NHWC"))}
+    table = ConversionTable({("mlas:NCHWc", "out", (1, 8, 4, 4)): 7.0, ("mlas:flat", "out", (1, 128)): 0.0,
+                             ("xnnpack:flat", "in", (1, 128)): 3.0, ("xnnpack:flat", "out", (1, 128)): 2.0,
+                             ("mlas:flat", "in", (1, 128)): 5.0})
+    assert problem.cost_us(table, into_fc, "mlas:NCHWc", "mlas:NCHW") == pytest.approx(7.0)  # the reorder only
+    assert problem.cost_us(table, into_fc, "mlas:NCHW", "mlas:NCHW") == 0.0
+    assert problem.cost_us(table, into_fc, "xnnpack:NHWC", "xnnpack:NHWC") == 0.0  # folded into the FC
+    assert problem.cost_us(table, into_fc, "mlas:NCHWc", "xnnpack:NHWC") == pytest.approx(7.0 + 3.0)
+    problem.options = {"conv": [Option("mlas:NCHWc", 1.0, Choice("mlas", None, None, False))],
+                       "fc": [Option("xnnpack:NHWC", 1.0, Choice("xnnpack", None, None, False))]}
+    assert ("mlas:NCHWc", "out", (1, 8, 4, 4)) in problem.sides()

@@ -217,6 +217,9 @@ class XnnpackLibrary(Library):
     def layout_label(self, config: dict) -> str:
         return "xnnpack:NHWC"
 
+    def flatten_label(self, label: str) -> str:
+        return label  # the executor folds a Flatten of NHWC into the FC weights' column order
+
     def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate:
         """What the executor does at its inputs and outputs (executor.py ``__call__``): a copy
         into NHWC on the way in, a copy back to NCHW on the way out; a plain copy when not 4-D."""
