@@ -287,7 +287,11 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
         console.print("no plan beat ONNX Runtime's default session in this run: keeping its own configuration "
                       "(the MLAS plan with every op at the library default)")
     else:
-        console.print(f"keeping the {chosen.extra['verified']['chosen']}")
+        verified = chosen.extra["verified"]
+        console.print(f"keeping the {verified['chosen']}")
+        if verified["fastest"] != verified["chosen"]:
+            console.print(f"  the {verified['fastest']} ran faster by less than {verified['margin']:.0%}, the margin "
+                          "a plan with more library switches must win by")
     return chosen
 
 
