@@ -10,15 +10,24 @@ told to Optuna as infeasible (a constraint value of 1), so TPE learns to avoid i
 
 Optuna re-proposes points in discrete spaces: a proposal that was measured already (or breaks a
 constraint) is recorded in the study (a FAIL trial with ``user_attrs["duplicate"]``, or an
-infeasible one) and asked again; after ``retries`` such proposals in a row, the unmeasured
-config nearest TPE's last proposal is enqueued instead (``user_attrs["proposed_by"]`` says so).
-So the searcher never proposes a config it has been told about.
+infeasible one) and asked again; after ``retries`` such proposals in a row, an unmeasured config
+is enqueued instead (``user_attrs["proposed_by"]`` says so): by default one nearest one of the
+three best configs measured so far. So the searcher never proposes a config it has been told about.
+
+Once a few good configs are known, TPE's argmax of l(x)/g(x) over a discrete space is nearly
+always one of them again (its categorical kernels put most mass on the observed values), so on
+spaces of a few hundred configs most samples come from this fallback: it has to be a good local
+search. Stepping from one of the three best configs (to a neighbour differing in the fewest dims)
+is; stepping from TPE's last, repeated proposal (any of the top ~10% of configs) wanders, and
+missed the 2% target in 16% of runs on the XNNPack table; stepping from the best config only is
+greedy and stalls in local optima (4% of runs).
 
 Options: ``storage`` (an Optuna storage URL such as ``sqlite:///optuna.db``: the study is kept
 there, resumes, and can be inspected with Optuna's own tools, e.g. optuna-dashboard),
 ``study_name`` (default ``kselect-<task key>-<space digest>``), ``startup`` (random configs before
 TPE takes over, default 10 as in Optuna), ``retries`` (5), ``multivariate`` (True),
-``fallback`` ("nearest" or "random" unmeasured config after ``retries`` repeats), ``uniform_start``
+``fallback`` (after ``retries`` repeats, the unmeasured config "best": nearest one of the three
+best configs measured, the default; "nearest": nearest TPE's last proposal; "random"), ``uniform_start``
 (False: Optuna's start, which gives each branch of a conditional dim the same chance; True: the
 start configs uniform over the valid configs, better where small branches are bad, e.g. MLAS's
 NCHW branch next to NCHWc with five channel batches).
@@ -116,7 +125,7 @@ class TPESearcher(Searcher):
 
     def __init__(self, space: Space, task: Task | None = None, seed: int = 0, prior=None, storage: str | None = None,
                  study_name: str | None = None, study_prefix: str = "", startup: int | None = None, retries: int = 5,
-                 multivariate: bool = True, fallback: str = "nearest", uniform_start: bool = False,
+                 multivariate: bool = True, fallback: str = "best", uniform_start: bool = False,
                  **options):
         super().__init__(space, task=task, seed=seed, prior=prior, **options)
         import optuna
@@ -124,6 +133,8 @@ class TPESearcher(Searcher):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.mapping = SpaceMapping(space)
         self.retries = retries
+        if fallback not in ("best", "nearest", "random"):
+            raise ValueError(f"tpe: fallback must be 'best', 'nearest' or 'random', not {fallback!r}")
         self.fallback = fallback
         self.uniform_start = uniform_start
         self.rng = _random.Random(seed)
@@ -249,8 +260,13 @@ class TPESearcher(Searcher):
             else:
                 self.pending[key] = trial
                 return config
-        # TPE keeps proposing measured points: take the unmeasured config nearest its last proposal.
-        config = self._nearest_unmeasured(last if self.fallback == "nearest" else None)
+        # TPE keeps proposing measured points: take an unmeasured config nearest one of the three
+        # best configs measured so far (or nearest TPE's last proposal, or a random one).
+        if self.fallback == "best":
+            ranked = sorted(((cost, c) for c, cost in self.history.values() if cost is not None),
+                            key=lambda item: item[0])
+            last = self.rng.choice(ranked[:3])[1] if ranked else last
+        config = self._nearest_unmeasured(None if self.fallback == "random" else last)
         return None if config is None else self._enqueue(config, f"{self.fallback} unmeasured after {self.retries} repeats")
 
 
