@@ -203,11 +203,8 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                         Option(label, picked.result.median_us,
                                Choice(name, task, picked, picked.emulated, default_us, len(measured))))
     problem.edges = _data_edges(model, set(problem.options))
-    for name, library in libraries.items():
-        for options in problem.options.values():
-            for option in options:
-                if option.payload is not None and option.payload.library == name:
-                    problem.flatten_reads[option.label] = library.flatten_label(option.label)
+    for option in (o for options in problem.options.values() for o in options if o.payload is not None):
+        problem.flatten_reads[option.label] = libraries[option.payload.library].flatten_label(option.label)
     for edge in problem.edges:
         for pseudo in (edge.producer, edge.consumer):
             if pseudo not in problem.options:

@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 
 from kselect.plugins.mlas import nchwc
-from kselect.plugins.mlas.library import session_config_entries, session_options
+from kselect.plugins.mlas.library import add_config_entries, session_config_entries, session_options
 
 
 def layouts_are_onnxruntimes(model, plan) -> bool:
@@ -74,9 +74,7 @@ def default_session(model, extra_entries: dict | None = None):
     ``extra_entries``: session config entries added to it."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    for key, value in (extra_entries or {}).items():
-        options.add_session_config_entry(key, value)
+    options = add_config_entries(ort.SessionOptions(), extra_entries)
     return ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -84,8 +82,6 @@ def plan_session(model, plan, extra_entries: dict | None = None):
     import onnxruntime as ort
 
     keep_original = layouts_are_onnxruntimes(model, plan)
-    options = session_options(plan.plan_level, keep_nchwc_transformer=keep_original)
-    for key, value in (extra_entries or {}).items():
-        options.add_session_config_entry(key, value)
+    options = add_config_entries(session_options(plan.plan_level, keep_nchwc_transformer=keep_original), extra_entries)
     return ort.InferenceSession(rewritten_model(model, plan, keep_original).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])

@@ -47,10 +47,15 @@ def session_options(config: dict, keep_nchwc_transformer: bool = False):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    for key, value in session_config_entries(config, keep_nchwc_transformer).items():
-        options.add_session_config_entry(key, value)
+    add_config_entries(options, session_config_entries(config, keep_nchwc_transformer))
     if "threads" in config:
         options.intra_op_num_threads = int(config["threads"])
+    return options
+
+
+def add_config_entries(options, entries: dict[str, str] | None):
+    for key, value in (entries or {}).items():
+        options.add_session_config_entry(key, value)
     return options
 
 

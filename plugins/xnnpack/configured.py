@@ -63,11 +63,6 @@ def pool_for(threads: int | None) -> xa.Threadpool | None:
     return _POOLS[threads]
 
 
-def pools() -> list[xa.Threadpool]:
-    """The pools created so far (one per thread count above 1)."""
-    return list(_POOLS.values())
-
-
 def in_measuring_child() -> bool:
     """True in kselect's measuring child (core/worker.py) or an ukernels.py child, where a crash
     is contained and recorded as a failed candidate."""

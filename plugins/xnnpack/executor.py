@@ -90,10 +90,9 @@ class Executor:
         except BaseException:
             self.close()
             raise
-        used = {b for _, _, b in self.steps if isinstance(b, int)}  # pool handles (other steps copy arrays)
-        spinning = self.flags == 0
-        self._release = [] if not (release_at_end and spinning and shim is not None) else \
-            [(shim.release, pool.handle) for pool in configured.pools() if pool.handle in used]
+        pools = {pool for fn, _, pool in self.steps if fn is self._run and pool is not None}
+        spinning = self.flags == 0  # a pool that yields after every loop needs no release
+        self._release = [(shim.release, pool) for pool in pools] if release_at_end and spinning and shim else []
 
     # -- building ---------------------------------------------------------------------------
     def _alloc(self, size: int) -> _Storage:
