@@ -6,6 +6,10 @@ op labelled B costs nothing when A == B. Otherwise A's library takes it out of A
 (core/runtime.py). Each side is a candidate of its library (``Library.conversion``), measured in
 the worker child per tensor shape, checked (a conversion never changes values) and stored in the
 records database under the library name plus ``/convert``, so later plans reuse it.
+
+A library whose runner charges a tensor for crossing into or out of it beyond its layout changes
+(``Library.boundary_cost``; ACL: a file exchange with its runner process) also has a side labelled
+``<library>:boundary``, counted only where the tensor passes between two libraries.
 """
 
 from __future__ import annotations
@@ -23,15 +27,21 @@ from kselect.core.worker import MeasureWorker
 GRAPH_LABEL = "onnx:NCHW"  # the model's own inputs and outputs
 RECORD_SUFFIX = "/convert"
 PLAIN_LAYOUTS = ("NCHW", "flat")  # what runners take and return at their boundaries
+BOUNDARY = "boundary"
 
 
 def library_of(label: str) -> str:
     return label.split(":", 1)[0]
 
 
+def boundary_label(library: str) -> str:
+    return f"{library}:{BOUNDARY}"
+
+
 def side_label(label: str, rank: int) -> str:
-    """Layouts only matter for 4-D tensors; any other tensor is ``<library>:flat``."""
-    return label if rank == 4 else f"{library_of(label)}:flat"
+    """Layouts only matter for 4-D tensors; any other tensor is ``<library>:flat``. A boundary
+    side is one whatever the rank."""
+    return label if rank == 4 or label == boundary_label(library_of(label)) else f"{library_of(label)}:flat"
 
 
 def conversion_task(label: str, direction: str, shape) -> Task:
@@ -45,9 +55,19 @@ def conversion_task(label: str, direction: str, shape) -> Task:
 Side = tuple  # (label, direction, shape tuple)
 
 
+def _crossings(a: str, b: str, crossing) -> list[tuple[str, str]]:
+    """(boundary label, direction) a tensor pays passing from label ``a`` to ``b`` (already side
+    labels) between two libraries, for the libraries in ``crossing``."""
+    if library_of(a) == library_of(b):
+        return []
+    ends = ((library_of(a), "out"), (library_of(b), "in"))
+    return [(boundary_label(library), direction) for library, direction in ends if library in crossing]
+
+
 @dataclass
 class ConversionTable:
     times_us: dict[Side, float] = field(default_factory=dict)  # inf when the conversion failed
+    crossing: frozenset = frozenset()  # libraries with a boundary cost (Library.boundary_cost)
 
     def side_us(self, label: str, direction: str, shape) -> float:
         if library_of(label) == library_of(GRAPH_LABEL):
@@ -62,23 +82,33 @@ class ConversionTable:
         # entering a runner's plain side (NCHW, or flat) stands for one more call of that runner:
         # none is made when the change stays inside one library
         stays = library_of(a) == library_of(b) and b.split(":", 1)[1] in PLAIN_LAYOUTS
-        return leaving + (0.0 if stays else self.side_us(b, "in", shape))
+        crossing = sum(self.side_us(label, direction, shape) for label, direction in _crossings(a, b, self.crossing))
+        return leaving + (0.0 if stays else self.side_us(b, "in", shape)) + crossing
 
 
-def sides_needed(producer: str, consumer: str, shape) -> list[Side]:
-    """The conversion sides a tensor of ``shape`` needs between these two labels."""
+def sides_needed(producer: str, consumer: str, shape, crossing=frozenset()) -> list[Side]:
+    """The conversion sides a tensor of ``shape`` needs between these two labels; ``crossing``:
+    the libraries with a boundary cost."""
     a, b = side_label(producer, len(shape)), side_label(consumer, len(shape))
     if a == b:
         return []
-    return [(label, direction, tuple(shape)) for label, direction in ((a, "out"), (b, "in"))
-            if library_of(label) != library_of(GRAPH_LABEL)]
+    sides = [(label, direction) for label, direction in ((a, "out"), (b, "in")) if library_of(label) != library_of(GRAPH_LABEL)]
+    return [(label, direction, tuple(shape)) for label, direction in sides + _crossings(a, b, crossing)]
+
+
+def crossing_libraries(libraries: dict) -> frozenset:
+    """The libraries whose runner boundary a plan across ``libraries`` pays (none on one library:
+    every op of its plan runs in one runner)."""
+    if len(libraries) < 2:
+        return frozenset()
+    return frozenset(name for name, library in libraries.items() if library.boundary_cost)
 
 
 def measure_conversions(sides: set[Side], libraries: dict, device: Device, db: RecordDB,
                         settings: MeasureSettings, on_measured=None, again: bool = False) -> ConversionTable:
     """Stored results are reused (unless ``again``: then every side is measured now and a result
     that is not ok keeps the stored one); the rest are measured now, grouped by library."""
-    table = ConversionTable()
+    table = ConversionTable(crossing=crossing_libraries(libraries))
     db.add_device(device.fingerprint, device.to_json())
     by_library: dict[str, list[Side]] = {}
     for side in sorted(sides, key=lambda s: (s[0], s[1], s[2])):

@@ -16,7 +16,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kselect.core.conversions import GRAPH_LABEL, ConversionTable, sides_needed
+from kselect.core.conversions import GRAPH_LABEL, ConversionTable, crossing_libraries, sides_needed
 from kselect.core.model import Model
 from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
@@ -69,6 +69,7 @@ class CrossProblem:
     edges: list[DataEdge] = field(default_factory=list)
     # label -> the label a Flatten in that library reads its 4-D input in (Library.flatten_label)
     flatten_reads: dict[str, str] = field(default_factory=dict)
+    crossing: frozenset = frozenset()  # libraries with a boundary cost (Library.boundary_cost)
 
     def steps(self, edge: DataEdge, a: str, b: str) -> list[tuple[str, str, tuple]]:
         """The label changes a tensor makes along ``edge`` when its ends have labels ``a`` and
@@ -88,7 +89,7 @@ class CrossProblem:
             for a in {o.label for o in self.options[edge.producer]}:
                 for b in {o.label for o in self.options[edge.consumer]}:
                     for x, y, shape in self.steps(edge, a, b):
-                        needed.update(sides_needed(x, y, shape))
+                        needed.update(sides_needed(x, y, shape, self.crossing))
         return needed
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
@@ -181,7 +182,7 @@ def _data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
 def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
                   defaults: dict[str, dict], plan_level: dict[str, dict]) -> CrossProblem:
     """``records[library][task key]``, ``defaults[library][task key]``, ``plan_level[library]``."""
-    problem = CrossProblem()
+    problem = CrossProblem(crossing=crossing_libraries(libraries))
     task_of = {node: task for task in tasks for node in task.nodes}
     for name, library in libraries.items():
         for task in tasks:

@@ -49,6 +49,10 @@ class Library:
     # Layouts chosen per op with the measured conversions between them counted (core/crossplan.py
     # on this library alone), rather than each op's fastest config whatever the changes cost.
     plans_layouts_per_op: bool = False
+    # A tensor passing between this library's runner and another library's costs more than the
+    # layout sides (``conversion``) say: its ``measure`` times the label ``<name>:boundary``
+    # (core/conversions.py), counted only where a plan switches libraries.
+    boundary_cost: bool = False
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

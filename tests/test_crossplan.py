@@ -15,7 +15,8 @@ import pytest
 from conftest import run_kselect, small_cnn
 from kselect.core import plugins
 from kselect.core.bench import compare_outputs, random_feeds
-from kselect.core.conversions import GRAPH_LABEL, RECORD_SUFFIX, ConversionTable, measure_conversions
+from kselect.core.conversions import (GRAPH_LABEL, RECORD_SUFFIX, ConversionTable, conversion_task, measure_conversions,
+                                      sides_needed)
 from kselect.core.crossplan import CrossProblem, build_cross_plan, plan_across
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
@@ -23,8 +24,10 @@ from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.planner import Option, brute_force, solve
 from kselect.core.records import RecordDB
+from kselect.core.runtime import load_plan
 from kselect.core.space import config_key
 from kselect.core.tune import TuneOptions, library_tasks, onnxruntime_default_plan, tune, verified_library_plan
+from kselect.plugins.mlas.apply import default_session
 
 FAST = MeasureSettings(min_time_s=0.01, min_repeats=3, max_time_s=0.2)
 
@@ -202,6 +205,91 @@ def test_planner_pays_conversions_that_greedy_ignores():
     greedy_assignment, greedy_total = greedy(graph)
     assert greedy_assignment["b"].label == "y:NHWC" and greedy_total > total
     assert _summary(graph, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
+
+
+def test_a_tensor_crossing_into_or_out_of_acl_pays_its_runner_boundary_and_nowhere_else():
+    """ACL's segments exchange tensors with its runner process as files: that boundary is charged
+    where a tensor passes between ACL and another library (a model input or output included), not
+    where it changes layout inside ACL, and never for libraries without one."""
+    shape = (1, 8, 4, 4)
+    table = ConversionTable({("acl:NHWC", "in", shape): 5.0, ("acl:NHWC", "out", shape): 6.0,
+                             ("acl:NCHW", "in", shape): 0.0, ("acl:NCHW", "out", shape): 0.0,
+                             ("acl:boundary", "in", shape): 100.0, ("acl:boundary", "out", shape): 200.0,
+                             ("mlas:NCHW", "in", shape): 20.0, ("mlas:NCHW", "out", shape): 0.0,
+                             ("xnnpack:NHWC", "in", shape): 3.0, ("xnnpack:NHWC", "out", shape): 4.0,
+                             ("acl:flat", "out", (1, 10)): 1.0, ("acl:boundary", "out", (1, 10)): 50.0},
+                            crossing=frozenset({"acl"}))
+    assert table.cost_us("acl:NCHW", "acl:NHWC", shape) == 5.0  # the permute inside the engine
+    assert table.cost_us("acl:NHWC", "acl:NCHW", shape) == 6.0
+    assert table.cost_us("mlas:NCHW", "acl:NCHW", shape) == 100.0
+    assert table.cost_us("acl:NHWC", "xnnpack:NHWC", shape) == 6.0 + 200.0 + 3.0
+    assert table.cost_us(GRAPH_LABEL, "acl:NCHW", shape) == 100.0
+    assert table.cost_us("acl:NCHW", GRAPH_LABEL, (1, 10)) == 1.0 + 50.0  # a 2-D tensor out to the model's output
+    assert table.cost_us("mlas:NCHW", "xnnpack:NHWC", shape) == 3.0
+    assert set(sides_needed("acl:NCHW", "acl:NHWC", shape, {"acl"})) == {("acl:NCHW", "out", shape),
+                                                                        ("acl:NHWC", "in", shape)}
+    assert ("acl:boundary", "in", shape) in sides_needed("mlas:NCHW", "acl:NCHW", shape, {"acl"})
+    assert not any("boundary" in side[0] for side in sides_needed("mlas:NCHW", "xnnpack:NHWC", shape, {"acl"}))
+
+
+@pytest.mark.emulated
+def test_acls_runner_boundary_is_measured_through_its_engine_and_stored(acl, tmp_path):
+    device, db = this_device(), RecordDB(tmp_path / "r.db")
+    into_acl, out_of_acl = (1, 8, 6, 6), (1, 10)
+    sides = set(sides_needed("mlas:NCHW", "acl:NCHW", into_acl, {"acl"}))
+    sides |= set(sides_needed("acl:flat", "mlas:flat", out_of_acl, {"acl"}))
+    results = []
+    table = measure_conversions(sides, {"acl": acl, "mlas": plugins.get_library("mlas")}, device, db, FAST,
+                                on_measured=lambda task, result: results.append((task.attrs["label"], result)))
+    assert len(results) == len(sides)
+    assert all(r.status == "ok" and r.error == 0.0 for _, r in results)  # values unchanged
+    assert all(r.median_us > 0 for label, r in results if label == "acl:boundary")
+    assert table.crossing == {"acl"}
+    entering = table.side_us("acl:boundary", "in", into_acl)
+    layouts = table.side_us("mlas:NCHW", "out", into_acl) + table.side_us("acl:NCHW", "in", into_acl)
+    assert table.cost_us("mlas:NCHW", "acl:NCHW", into_acl) == pytest.approx(entering + layouts)
+    leaving = table.side_us("acl:boundary", "out", out_of_acl)
+    layouts = table.side_us("acl:flat", "out", out_of_acl) + table.side_us("mlas:flat", "in", out_of_acl)
+    assert table.cost_us("acl:flat", "mlas:flat", out_of_acl) == pytest.approx(leaving + layouts)
+    stored = db.records(device.fingerprint, "acl" + RECORD_SUFFIX, acl.version())
+    assert {r.task for r in stored} and all(r.emulated == acl.emulated for r in stored)
+
+
+@pytest.mark.emulated
+def test_the_boards_three_library_flow_plans_with_acls_boundary_counted(acl, tmp_path):
+    """What `kselect tune --library acl,mlas` does on an aarch64 board, run here through the API
+    to exercise that code path (the CLI refuses it on x86_64, where ACL is emulated: these
+    timings mean nothing). ACL alone pays its runner boundary at the model's input and output."""
+    model = load_model(str(_saved_small(tmp_path)))
+    device, db = this_device(), RecordDB(tmp_path / "records.db")
+    libraries = {"acl": acl, "mlas": plugins.get_library("mlas")}
+    single = {}
+    for name, library in libraries.items():
+        tasks = library_tasks(model, library)
+        outcomes = tune(tasks, library, device, db, TuneOptions("random", 2, settings=FAST))
+        single[name] = verified_library_plan(model, library, device, db, tasks, outcomes, verify=False)
+    plan = plan_across(model, device, db, libraries, single, FAST)
+    summary = plan.extra["cross_library"]
+    (model_input, input_shape), = model.input_shapes.items()
+    output_shape = model.shapes[model.proto.graph.output[0].name]
+    entering, leaving = (conversion_task("acl:boundary", "in", input_shape).key,
+                         conversion_task("acl:boundary", "out", output_shape).key)
+    stored = {r.task: r.result.median_us for r in db.records(device.fingerprint, "acl" + RECORD_SUFFIX, acl.version())}
+    assert stored[entering] > 0 and stored[leaving] > 0
+    assert summary["single_library"]["acl"]["conversions_us"] >= stored[entering] + stored[leaving]
+    assert plan.emulated == ("acl" in plan.libraries and acl.emulated)
+    runner = load_plan(plan, model)
+    try:
+        feeds = random_feeds(model)
+        assert compare_outputs(default_session(model).run(None, feeds), runner(feeds)) < 1e-4
+    finally:
+        runner.close()
+
+
+def _saved_small(folder):
+    path = folder / "small.onnx"
+    onnx.save(small_cnn(), path)
+    return path
 
 
 def test_select_libraries_refuses_to_mix_emulated_with_native():

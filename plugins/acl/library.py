@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kselect.core.conversions import boundary_label
 from kselect.core.device import Device, this_device
 from kselect.core.errors import KselectError
 from kselect.core.library import Library
@@ -92,6 +93,9 @@ class AclLibrary(Library):
     # Per-op timings exclude layout changes; the runner times the NEPermute the engine inserts
     # where layouts change (a "convert" task), and the plan counts them (core/crossplan.py).
     plans_layouts_per_op = True
+    # In a plan with other libraries each ACL segment is a runner call that exchanges its tensors
+    # as files (engine.AclModelRunner): measured per tensor shape as the "acl:boundary" sides.
+    boundary_cost = True
 
     def __init__(self):
         self.emulated = build.is_emulated()
@@ -345,9 +349,9 @@ class AclLibrary(Library):
 
     @property
     def mixes(self) -> bool:
-        """Not with other libraries yet: what entering the runner for a segment of a mixed plan
-        costs is not measured (only the permutes between its own layouts are)."""
-        return False
+        """It measures the permutes between its layouts and what a tensor costs to cross into and
+        out of its runner (``_measure_boundary``)."""
+        return True
 
     def tolerance(self, task: Task, config: dict) -> float:
         # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md).
@@ -365,6 +369,8 @@ class AclLibrary(Library):
         timing = {"warmup": settings.warmup, "min_repeats": settings.min_repeats, "max_repeats": settings.max_repeats,
                   "min_time_ms": 1000.0 * settings.min_time_s, "max_time_ms": 1000.0 * settings.max_time_s,
                   "stable_within": settings.stable_within}
+        if task.kind == "convert" and task.attrs["label"] == boundary_label(self.name):
+            return self._measure_boundary(inputs["x"], settings)
         if task.kind == "convert":
             return self._measure_permute(task, inputs["x"], timing)
         arrays = {"input": inputs["x"], "weights": inputs["w"]}
@@ -395,6 +401,36 @@ class AclLibrary(Library):
         if not result.get("ok"):
             raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
         return {"times_us": [result["times_us"]], "output": output.reshape(x.shape)}
+
+    def _measure_boundary(self, x: np.ndarray, settings) -> dict:
+        """Half of a round trip of ``x`` through a runner holding a one-op model (LeakyRelu with
+        alpha 1: the identity), as a segment of a mixed plan runs: the tensor written to a file,
+        the request, the import into ACL, the op, the export, the file read back. Each side, in
+        and out, is charged half. Two arrays alternate, so every call writes its input."""
+        from onnx import TensorProto, helper
+
+        from kselect.core.measure import time_candidate
+        from kselect.core.model import model_from_proto
+        from kselect.plugins.acl import engine
+
+        shape = list(x.shape)
+        graph = helper.make_graph([helper.make_node("LeakyRelu", ["x"], ["y"], alpha=1.0)], "boundary",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+        model = model_from_proto("boundary", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                                                ir_version=8))
+        work_dir = engine.WorkDir()
+        default = {"threads": armnn_threads(this_device()), "scheduler": "default"}
+        runner = engine.AclModelRunner(engine.lower(model, {}, default, work_dir.path), work_dir,
+                                       timeout_s=max(5.0, 0.9 * settings.timeout_s))
+        try:
+            feeds = [{"x": x}, {"x": -x}]
+            calls = []
+            times = time_candidate(lambda: calls.append(runner(feeds[len(calls) % 2])), settings)
+            output = runner({"x": x})[0]
+        finally:
+            runner.close()
+        return {"times_us": [[t / 2 for t in times]], "output": output}
 
     # -- whole models -------------------------------------------------------------------------------
     def node_configs(self, model, plan=None, device: Device | None = None) -> dict[str, dict]:
