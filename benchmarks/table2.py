@@ -151,10 +151,18 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
                              "single_library": summary["single_library"], "ops_ceiling_us": summary["ops_ceiling_us"],
                              "ops_ceiling_by_library_us": summary["ops_ceiling_by_library_us"],
                              "default_ops_us": summary["default_ops_us"]},
+        "switch_us": summary.get("switch_us"), "switches": summary.get("switches"),
         "single_plan_ops_us": {n: round(ops_us_now(p, libraries[n], device, db), 3) for n, p in single.items()},
         "remeasured": summary.get("remeasured"),
     }
     return {**row, **derive(row)}
+
+
+def _switches(row: dict) -> str:
+    if not row.get("switch_us"):
+        return ""
+    costs = ", ".join(f"{pair} {us:.0f} us" for pair, us in row["switch_us"].items())
+    return f" (of which {row['switches']['us'] / 1000:.2f} ms for {row['switches']['edges']} switches; {costs})"
 
 
 NOTES = """
@@ -225,7 +233,7 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         alone = ", ".join(f"{k} alone {v['total_us'] / 1000:.2f} ms" for k, v in s["single_library"].items())
         lines.append(f"- {r['model']}: ops on {r['cross_ops_by_library']}, {r['cross_segments']} segments; "
                      f"planned {s['cross']['ops_us'] / 1000:.2f} ms ops + {s['cross']['conversions_us'] / 1000:.2f} ms "
-                     f"conversions; greedy per op {s['greedy']['total_us'] / 1000:.2f} ms; {alone}.")
+                     f"conversions{_switches(r)}; greedy per op {s['greedy']['total_us'] / 1000:.2f} ms; {alone}.")
     lines.append(NOTES)
     path.write_text("\n".join(lines))
 

@@ -248,7 +248,7 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     from kselect.core.tune import onnxruntime_default_plan
 
     doing = ("re-timing the configs and conversions the plan chooses among, then planning across libraries"
-             if args.remeasure else "measuring layout conversions and planning across libraries")
+             if args.remeasure else "measuring layout conversions and library switches, planning across libraries")
     with console.status(doing):
         plan = plan_across(model, device, db, {name: entry[0] for name, entry in tuned.items()},
                            {name: entry[3] for name, entry in tuned.items()}, settings, remeasure=args.remeasure)
@@ -269,6 +269,10 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     for entry in plan.nodes.values():
         used[entry["library"]] = used.get(entry["library"], 0) + 1
     console.print("cross-library plan: " + ", ".join(f"{count} ops on {name}" for name, count in used.items()))
+    if summary.get("switch_us"):
+        costs = ", ".join(f"{pair} {us:.0f} us" for pair, us in summary["switch_us"].items())
+        console.print(f"a switch of library, measured just now: {costs}; the plan switches "
+                      f"{summary['switches']['edges']} times (counted with the conversions)")
     if not args.verify:
         return plan
     candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + spinning_variants(plan)

@@ -68,6 +68,7 @@ def _crossings(a: str, b: str, crossing) -> list[tuple[str, str]]:
 class ConversionTable:
     times_us: dict[Side, float] = field(default_factory=dict)  # inf when the conversion failed
     crossing: frozenset = frozenset()  # libraries with a boundary cost (Library.boundary_cost)
+    switch_us: dict = field(default_factory=dict)  # (from library, to library) -> µs (core/switches.py)
 
     def side_us(self, label: str, direction: str, shape) -> float:
         if library_of(label) == library_of(GRAPH_LABEL):
@@ -83,7 +84,10 @@ class ConversionTable:
         # none is made when the change stays inside one library
         stays = library_of(a) == library_of(b) and b.split(":", 1)[1] in PLAIN_LAYOUTS
         crossing = sum(self.side_us(label, direction, shape) for label, direction in _crossings(a, b, self.crossing))
-        return leaving + (0.0 if stays else self.side_us(b, "in", shape)) + crossing
+        return leaving + (0.0 if stays else self.side_us(b, "in", shape)) + crossing + self.switch_cost_us(a, b)
+
+    def switch_cost_us(self, a: str, b: str) -> float:
+        return self.switch_us.get((library_of(a), library_of(b)), 0.0)
 
 
 def sides_needed(producer: str, consumer: str, shape, crossing=frozenset()) -> list[Side]:

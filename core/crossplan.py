@@ -289,11 +289,21 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
         "ops_ceiling_us": round(ceiling, 3), "ops_ceiling_by_library_us": ceiling_by_library,
         "output_conversions": output_conversions, "untuned_conversions": untuned_conversions,
+        "switch_us": {f"{a}->{b}": round(us, 1) for (a, b), us in sorted(table.switch_us.items())},
+        "switches": _switches(problem, table, labels),
         "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
     return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
                 device=device.to_json(), libraries=versions, emulated=any(libraries[n].emulated for n in used),
                 plan_level={} if len(used) > 1 else settings[next(iter(used))], tasks=tasks, nodes=nodes,
                 format=PLAN_FORMAT, extra=extra, library_settings={n: settings[n] for n in used})
+
+
+def _switches(problem: CrossProblem, table: ConversionTable, labels: dict) -> dict:
+    """The edges of the labelling that change library between two ops, and their switch cost."""
+    changes = [(labels[e.producer], labels[e.consumer]) for e in problem.edges
+               if GRAPH_LABEL not in (labels[e.producer], labels[e.consumer])
+               and labels[e.producer].split(":")[0] != labels[e.consumer].split(":")[0]]
+    return {"edges": len(changes), "us": round(sum(table.switch_cost_us(a, b) for a, b in changes), 3)}
 
 
 def _solve(graph: PlanGraph, starts: list | None = None) -> tuple[dict, str]:
@@ -324,13 +334,16 @@ REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored rec
 
 
 def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None,
-                remeasure: bool = False) -> Plan:
+                remeasure: bool = False, switches: bool = True) -> Plan:
     """The cross-library plan from stored records: each library keeps the plan-level settings of
     its own plan (``single_plans``); conversions not yet stored are measured now. With
     ``remeasure``, every config the planner chooses among (and each library default) and every
     conversion it needs is timed again first, so that the choice and the prediction rest on
-    timings from one period, not on records from hours apart."""
+    timings from one period, not on records from hours apart. With ``switches``, what switching
+    between each pair of natively running libraries costs is measured now (core/switches.py) and
+    charged on every edge between them."""
     from kselect.core.conversions import measure_conversions
+    from kselect.core.switches import measure_switch_costs
     from kselect.core.tune import library_defaults, library_tasks, remeasure as remeasure_configs, stored_outcomes
 
     task_lists, defaults, plan_level = {}, {}, {}
@@ -355,6 +368,8 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         remeasured |= set(wanted)
         records, problem = current()
     table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
+    if switches and len(libraries) > 1:
+        table.switch_us = measure_switch_costs([name for name, library in libraries.items() if not library.emulated])
     plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     summary = plan.extra["cross_library"]
     summary["default_ops_us"] = {name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}

@@ -17,7 +17,7 @@ from kselect.core import plugins
 from kselect.core.bench import compare_outputs, random_feeds
 from kselect.core.conversions import (GRAPH_LABEL, RECORD_SUFFIX, ConversionTable, conversion_task, measure_conversions,
                                       sides_needed)
-from kselect.core.crossplan import CrossProblem, build_cross_plan, plan_across
+from kselect.core.crossplan import CrossProblem, plan_across
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
 from kselect.core.measure import MeasureSettings
@@ -36,11 +36,16 @@ FAST = MeasureSettings(min_time_s=0.01, min_repeats=3, max_time_s=0.2)
 def tuned(tmp_path_factory):
     """small_cnn tuned on MLAS and XNNPack (2 configs per task), and its cross-library plan."""
     folder = tmp_path_factory.mktemp("cross")
+    return tune_and_plan(folder, {name: plugins.get_library(name) for name in ("mlas", "xnnpack")})
+
+
+def tune_and_plan(folder, libraries: dict) -> dict:
+    """small_cnn saved in ``folder``, tuned on each library (2 configs per task), and the plan
+    across them."""
     path = folder / "small.onnx"
     onnx.save(small_cnn(), path)
     model = load_model(str(path))
     device, db = this_device(), RecordDB(folder / "records.db")
-    libraries = {name: plugins.get_library(name) for name in ("mlas", "xnnpack")}
     single = {}
     for name, library in libraries.items():
         tasks = library_tasks(model, library)
@@ -256,21 +261,14 @@ def test_acls_runner_boundary_is_measured_through_its_engine_and_stored(acl, tmp
 
 
 @pytest.mark.emulated
-def test_the_boards_three_library_flow_plans_with_acls_boundary_counted(acl, tmp_path):
+def test_the_boards_cross_library_flow_plans_acl_with_its_boundary_counted(acl, tmp_path):
     """What `kselect tune --library acl,mlas` does on an aarch64 board, run here through the API
     to exercise that code path (the CLI refuses it on x86_64, where ACL is emulated: these
     timings mean nothing). ACL alone pays its runner boundary at the model's input and output."""
-    model = load_model(str(_saved_small(tmp_path)))
-    device, db = this_device(), RecordDB(tmp_path / "records.db")
-    libraries = {"acl": acl, "mlas": plugins.get_library("mlas")}
-    single = {}
-    for name, library in libraries.items():
-        tasks = library_tasks(model, library)
-        outcomes = tune(tasks, library, device, db, TuneOptions("random", 2, settings=FAST))
-        single[name] = verified_library_plan(model, library, device, db, tasks, outcomes, verify=False)
-    plan = plan_across(model, device, db, libraries, single, FAST)
+    tuned = tune_and_plan(tmp_path, {"acl": acl, "mlas": plugins.get_library("mlas")})
+    model, db, device, plan = tuned["model"], tuned["db"], tuned["device"], tuned["plan"]
     summary = plan.extra["cross_library"]
-    (model_input, input_shape), = model.input_shapes.items()
+    input_shape, = model.input_shapes.values()
     output_shape = model.shapes[model.proto.graph.output[0].name]
     entering, leaving = (conversion_task("acl:boundary", "in", input_shape).key,
                          conversion_task("acl:boundary", "out", output_shape).key)
@@ -286,10 +284,37 @@ def test_the_boards_three_library_flow_plans_with_acls_boundary_counted(acl, tmp
         runner.close()
 
 
-def _saved_small(folder):
-    path = folder / "small.onnx"
-    onnx.save(small_cnn(), path)
-    return path
+def test_the_planner_charges_each_switch_of_library_and_stays_when_a_switch_costs_more_than_it_saves():
+    """input -> a -> b -> output: b runs 30 us faster on 'y', the conversions are free, a switch
+    x -> y or back costs 20 us: worth one switch (b on y to the end) only when the switch back
+    is not needed, so with an op after b on 'x' the plan stays on 'x'."""
+    from kselect.core.crossplan import Choice, DataEdge
+
+    def plan(nodes: list[str], y_faster: set[str], switch_us: float) -> dict:
+        problem = CrossProblem()
+        problem.options = {"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]}
+        for node in nodes:
+            problem.options[node] = [Option("x:NCHW", 100.0, Choice("x", None, None, False)),
+                                     Option("y:NCHW", 70.0 if node in y_faster else 1000.0, Choice("y", None, None, False))]
+        chain = ["input:x", *nodes, "output:y"]
+        problem.edges = [DataEdge(a, b, f"t{i}", (1, 8, 4, 4)) for i, (a, b) in enumerate(zip(chain, chain[1:]))]
+        table = ConversionTable({(label, d, (1, 8, 4, 4)): 0.0 for label in ("x:NCHW", "y:NCHW") for d in ("in", "out")},
+                                switch_us={("x", "y"): switch_us, ("y", "x"): switch_us})
+        assignment, total = solve(problem.graph(table))
+        assert total == pytest.approx(brute_force(problem.graph(table))[1])
+        return {node: assignment[node].label for node in nodes}
+
+    assert plan(["a", "b"], {"b"}, 20.0) == {"a": "x:NCHW", "b": "y:NCHW"}  # one switch, 20 < 30
+    assert plan(["a", "b", "c"], {"b"}, 20.0) == {n: "x:NCHW" for n in "abc"}  # two switches, 40 > 30
+    assert plan(["a", "b", "c"], {"b"}, 10.0)["b"] == "y:NCHW"  # two switches, 20 < 30
+
+
+def test_a_switch_between_libraries_is_measured_on_real_kernels_for_both_directions(tuned):
+    switch_us = tuned["plan"].extra["cross_library"]["switch_us"]
+    assert set(switch_us) == {"mlas->xnnpack", "xnnpack->mlas"}
+    assert all(0.0 <= us < 50_000 for us in switch_us.values())
+    switches = tuned["plan"].extra["cross_library"]["switches"]
+    assert 0.0 <= switches["us"] <= switches["edges"] * max(switch_us.values()) + 1e-6
 
 
 def test_select_libraries_refuses_to_mix_emulated_with_native():
@@ -309,6 +334,8 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
                          "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "greedy per op" in result.stdout and "onnxruntime default" in result.stdout
+    assert re.search(r"a switch of library, measured just now: mlas->xnnpack \d+ us, xnnpack->mlas \d+ us",
+                     " ".join(result.stdout.split()))
     retimed = re.search(r"re-timed (\d+) configs and (\d+) conversions", result.stdout)
     assert retimed and int(retimed[1]) > 0  # the plan compares timings from one period
     plan = json.loads(plan_path.read_text())

@@ -19,36 +19,13 @@ from kselect.core import plugins
 from kselect.core.bench import compare_outputs, random_feeds
 from kselect.core.device import this_device
 from kselect.core.model import load_model, model_from_proto
-from kselect.core.plan import Plan
 from kselect.core.runtime import load_plan
-from kselect.core.tune import library_tasks
+from kselect.core.switches import defaults_plan as make_plan
 from kselect.plugins.mlas.apply import default_session
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
 _OK, _REASON = xa.availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
-
-
-def make_plan(model, library_of: dict[str, str]) -> Plan:
-    """A plan running each node of ``library_of`` in that library with its default config, in the
-    format ``build_plan`` writes."""
-    device = this_device()
-    libraries, settings, tasks, nodes = {}, {}, [], {}
-    for name in dict.fromkeys(library_of.values()):
-        library = plugins.get_library(name)
-        libraries[name], settings[name] = library.version(), {}
-        for task in library_tasks(model, library):
-            mine = [node for node in task.nodes if library_of.get(node) == name]
-            if not mine:
-                continue
-            config = library.default_config(task, device)
-            settings[name].update({dim: config[dim] for dim in library.plan_level_dims if dim in config})
-            tasks.append({**task.to_json(), "nodes": mine, "library": name, "config": config, "time_us": 1.0,
-                          "default_config": config, "default_us": 1.0, "samples": 1, "emulated": library.emulated})
-            nodes.update({node: {"task": task.id, "library": name, "config": config} for node in mine})
-    plan_level = next(iter(settings.values())) if len(settings) == 1 else {}
-    return Plan({"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
-                device.to_json(), libraries, False, plan_level, tasks, nodes, library_settings=settings)
 
 
 def tunable(model) -> list[str]:
