@@ -170,7 +170,8 @@ NOTES = """
 
 - *kept* is what `kselect tune --library mlas,xnnpack` keeps: the fastest of each library's plan and
   the cross-library plan's spinning variants in one end-to-end run, except that a plan with more
-  library switches must be faster by max(2%, half its relative IQR) (`core/bench.choose_result`);
+  library switches, or whose threads sleep between parallel loops where the others' spin, must be
+  faster by max(2%, half its relative IQR) (`core/bench.choose_result`);
   the figures above come from a
   second, fresh run, so *kept* can read slightly slower than another column there. When none of
   them reached 0.99x of ONNX Runtime's default in that run, kselect keeps ONNX Runtime's own

@@ -287,15 +287,17 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
         table.add_row(result["variant"], f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
                       f"{result['max_relative_output_error']:.1e}")
     console.print(table)
-    if chosen.extra["verified"]["chosen"] == BASELINE:
+    verified = chosen.extra["verified"]
+    fastest = next(r for r in results if r["variant"] == verified["fastest"])
+    if verified["chosen"] == BASELINE and fastest["speedup"] < verified["min_speedup"]:
         console.print("no plan beat ONNX Runtime's default session in this run: keeping its own configuration "
                       "(the MLAS plan with every op at the library default)")
     else:
-        verified = chosen.extra["verified"]
-        console.print(f"keeping the {verified['chosen']}")
+        console.print(f"keeping the {verified['chosen']}" + (" (its own configuration: the MLAS plan with every op at "
+                                                             "the library default)" if verified["chosen"] == BASELINE else ""))
         if verified["fastest"] != verified["chosen"]:
             console.print(f"  the {verified['fastest']} ran faster by less than {verified['margin']:.0%}, the margin "
-                          "a plan with more library switches must win by")
+                          "a plan with more library switches, or whose threads sleep, must win by")
     return chosen
 
 

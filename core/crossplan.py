@@ -16,7 +16,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kselect.core.conversions import GRAPH_LABEL, ConversionTable, crossing_libraries, sides_needed
+from kselect.core.conversions import GRAPH_LABEL, ConversionTable, crossing_libraries, library_of, sides_needed
 from kselect.core.model import Model
 from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
@@ -302,7 +302,7 @@ def _switches(problem: CrossProblem, table: ConversionTable, labels: dict) -> di
     """The edges of the labelling that change library between two ops, and their switch cost."""
     changes = [(labels[e.producer], labels[e.consumer]) for e in problem.edges
                if GRAPH_LABEL not in (labels[e.producer], labels[e.consumer])
-               and labels[e.producer].split(":")[0] != labels[e.consumer].split(":")[0]]
+               and library_of(labels[e.producer]) != library_of(labels[e.consumer])]
     return {"edges": len(changes), "us": round(sum(table.switch_cost_us(a, b) for a, b in changes), 3)}
 
 
@@ -334,14 +334,14 @@ REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored rec
 
 
 def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None,
-                remeasure: bool = False, switches: bool = True) -> Plan:
+                remeasure: bool = False) -> Plan:
     """The cross-library plan from stored records: each library keeps the plan-level settings of
     its own plan (``single_plans``); conversions not yet stored are measured now. With
     ``remeasure``, every config the planner chooses among (and each library default) and every
     conversion it needs is timed again first, so that the choice and the prediction rest on
-    timings from one period, not on records from hours apart. With ``switches``, what switching
-    between each pair of natively running libraries costs is measured now (core/switches.py) and
-    charged on every edge between them."""
+    timings from one period, not on records from hours apart. What switching between each pair of
+    natively running libraries costs is measured now (core/switches.py) and charged on every edge
+    between them."""
     from kselect.core.conversions import measure_conversions
     from kselect.core.switches import measure_switch_costs
     from kselect.core.tune import library_defaults, library_tasks, remeasure as remeasure_configs, stored_outcomes
@@ -368,7 +368,7 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         remeasured |= set(wanted)
         records, problem = current()
     table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
-    if switches and len(libraries) > 1:
+    if len(libraries) > 1:
         table.switch_us = measure_switch_costs([name for name, library in libraries.items() if not library.emulated])
     plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     summary = plan.extra["cross_library"]

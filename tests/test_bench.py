@@ -78,3 +78,17 @@ def test_among_plans_within_the_margin_the_fewest_segments_win_then_the_fastest(
     assert choose_result([result("three", 100.2, 3), result("eight", 100.0, 8)])["variant"] == "three"
     # plans with the same number of segments: simply the fastest
     assert choose_result([result("mlas plan", 100.5, 1), result("xnnpack plan", 100.0, 1)])["variant"] == "xnnpack plan"
+
+
+def test_a_plan_whose_threads_sleep_is_kept_only_when_clearly_faster_than_spinning_ones():
+    """vgg16 (table2, this stop): the MLAS plan with spinning 0 read 1.015x ONNX Runtime's
+    default in the run that chose it and 0.79x in the next."""
+    baseline = {**result("onnxruntime default", 187.98, 1, 0.012), "sleeps": False}
+    sleeping = {**result("mlas plan", 185.22, 1, 0.015), "sleeps": True}
+    assert choose_result([sleeping], baseline) is baseline
+    spinning = {**result("mlas plan (spinning)", 186.5, 1, 0.02), "sleeps": False}
+    assert choose_result([sleeping, spinning], baseline) is spinning
+    assert choose_result([{**sleeping, "plan_ms": 170.0}], baseline)["variant"] == "mlas plan"  # 10% faster
+    # without a baseline to fall back on, and among equally risky plans, simply the fastest
+    assert choose_result([sleeping]) is sleeping
+    assert choose_result([spinning], baseline) is spinning

@@ -273,8 +273,9 @@ def test_the_boards_cross_library_flow_plans_acl_with_its_boundary_counted(acl, 
     entering, leaving = (conversion_task("acl:boundary", "in", input_shape).key,
                          conversion_task("acl:boundary", "out", output_shape).key)
     stored = {r.task: r.result.median_us for r in db.records(device.fingerprint, "acl" + RECORD_SUFFIX, acl.version())}
-    assert stored[entering] > 0 and stored[leaving] > 0
-    assert summary["single_library"]["acl"]["conversions_us"] >= stored[entering] + stored[leaving]
+    assert stored.get(entering, 0) > 0 and stored.get(leaving, 0) > 0, stored
+    assert "acl" in summary["single_library"], summary  # ACL ran every tuned op
+    assert summary["single_library"]["acl"]["conversions_us"] >= stored[entering] + stored[leaving], (summary, stored)
     assert plan.emulated == ("acl" in plan.libraries and acl.emulated)
     runner = load_plan(plan, model)
     try:
@@ -344,7 +345,7 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
     assert chosen in ("mlas plan", "xnnpack plan", "onnxruntime default") or chosen.startswith("cross-library plan")
     if chosen == "onnxruntime default":  # nothing beat it: ONNX Runtime's own configuration, as an MLAS plan
         assert set(plan["libraries"]) == {"mlas"}
-        assert "keeping its own configuration" in " ".join(result.stdout.split())
+        assert "its own configuration" in " ".join(result.stdout.split())
     bench = run_kselect("bench", small_model_path, "--plan", plan_path, "--rounds", "2", "--runs-per-round", "2",
                         "--json", tmp_path / "bench.json")
     assert bench.returncode == 0, bench.stderr + bench.stdout
