@@ -209,7 +209,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_ro
     reference = baseline(feeds)
     errors = {name: compare_outputs(reference, runners[name](feeds)) for name, _ in candidates}
     times, attempts = steady_interleaved(runners, feeds, rounds, runs_per_round)
-    baseline_ms = statistics.median(times[BASELINE])
+    baseline_ms, baseline_spread = statistics.median(times[BASELINE]), _relative_iqr(times[BASELINE])
     results = []
     for name, plan in candidates:
         plan_ms = statistics.median(times[name])
@@ -217,15 +217,15 @@ def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_ro
                         "speedup": round(baseline_ms / plan_ms, 4), "runs": len(times[name]),
                         "segments": len(runners[name].segments), "sleeps": sleeping_threads(plan),
                         "plan_spread": round(_relative_iqr(times[name]), 4),
-                        "default_spread": round(_relative_iqr(times[BASELINE]), 4),
+                        "default_spread": round(baseline_spread, 4),
                         "measurement_runs": attempts, "max_relative_output_error": errors[name]})
     valid = [(result, plan) for result, (_, plan) in zip(results, candidates)
              if result["max_relative_output_error"] <= max_error]
     if not valid:
         raise ValueError("no plan's outputs match ONNX Runtime's")
     fastest = min((result for result, _ in valid), key=lambda r: r["plan_ms"])
-    baseline_result = {"variant": BASELINE, "plan_ms": baseline_ms, "plan_spread": _relative_iqr(times[BASELINE]),
-                       "segments": 1, "sleeps": False}
+    baseline_result = {"variant": BASELINE, "plan_ms": baseline_ms, "plan_spread": baseline_spread, "segments": 1,
+                       "sleeps": False}
     best_result = choose_result([result for result, _ in valid], baseline_result if fallback is not None else None)
     if best_result is baseline_result or (fallback is not None and best_result["speedup"] < min_speedup):
         chosen, best_plan = BASELINE, fallback

@@ -108,8 +108,9 @@ class Library:
     # -- layouts, for plans that mix libraries ----------------------------------------------
     @property
     def mixes(self) -> bool:
-        """Whether this library can share a plan with others (it measures its conversions)."""
-        return type(self).conversion is not Library.conversion
+        """Whether this library can share a plan with others: it measures its conversions
+        (``conversion``), or what crossing its runner's boundary costs (``boundary_cost``)."""
+        return self.boundary_cost or type(self).conversion is not Library.conversion
 
     def layout_label(self, config: dict) -> str:
         """What the neighbouring op must match to take this op's output without a conversion:

@@ -347,12 +347,6 @@ class AclLibrary(Library):
     def layout_label(self, config: dict) -> str:
         return f"acl:{config.get('layout', 'NCHW')}"
 
-    @property
-    def mixes(self) -> bool:
-        """It measures the permutes between its layouts and what a tensor costs to cross into and
-        out of its runner (``_measure_boundary``)."""
-        return True
-
     def tolerance(self, task: Task, config: dict) -> float:
         # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md).
         if config.get("method") in ("WINOGRAD", "FFT", "AUTO"):
