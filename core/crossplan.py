@@ -289,7 +289,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
         "ops_ceiling_us": round(ceiling, 3), "ops_ceiling_by_library_us": ceiling_by_library,
         "output_conversions": output_conversions, "untuned_conversions": untuned_conversions,
-        "switch_us": {f"{a}->{b}": round(us, 1) for (a, b), us in sorted(table.switch_us.items())},
+        "switch_us": {f"{a}->{b}": round(us, 3) for (a, b), us in sorted(table.switch_us.items())},
         "switches": _switches(problem, table, labels),
         "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
     return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},

@@ -275,7 +275,9 @@ def test_the_boards_cross_library_flow_plans_acl_with_its_boundary_counted(acl, 
     stored = {r.task: r.result.median_us for r in db.records(device.fingerprint, "acl" + RECORD_SUFFIX, acl.version())}
     assert stored.get(entering, 0) > 0 and stored.get(leaving, 0) > 0, stored
     assert "acl" in summary["single_library"], summary  # ACL ran every tuned op
-    assert summary["single_library"]["acl"]["conversions_us"] >= stored[entering] + stored[leaving], (summary, stored)
+    # the summary is rounded to 0.001 us
+    assert summary["single_library"]["acl"]["conversions_us"] >= stored[entering] + stored[leaving] - 0.0005, \
+        (summary, stored)
     assert plan.emulated == ("acl" in plan.libraries and acl.emulated)
     runner = load_plan(plan, model)
     try:
@@ -315,7 +317,8 @@ def test_a_switch_between_libraries_is_measured_on_real_kernels_for_both_directi
     assert set(switch_us) == {"mlas->xnnpack", "xnnpack->mlas"}
     assert all(0.0 <= us < 50_000 for us in switch_us.values())
     switches = tuned["plan"].extra["cross_library"]["switches"]
-    assert 0.0 <= switches["us"] <= switches["edges"] * max(switch_us.values()) + 1e-6
+    # both are rounded to 0.001 us
+    assert 0.0 <= switches["us"] <= switches["edges"] * max(switch_us.values()) + 0.0005 * (switches["edges"] + 1)
 
 
 def test_select_libraries_refuses_to_mix_emulated_with_native():
