@@ -273,6 +273,11 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
         costs = ", ".join(f"{pair} {us:.0f} us" for pair, us in summary["switch_us"].items())
         console.print(f"a switch of library, measured just now: {costs}; the plan switches "
                       f"{summary['switches']['edges']} times (counted with the conversions)")
+    reentries = summary.get("reentries", {})
+    if reentries.get("tensors") or reentries.get("segments_moved"):
+        console.print(f"{len(reentries['tensors'])} tensors wait across another library's segment and re-enter their "
+                      f"own: {reentries['us'] / 1000:.3f} ms, counted with the conversions; "
+                      f"{reentries['segments_moved']} segments that did not pay for theirs went back to the main library")
     if not args.verify:
         return plan
     candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + spinning_variants(plan)

@@ -8,18 +8,25 @@ tensor carries the label of one tuned node or model input, its *label source*. E
 tuned node's data input, each further input of an untuned op (an Add or Concat converts it to its
 first input's label) and each model output to that label source. planner.py finds the cheapest
 labelling exactly, and what greedy per-op choice and each library alone would have given.
+
+One cost is not between neighbours: a tensor that waits across another library's segment (a
+residual branch around an op moved to another library) leaves its runner and enters it again
+(``CrossProblem.reentries``). It is charged on the labelling as a whole, and a segment that does
+not pay for it goes back to the plan's main library (``_without_unpaid_islands``).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
-from kselect.core.conversions import GRAPH_LABEL, ConversionTable, crossing_libraries, library_of, sides_needed
+from kselect.core.conversions import (GRAPH_LABEL, ConversionTable, boundary_label, crossing_libraries, library_of,
+                                      side_label, sides_needed)
 from kselect.core.model import Model
 from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
+from kselect.core.runtime import plan_segments
 from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
 
@@ -70,6 +77,10 @@ class CrossProblem:
     # label -> the label a Flatten in that library reads its 4-D input in (Library.flatten_label)
     flatten_reads: dict[str, str] = field(default_factory=dict)
     crossing: frozenset = frozenset()  # libraries with a boundary cost (Library.boundary_cost)
+    # for the segments a labelling cuts the model into (reentries): the model, and
+    # runs_op(library, op type) as core/runtime.py asks it
+    model: Model | None = None
+    runs_op: Callable[[str, str], bool] | None = None
 
     def steps(self, edge: DataEdge, a: str, b: str) -> list[tuple[str, str, tuple]]:
         """The label changes a tensor makes along ``edge`` when its ends have labels ``a`` and
@@ -83,14 +94,69 @@ class CrossProblem:
         return sum(table.cost_us(x, y, shape) for x, y, shape in self.steps(edge, a, b))
 
     def sides(self) -> set:
-        """The conversions any labelling could need."""
+        """The conversions any labelling could need, reentries (of an edge's tensor) included."""
         needed = set()
+        mixing = len(self.libraries()) > 1
         for edge in self.edges:
             for a in {o.label for o in self.options[edge.producer]}:
                 for b in {o.label for o in self.options[edge.consumer]}:
                     for x, y, shape in self.steps(edge, a, b):
                         needed.update(sides_needed(x, y, shape, self.crossing))
+                if mixing and library_of(a) != library_of(GRAPH_LABEL):
+                    needed.update(self._reentry_sides(a, edge.shape, "out") + self._reentry_sides(a, edge.shape, "in"))
         return needed
+
+    def libraries(self) -> set[str]:
+        return {o.payload.library for options in self.options.values() for o in options if o.payload is not None}
+
+    def _reentry_sides(self, label: str, shape: tuple, direction: str) -> list:
+        library = library_of(label)
+        boundary = [(boundary_label(library), direction, shape)] if library in self.crossing else []
+        return [(side_label(label, len(shape)), direction, shape)] + boundary
+
+    def reentries(self, table: ConversionTable, labels: dict[str, str], missing: set | None = None) -> list[dict]:
+        """Tensors that a labelling (node -> label) sends from one segment of a library to a later
+        segment of the same library. core/runtime.py cuts the model wherever the library changes,
+        so a residual or concatenated branch that waits across another library's segment leaves
+        its runner and enters it again, which no edge between two ops of one library pays.
+        Each costs its label's "out" side (unless it leaves for another library anyway, which an
+        edge pays) and an "in" side per later segment reading it. Sides not in ``table`` count 0
+        and are added to ``missing``."""
+        tuned = {node: label for node, label in labels.items() if node in self.options
+                 and library_of(label) != library_of(GRAPH_LABEL)}
+        chosen = {node: library_of(label) for node, label in tuned.items()}
+        if self.model is None or len(set(chosen.values())) < 2:
+            return []
+        segments = plan_segments(self.model, chosen, self.runs_op)
+        source = _label_sources(self.model, set(tuned))
+        readers: dict[str, list[int]] = {}
+        for index, segment in enumerate(segments):
+            for tensor in segment.inputs:
+                readers.setdefault(tensor, []).append(index)
+        found = []
+        for index, segment in enumerate(segments):
+            for tensor in segment.outputs:
+                label = tuned.get(source(tensor))
+                if label is None or library_of(label) != segment.library:
+                    continue  # a model input, or an op that fell back to another library
+                own = [j for j in readers.get(tensor, []) if segments[j].library == segment.library]
+                if not own:
+                    continue
+                leaves_anyway = len(own) < len(readers[tensor])
+                shape = tuple(self.model.shapes[tensor])
+                sides = ([] if leaves_anyway else self._reentry_sides(label, shape, "out"))
+                sides += len(own) * self._reentry_sides(label, shape, "in")
+                if missing is not None:
+                    missing.update(side for side in sides if side not in table.times_us)
+                found.append({"tensor": tensor, "label": label, "from_segment": index + 1,
+                              "to_segments": [j + 1 for j in own],
+                              "time_us": round(sum(table.times_us.get(side, 0.0) for side in sides), 3)})
+        return found
+
+    def total_us(self, graph: PlanGraph, table: ConversionTable, assignment: dict, missing: set | None = None) -> float:
+        """The labelling's time: ops, conversions between neighbours and reentries."""
+        labels = {node: option.label for node, option in assignment.items()}
+        return graph.total_us(assignment) + sum(r["time_us"] for r in self.reentries(table, labels, missing))
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
         """The planning graph, optionally with only some libraries' options."""
@@ -182,7 +248,10 @@ def _data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
 def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
                   defaults: dict[str, dict], plan_level: dict[str, dict]) -> CrossProblem:
     """``records[library][task key]``, ``defaults[library][task key]``, ``plan_level[library]``."""
-    problem = CrossProblem(crossing=crossing_libraries(libraries))
+    from kselect.core import plugins
+
+    problem = CrossProblem(crossing=crossing_libraries(libraries), model=model,
+                           runs_op=lambda name, op_type: (libraries.get(name) or plugins.get_library(name)).runs_op(op_type))
     task_of = {node: task for task in tasks for node in task.nodes}
     for name, library in libraries.items():
         for task in tasks:
@@ -216,24 +285,61 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
     return problem
 
 
-def _summary(graph: PlanGraph, assignment: dict) -> dict:
+def _summary(graph: PlanGraph, assignment: dict, problem: CrossProblem | None = None,
+             table: ConversionTable | None = None) -> dict:
+    """Ops and conversions (reentries included when ``problem`` and ``table`` are given)."""
     ops = sum(o.time_us for o in assignment.values())
-    total = graph.total_us(assignment)
+    total = problem.total_us(graph, table, assignment) if problem is not None else graph.total_us(assignment)
     return {"ops_us": round(ops, 3), "conversions_us": round(total - ops, 3), "total_us": round(total, 3)}
 
 
+def _main_library(assignment: dict) -> str | None:
+    """The library with the most op time in the labelling."""
+    op_time: dict[str, float] = {}
+    for option in assignment.values():
+        if option.payload is not None:
+            op_time[option.payload.library] = op_time.get(option.payload.library, 0.0) + option.time_us
+    return max(op_time, key=op_time.get) if op_time else None
+
+
+def _without_unpaid_islands(problem: CrossProblem, graph: PlanGraph, table: ConversionTable, assignment: dict,
+                            alone: dict[str, dict], missing: set) -> tuple[dict, int]:
+    """The solver is exact for costs between neighbours, but reentries depend on how the whole
+    labelling cuts the model. So each segment of another library than the plan's main one is
+    tried with its ops as in the main library's plan alone, and left there when that lowers the
+    total with reentries, until no segment does. Returns the labelling and the segments moved."""
+    main = _main_library(assignment)
+    if main not in alone or problem.model is None:
+        return assignment, 0
+    best, best_us, moved = assignment, problem.total_us(graph, table, assignment, missing), 0
+    while True:
+        chosen = {node: option.payload.library for node, option in best.items() if option.payload is not None}
+        trials = []
+        for segment in plan_segments(problem.model, chosen, problem.runs_op):
+            if segment.library != main:
+                trial = {**best, **{node: alone[main][node] for node in segment.nodes if node in chosen}}
+                trials.append((problem.total_us(graph, table, trial, missing), trial))
+        better = min(trials, key=lambda t: t[0], default=None)
+        if better is None or better[0] >= best_us - 1e-6:
+            return best, moved
+        best_us, best, moved = better[0], better[1], moved + 1
+
+
 def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProblem, table: ConversionTable,
-                     plan_level: dict[str, dict], defaults: dict[str, dict]) -> Plan:
+                     plan_level: dict[str, dict], defaults: dict[str, dict], missing: set | None = None) -> Plan:
+    """``missing`` gets the reentry sides the table lacked (counted 0): measure them and build again."""
+    missing = set() if missing is None else missing
     graph = problem.graph(table)
     greedy_assignment, _ = greedy(graph)
-    alone, alone_assignments = {}, []
+    alone, alone_assignments = {}, {}
     for name in libraries:
         restricted = problem.graph(table, {name})
         if all(restricted.options.values()):  # the library runs every tuned node
-            assignment_alone = _solve(restricted)[0]
-            alone[name] = _summary(graph, assignment_alone)
-            alone_assignments.append(assignment_alone)
-    assignment, method = _solve(graph, [greedy_assignment, *alone_assignments])
+            alone_assignments[name] = _solve(restricted)[0]
+            alone[name] = _summary(graph, alone_assignments[name])
+    assignment, method = _solve(graph, [greedy_assignment, *alone_assignments.values()])
+    assignment, islands_moved = _without_unpaid_islands(problem, graph, table, assignment, alone_assignments, missing)
+    assignment = min([assignment, *alone_assignments.values()], key=lambda a: problem.total_us(graph, table, a, missing))
     ceiling = sum(min(o.time_us for o in options) for node, options in graph.options.items())
     ceiling_by_library = {}
     for name in libraries:
@@ -284,9 +390,13 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                       "samples": choice.samples, "emulated": choice.emulated})
     used = {entry["library"] for entry in nodes.values()}
     versions = {name: libraries[name].version() for name in libraries if name in used}
-    chosen = _summary(graph, assignment)
+    chosen = _summary(graph, assignment, problem, table)
+    reentries = problem.reentries(table, labels)
     extra = {"cross_library": {
-        "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment), "single_library": alone,
+        "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment, problem, table),
+        "single_library": alone,
+        "reentries": {"tensors": reentries, "us": round(sum(r["time_us"] for r in reentries), 3),
+                      "segments_moved": islands_moved},
         "ops_ceiling_us": round(ceiling, 3), "ops_ceiling_by_library_us": ceiling_by_library,
         "output_conversions": output_conversions, "untuned_conversions": untuned_conversions,
         "switch_us": {f"{a}->{b}": round(us, 3) for (a, b), us in sorted(table.switch_us.items())},
@@ -318,14 +428,11 @@ def _solve(graph: PlanGraph, starts: list | None = None) -> tuple[dict, str]:
 def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str, dict]:
     """Each library's plan-level settings; with several libraries, the one with the most op time
     spins (SHARED_CORE_DIMS) and the others do not."""
-    op_time: dict[str, float] = {}
-    for option in assignment.values():
-        if option.payload is not None:
-            op_time[option.payload.library] = op_time.get(option.payload.library, 0.0) + option.time_us
+    used = {option.payload.library for option in assignment.values() if option.payload is not None}
     settings = {name: dict(values) for name, values in plan_level.items()}
-    if len(op_time) > 1:
-        main = max(op_time, key=op_time.get)
-        for name in op_time:
+    if len(used) > 1:
+        main = _main_library(assignment)
+        for name in used:
             settings[name].update({dim: int(name == main) for dim in SHARED_CORE_DIMS if dim in settings[name]})
     return settings
 
@@ -370,7 +477,11 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
     if len(libraries) > 1:
         table.switch_us = measure_switch_costs([name for name, library in libraries.items() if not library.emulated])
-    plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
+    missing: set = set()
+    plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults, missing)
+    if missing:  # reentries of tensors no edge could convert
+        table.times_us.update(measure_conversions(missing, libraries, device, db, settings, on_measured).times_us)
+        plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     summary = plan.extra["cross_library"]
     summary["default_ops_us"] = {name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}
     if remeasure:

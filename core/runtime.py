@@ -97,9 +97,8 @@ def load_plan(plan: Plan | str | Path, model: Model | str) -> PlanRunner:
             libraries[name] = plugins.get_library(name)
         return libraries[name]
 
-    library_of = assign_libraries(model, plan, lambda name, op_type: library(name).runs_op(op_type))
-    groups = cut_segments(model, library_of)
-    segments = describe_segments(model, groups)
+    chosen = {node: entry["library"] for node, entry in plan.nodes.items()}
+    segments = plan_segments(model, chosen, lambda name, op_type: library(name).runs_op(op_type))
     runners: list[Callable] = []
     try:
         for index, segment in enumerate(segments):
@@ -112,28 +111,33 @@ def load_plan(plan: Plan | str | Path, model: Model | str) -> PlanRunner:
     return PlanRunner(plan, model, segments, runners)
 
 
-def assign_libraries(model: Model, plan: Plan, runs_op: Callable[[str, str], bool]) -> dict[str, str]:
-    """node name -> the library that runs it. ``runs_op(library, op_type)``."""
+def plan_segments(model: Model, chosen: dict[str, str], runs_op: Callable[[str, str], bool]) -> list[Segment]:
+    """The segments a plan runs in; ``chosen``: tuned node -> its library, ``runs_op(library, op_type)``."""
+    return describe_segments(model, cut_segments(model, assign_libraries(model, chosen, runs_op)))
+
+
+def assign_libraries(model: Model, chosen: dict[str, str], runs_op: Callable[[str, str], bool]) -> dict[str, str]:
+    """node name -> the library that runs it; ``chosen``: tuned node -> its library."""
     nodes = list(model.proto.graph.node)
     producer = {name: node.name for node in nodes for name in node.output if name}
     library_of: dict[str, str] = {}
     for index, node in enumerate(nodes):  # ONNX lists nodes in topological order
-        if node.name in plan.nodes:
-            library_of[node.name] = plan.nodes[node.name]["library"]
+        if node.name in chosen:
+            library_of[node.name] = chosen[node.name]
             continue
         feeding = next((producer[name] for name in node.input if name in producer), None)
-        candidate = library_of[feeding] if feeding else _first_tuned_after(index, nodes, plan)
+        candidate = library_of[feeding] if feeding else _first_tuned_after(index, nodes, chosen)
         library_of[node.name] = candidate if candidate and runs_op(candidate, node.op_type) else FALLBACK_LIBRARY
     return library_of
 
 
-def _first_tuned_after(index: int, nodes: list[onnx.NodeProto], plan: Plan) -> str | None:
+def _first_tuned_after(index: int, nodes: list[onnx.NodeProto], chosen: dict[str, str]) -> str | None:
     """The library of the first tuned node downstream of ``nodes[index]``."""
     reached = set(nodes[index].output)
     for node in nodes[index + 1:]:
         if reached.intersection(node.input):
-            if node.name in plan.nodes:
-                return plan.nodes[node.name]["library"]
+            if node.name in chosen:
+                return chosen[node.name]
             reached.update(node.output)
     return None
 

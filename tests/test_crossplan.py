@@ -451,3 +451,54 @@ def test_a_flatten_before_an_fc_pays_for_its_input_layout():
     problem.options = {"conv": [Option("mlas:NCHWc", 1.0, Choice("mlas", None, None, False))],
                        "fc": [Option("xnnpack:NHWC", 1.0, Choice("xnnpack", None, None, False))]}
     assert ("mlas:NCHWc", "out", (1, 8, 4, 4)) in problem.sides()
+
+
+def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_an_island_that_cannot_pay_it_goes_back():
+    """input -> a -> relu -> b -> b2; add(b2, relu) -> c. With b alone on library 'y', the model
+    runs in three segments (x: a, relu | y: b | x: b2, add, c), so the skip tensor leaves x's
+    runner and enters it again though no edge changes its label (leaving it, the edge into b pays).
+    b saves 45 us on 'y' and the two edges around it cost 40: worth it between neighbours, not
+    with the 10 us reentry; saving 70 us it is, and the plan's total counts the reentry."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.crossplan import Choice, _data_edges, _without_unpaid_islands
+    from kselect.core.model import model_from_proto
+
+    weights = [numpy_helper.from_array(np.ones((4, 4, 3, 3), np.float32), f"w{i}") for i in range(4)]
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["ta"], name="a", **conv),
+             helper.make_node("Relu", ["ta"], ["tr"], name="relu"),
+             helper.make_node("Conv", ["tr", "w1"], ["tb"], name="b", **conv),
+             helper.make_node("Conv", ["tb", "w2"], ["tb2"], name="b2", **conv),
+             helper.make_node("Add", ["tb2", "tr"], ["ts"], name="add"),
+             helper.make_node("Conv", ["ts", "w3"], ["y"], name="c", **conv)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    model = model_from_proto("branch", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    shape = (1, 4, 8, 8)
+    table = ConversionTable({(label, d, shape): 10.0 for label in ("x:NCHWc", "y:NHWC") for d in ("in", "out")})
+
+    def planned(b_on_y_us: float):
+        problem = CrossProblem(model=model, runs_op=lambda library, op_type: True)
+        problem.options = {node: [Option("x:NCHWc", 100.0, Choice("x", None, None, False)),
+                                  Option("y:NHWC", b_on_y_us if node == "b" else 1000.0, Choice("y", None, None, False))]
+                           for node in ("a", "b", "b2", "c")}
+        problem.options.update({"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]})
+        problem.edges = _data_edges(model, {"a", "b", "b2", "c"})
+        graph = problem.graph(table)
+        exact, _ = solve(graph)
+        assert exact["b"].label == "y:NHWC"  # between neighbours, b on 'y' always pays
+        alone = {"x": solve(problem.graph(table, {"x"}))[0]}
+        missing = set()
+        assignment, moved = _without_unpaid_islands(problem, graph, table, exact, alone, missing)
+        assert not missing
+        labels = {node: option.label for node, option in assignment.items()}
+        return labels["b"], moved, problem.reentries(table, labels), problem.total_us(graph, table, assignment)
+
+    into_and_out_of_the_model = 20.0
+    label, moved, reentries, total = planned(55.0)
+    assert (label, moved, reentries) == ("x:NCHWc", 1, []) and total == pytest.approx(400.0 + into_and_out_of_the_model)
+    label, moved, reentries, total = planned(30.0)
+    assert (label, moved) == ("y:NHWC", 0)
+    assert [(r["tensor"], r["from_segment"], r["to_segments"], r["time_us"]) for r in reentries] == [("tr", 1, [3], 10.0)]
+    assert total == pytest.approx(330.0 + into_and_out_of_the_model + 40.0 + 10.0)
