@@ -539,3 +539,41 @@ def test_rewrite_of_ort_preoptimized_model(tmp_path, level):
     feeds = feeds_for(model)
     np.testing.assert_allclose(run(rewritten, feeds)[0], run(model, feeds, rewritten=False)[0],
                                rtol=RTOL, atol=ATOL)
+
+
+def segment_like_model():
+    """What a plan across libraries hands ONNX Runtime after another library's segment: the
+    residual branch arrives as a graph input, read by a conv and by the Add after it."""
+    g = G(11)
+    c = g.conv("x", 32, 32, name="c1")
+    s = g.node("Add", [c, "x"], name="add")
+    r = g.node("Relu", [s], name="relu")
+    return g.model((1, 32, 9, 9), [r])
+
+
+def test_a_residual_branch_arriving_as_a_graph_input_stays_blocked_in_onnxruntimes_own_transformer():
+    model = segment_like_model()
+    plain, anchored = nchwc.ort_optimized(model), nchwc.ort_optimized(nchwc.anchor_inputs(model, BLOCK))
+    assert ("", "Add") in ops(plain)  # ORT alone leaves the Add in NCHW, with reorders around it
+    assert ("", "Add") not in ops(anchored) and ops(anchored).count((nchwc.NCHWC_DOMAIN, "Conv")) == 1
+    assert sum(op == "ReorderInput" for _, op in ops(anchored)) == 1
+    feeds = feeds_for(model)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(nchwc.anchor_inputs(model, BLOCK).SerializeToString(), so,
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(got[0], ref[0], rtol=RTOL, atol=ATOL)
+
+
+def test_the_rewriter_blocks_graph_inputs_that_an_add_reads_when_asked():
+    model = segment_like_model()
+    info = {}
+    nchwc.rewrite_model(model, {"c1": "NCHWc"}, BLOCK, info=info)
+    assert info["fused"] == {}
+    blocked_info = {}
+    rewritten = nchwc.rewrite_model(model, {"c1": "NCHWc"}, BLOCK, info=blocked_info, block_inputs=True)
+    assert blocked_info["fused"] == {"c1": ["add", "relu"]} and blocked_info["reorder_inputs"] == ["x"]
+    feeds = feeds_for(model)
+    np.testing.assert_allclose(run(rewritten, feeds)[0], run(model, feeds, rewritten=False)[0], rtol=RTOL, atol=ATOL)
+    check_reorder_invariants(rewritten)

@@ -31,11 +31,13 @@ def layouts_are_onnxruntimes(model, plan) -> bool:
     return chosen == nchwc.ort_nchwc_convs(model.proto)
 
 
-def rewritten_model(model, plan, keep_original: bool) -> onnx.ModelProto:
+def rewritten_model(model, plan, keep_original: bool, segment: bool = False) -> onnx.ModelProto:
+    """``segment``: the model is a segment of a plan across libraries, whose residual branches
+    come in as graph inputs (nchwc.anchor_inputs)."""
     if keep_original:
-        return model.proto
+        return nchwc.anchor_inputs(model.proto, nchwc.nchwc_block_size()) if segment else model.proto
     layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items() if "layout" in entry["config"]}
-    return nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size())
+    return nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size(), block_inputs=segment)
 
 
 def session_settings(plan, keep_original: bool) -> dict:
@@ -69,19 +71,20 @@ def load_session(model_path: str | Path, options_path: str | Path):
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
-def default_session(model, extra_entries: dict | None = None):
+def default_session(model, extra_entries: dict | None = None, segment: bool = False):
     """The baseline: ONNX Runtime's default session (ORT_ENABLE_ALL, all cores, its defaults);
-    ``extra_entries``: session config entries added to it."""
+    ``extra_entries``: session config entries added to it; ``segment``: see ``rewritten_model``."""
     import onnxruntime as ort
 
     options = add_config_entries(ort.SessionOptions(), extra_entries)
-    return ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    proto = nchwc.anchor_inputs(model.proto, nchwc.nchwc_block_size()) if segment else model.proto
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def plan_session(model, plan, extra_entries: dict | None = None):
+def plan_session(model, plan, extra_entries: dict | None = None, segment: bool = False):
     import onnxruntime as ort
 
     keep_original = layouts_are_onnxruntimes(model, plan)
     options = add_config_entries(session_options(plan.plan_level, keep_nchwc_transformer=keep_original), extra_entries)
-    return ort.InferenceSession(rewritten_model(model, plan, keep_original).SerializeToString(), options,
+    return ort.InferenceSession(rewritten_model(model, plan, keep_original, segment).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])

@@ -238,7 +238,10 @@ class MlasLibrary(Library):
         # Its threads stop spinning at the end of each run: 197 -> 112 ms on resnet101 with two
         # XNNPack ops (MLAS plan alone: 103 ms), since the next segment gets both cores at once.
         stop = {FORCE_SPINNING_STOP_KEY: "1"} if in_mixed_plan else {}
-        session = default_session(model, stop) if plan is None else plan_session(model, plan, stop)
+        if plan is None:
+            session = default_session(model, stop, segment=in_mixed_plan)
+        else:
+            session = plan_session(model, plan, stop, segment=in_mixed_plan)
         names = [o.name for o in session.get_outputs()]
         return lambda feeds: session.run(names, feeds)
 
