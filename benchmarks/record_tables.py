@@ -73,8 +73,13 @@ def main() -> None:
         defaults = {o.task.key: o.default_config for o in outcomes}
         part = table_from_records(db, device, library, tasks, defaults, model=name, version=version, settings=settings)
         table = part if table is None else merge_tables(table, part)
+        write_recorded(table, timings, library, out)
+
+
+def write_recorded(table: dict, timings: dict, library, out: Path) -> None:
+    """Written after every model, so a long recording that stops keeps the models it finished."""
     table["recorded"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    table["recording_s"] = timings
+    table["recording_s"] = dict(timings)
     table["note"] = ("Measured: exhaustive tunes on the device described here (kselect's measuring protocol: child "
                      "process, warm-up, medians of fresh instances, outputs verified). Other processes shared the "
                      "machine while recording, so timings carry that noise (see spread).")
