@@ -152,6 +152,7 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
                              "ops_ceiling_by_library_us": summary["ops_ceiling_by_library_us"],
                              "default_ops_us": summary["default_ops_us"]},
         "switch_us": summary.get("switch_us"), "switches": summary.get("switches"),
+        "reentries": {k: v for k, v in summary.get("reentries", {}).items() if k != "tensors"},
         "single_plan_ops_us": {n: round(ops_us_now(p, libraries[n], device, db), 3) for n, p in single.items()},
         "remeasured": summary.get("remeasured"),
     }
@@ -162,7 +163,9 @@ def _switches(row: dict) -> str:
     if not row.get("switch_us"):
         return ""
     costs = ", ".join(f"{pair} {us:.0f} us" for pair, us in row["switch_us"].items())
-    return f" (of which {row['switches']['us'] / 1000:.2f} ms for {row['switches']['edges']} switches; {costs})"
+    reentries = row.get("reentries") or {}
+    reentered = f", {reentries['us'] / 1000:.2f} ms for tensors re-entering their library" if reentries.get("us") else ""
+    return f" (of which {row['switches']['us'] / 1000:.2f} ms for {row['switches']['edges']} switches{reentered}; {costs})"
 
 
 NOTES = """
@@ -187,6 +190,11 @@ NOTES = """
   minutes on end (plugins/xnnpack/README.md, "Measuring on a shared machine"). Isolated op times
   recorded in such a period are inflated; a plan built on them loses end to end and is not kept,
   and its ceiling and prediction are meaningless. Spreads are in the JSON.
+- Each ONNX Runtime segment of a mixed plan gets its residual branches as graph inputs, which
+  ORT's own NCHWc transformer left in NCHW (unfused Adds and reorders down to the next
+  downsampling conv); plugins/mlas/README.md describes the fix. Before it, mixed plans read 8-17%
+  slower than predicted (stop 12's run); a resnet50 model cut into 8 ORT sessions read +5.2 ms,
+  +1.1 ms with the fix.
 - Mixing libraries needs exactly one library spinning: ONNX Runtime's and XNNPack's worker
   threads otherwise take the cores from each other between segments, and with none spinning a
   plan's speed depends on the period (wake-up latency).
