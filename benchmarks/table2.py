@@ -146,6 +146,8 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
         "speedup_best_single": round(ort_ms / ms[best_single], 4), "tuning": tuning,
         "cross_variant": cross_name, "selection_run": selection,
         "cross_ops_by_library": ops_by_library, "cross_segments": segments, "cross_untuned_nodes": untuned,
+        "cross_nodes_off_main": {node: entry["library"] for node, entry in cross.nodes.items()
+                                 if entry["library"] != max(ops_by_library, key=ops_by_library.get)},
         "cross_method": summary["method"],
         "isolated_sums_us": {"cross": summary["predicted"], "greedy": summary["greedy"],
                              "single_library": summary["single_library"], "ops_ceiling_us": summary["ops_ceiling_us"],
