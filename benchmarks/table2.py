@@ -133,6 +133,7 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
     ops_by_library = {}
     for entry in cross.nodes.values():
         ops_by_library[entry["library"]] = ops_by_library.get(entry["library"], 0) + 1
+    most_ops = max(ops_by_library, key=ops_by_library.get)
     segments = len(runners["cross-library plan"].segments)
     untuned = untuned_nodes(cross, runners["cross-library plan"])
     for runner in runners.values():
@@ -147,7 +148,7 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
         "cross_variant": cross_name, "selection_run": selection,
         "cross_ops_by_library": ops_by_library, "cross_segments": segments, "cross_untuned_nodes": untuned,
         "cross_nodes_off_main": {node: entry["library"] for node, entry in cross.nodes.items()
-                                 if entry["library"] != max(ops_by_library, key=ops_by_library.get)},
+                                 if entry["library"] != most_ops},
         "cross_method": summary["method"],
         "isolated_sums_us": {"cross": summary["predicted"], "greedy": summary["greedy"],
                              "single_library": summary["single_library"], "ops_ceiling_us": summary["ops_ceiling_us"],

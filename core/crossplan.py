@@ -153,10 +153,13 @@ class CrossProblem:
                               "time_us": round(sum(table.times_us.get(side, 0.0) for side in sides), 3)})
         return found
 
+    def reentries_us(self, table: ConversionTable, assignment: dict, missing: set | None = None) -> float:
+        labels = {node: option.label for node, option in assignment.items()}
+        return sum(r["time_us"] for r in self.reentries(table, labels, missing))
+
     def total_us(self, graph: PlanGraph, table: ConversionTable, assignment: dict, missing: set | None = None) -> float:
         """The labelling's time: ops, conversions between neighbours and reentries."""
-        labels = {node: option.label for node, option in assignment.items()}
-        return graph.total_us(assignment) + sum(r["time_us"] for r in self.reentries(table, labels, missing))
+        return graph.total_us(assignment) + self.reentries_us(table, assignment, missing)
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
         """The planning graph, optionally with only some libraries' options."""
@@ -285,11 +288,10 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
     return problem
 
 
-def _summary(graph: PlanGraph, assignment: dict, problem: CrossProblem | None = None,
-             table: ConversionTable | None = None) -> dict:
-    """Ops and conversions (reentries included when ``problem`` and ``table`` are given)."""
+def _summary(graph: PlanGraph, assignment: dict, reentries_us: float = 0.0) -> dict:
+    """Ops and conversions, reentries (``CrossProblem.reentries_us``) counted with the conversions."""
     ops = sum(o.time_us for o in assignment.values())
-    total = problem.total_us(graph, table, assignment) if problem is not None else graph.total_us(assignment)
+    total = graph.total_us(assignment) + reentries_us
     return {"ops_us": round(ops, 3), "conversions_us": round(total - ops, 3), "total_us": round(total, 3)}
 
 
@@ -390,10 +392,11 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                       "samples": choice.samples, "emulated": choice.emulated})
     used = {entry["library"] for entry in nodes.values()}
     versions = {name: libraries[name].version() for name in libraries if name in used}
-    chosen = _summary(graph, assignment, problem, table)
     reentries = problem.reentries(table, labels)
+    chosen = _summary(graph, assignment, sum(r["time_us"] for r in reentries))
     extra = {"cross_library": {
-        "predicted": chosen, "method": method, "greedy": _summary(graph, greedy_assignment, problem, table),
+        "predicted": chosen, "method": method,
+        "greedy": _summary(graph, greedy_assignment, problem.reentries_us(table, greedy_assignment)),
         "single_library": alone,
         "reentries": {"tensors": reentries, "us": round(sum(r["time_us"] for r in reentries), 3),
                       "segments_moved": islands_moved},

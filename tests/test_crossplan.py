@@ -388,24 +388,34 @@ def test_spinning_variants_let_exactly_one_library_spin_and_keep_node_configs_co
     assert plan.nodes["b"]["config"]["spinning"] == 0  # the original is left as it was
 
 
+def residual_model(branch: list[str]):
+    """input -> a -> relu -> the branch's convs (named ``branch``, each output t<name>);
+    add(last branch output, relu) -> c -> output, on a 1 x 4 x 8 x 8 map."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.model import model_from_proto
+
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),
+             helper.make_node("Relu", ["ta"], ["tr"], name="relu")]
+    x = "tr"
+    for name in branch:
+        nodes.append(helper.make_node("Conv", [x, f"w{name}"], [f"t{name}"], name=name, **conv))
+        x = f"t{name}"
+    nodes += [helper.make_node("Add", [x, "tr"], ["ts"], name="add"),
+              helper.make_node("Conv", ["ts", "wc"], ["y"], name="c", **conv)]
+    weights = [numpy_helper.from_array(np.ones((4, 4, 3, 3), np.float32), f"w{name}") for name in ["a", *branch, "c"]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    return model_from_proto("residual", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
 def test_an_add_takes_its_second_input_into_its_first_inputs_label():
     """input -> a -> relu -> b; add(b, relu) -> c: the Add runs where b runs, so the skip tensor
     goes from a's label to b's at the Add, and c reads b's label."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from kselect.core.crossplan import DataEdge, _data_edges
-    from kselect.core.model import model_from_proto
 
-    weights = [numpy_helper.from_array(np.ones((4, 4, 3, 3), np.float32), f"w{i}") for i in range(3)]
-    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["ta"], name="a", **conv),
-             helper.make_node("Relu", ["ta"], ["tr"], name="relu"),
-             helper.make_node("Conv", ["tr", "w1"], ["tb"], name="b", **conv),
-             helper.make_node("Add", ["tb", "tr"], ["ts"], name="add"),
-             helper.make_node("Conv", ["ts", "w2"], ["y"], name="c", **conv)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
-    model = model_from_proto("residual", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = residual_model(["b"])
     shape = (1, 4, 8, 8)
     assert set(_data_edges(model, {"a", "b", "c"})) == {
         DataEdge("input:x", "a", "x", shape), DataEdge("a", "b", "tr", shape), DataEdge("a", "b", "tr", shape, "add"),
@@ -459,22 +469,9 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
     runner and enters it again though no edge changes its label (leaving it, the edge into b pays).
     b saves 45 us on 'y' and the two edges around it cost 40: worth it between neighbours, not
     with the 10 us reentry; saving 70 us it is, and the plan's total counts the reentry."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from kselect.core.crossplan import Choice, _data_edges, _without_unpaid_islands
-    from kselect.core.model import model_from_proto
 
-    weights = [numpy_helper.from_array(np.ones((4, 4, 3, 3), np.float32), f"w{i}") for i in range(4)]
-    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["ta"], name="a", **conv),
-             helper.make_node("Relu", ["ta"], ["tr"], name="relu"),
-             helper.make_node("Conv", ["tr", "w1"], ["tb"], name="b", **conv),
-             helper.make_node("Conv", ["tb", "w2"], ["tb2"], name="b2", **conv),
-             helper.make_node("Add", ["tb2", "tr"], ["ts"], name="add"),
-             helper.make_node("Conv", ["ts", "w3"], ["y"], name="c", **conv)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
-    model = model_from_proto("branch", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = residual_model(["b", "b2"])
     shape = (1, 4, 8, 8)
     table = ConversionTable({(label, d, shape): 10.0 for label in ("x:NCHWc", "y:NHWC") for d in ("in", "out")})
 

@@ -31,11 +31,17 @@ def layouts_are_onnxruntimes(model, plan) -> bool:
     return chosen == nchwc.ort_nchwc_convs(model.proto)
 
 
+def original_model(model, segment: bool = False) -> onnx.ModelProto:
+    """What ORT's own transformer gets: the model, or for ``segment`` (a segment of a plan across
+    libraries, whose residual branches come in as graph inputs) the model with them anchored
+    (nchwc.anchor_inputs)."""
+    return nchwc.anchor_inputs(model.proto, nchwc.nchwc_block_size()) if segment else model.proto
+
+
 def rewritten_model(model, plan, keep_original: bool, segment: bool = False) -> onnx.ModelProto:
-    """``segment``: the model is a segment of a plan across libraries, whose residual branches
-    come in as graph inputs (nchwc.anchor_inputs)."""
+    """``segment``: see ``original_model``; kselect's rewriter blocks those inputs itself."""
     if keep_original:
-        return nchwc.anchor_inputs(model.proto, nchwc.nchwc_block_size()) if segment else model.proto
+        return original_model(model, segment)
     layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items() if "layout" in entry["config"]}
     return nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size(), block_inputs=segment)
 
@@ -73,12 +79,12 @@ def load_session(model_path: str | Path, options_path: str | Path):
 
 def default_session(model, extra_entries: dict | None = None, segment: bool = False):
     """The baseline: ONNX Runtime's default session (ORT_ENABLE_ALL, all cores, its defaults);
-    ``extra_entries``: session config entries added to it; ``segment``: see ``rewritten_model``."""
+    ``extra_entries``: session config entries added to it; ``segment``: see ``original_model``."""
     import onnxruntime as ort
 
     options = add_config_entries(ort.SessionOptions(), extra_entries)
-    proto = nchwc.anchor_inputs(model.proto, nchwc.nchwc_block_size()) if segment else model.proto
-    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(original_model(model, segment).SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def plan_session(model, plan, extra_entries: dict | None = None, segment: bool = False):

@@ -949,13 +949,14 @@ def rewrite_model(model: onnx.ModelProto, layouts: Mapping[str, str], block: int
     return out
 
 
-_JOINING_OPS = ("Add", "Sum", "Mul", "Concat")
+def _joins(node: onnx.NodeProto) -> bool:
+    """An Add, Sum, Mul or Concat: ORT's transformer blocks it only when every input is blocked."""
+    return node.op_type in ("Add", "Sum", "Mul", "Concat") and node.domain in ("", "ai.onnx")
 
 
 def _inputs_added_or_joined(model: onnx.ModelProto, block: int) -> list[str]:
     """4-D graph inputs with a block-multiple channel count that an Add, Sum, Mul or Concat reads."""
-    joined = {name for node in model.graph.node if node.op_type in _JOINING_OPS and node.domain in ("", "ai.onnx")
-              for name in node.input}
+    joined = {name for node in model.graph.node if _joins(node) for name in node.input}
     found = []
     for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
@@ -989,7 +990,7 @@ def anchor_inputs(model: onnx.ModelProto, block: int) -> onnx.ModelProto:
         taken.add(copy)
         pools.append(helper.make_node("MaxPool", [name], [copy], name=copy, kernel_shape=[1, 1]))
         for node in graph.node:
-            if node.op_type in _JOINING_OPS and node.domain in ("", "ai.onnx"):
+            if _joins(node):
                 node.input[:] = [copy if i == name else i for i in node.input]
     nodes = pools + list(graph.node)
     del graph.node[:]
