@@ -96,13 +96,21 @@ def _records(db_path):
         return connection.execute("SELECT id, task, config, created FROM records ORDER BY id").fetchall()
 
 
+def _records_so_far(db_path):
+    """Records of a database another process is still creating: none until its schema exists."""
+    try:
+        return _records(db_path) if db_path.exists() else []
+    except sqlite3.OperationalError:
+        return []
+
+
 def test_a_killed_tune_resumes_without_remeasuring(small_model_path, tmp_path):
     db, plan = tmp_path / "records.db", tmp_path / "small.plan.json"
     args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas",
             "--search", "exhaustive", "--budget", "6", "--min-time", "0.02", "--db", str(db), "-o", str(plan)]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
-    while time.time() < deadline and (not db.exists() or len(_records(db)) < 5):
+    while time.time() < deadline and len(_records_so_far(db)) < 5:
         time.sleep(0.2)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
