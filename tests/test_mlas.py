@@ -247,7 +247,7 @@ def test_ctrl_c_stops_a_tune_cleanly_and_keeps_records(small_model_path, tmp_pat
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
-    while time.time() < deadline and (not db.exists() or len(_records(db)) < 2):
+    while time.time() < deadline and len(_records_so_far(db)) < 2:
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
