@@ -54,12 +54,12 @@ class PlanRunner:
         self.plan = plan
         self.model = model
         self.segments = segments
-        self._runners = runners
+        self.runners = runners  # one per segment, each ``runner(feeds) -> [outputs]``
         self.output_names = [o.name for o in model.proto.graph.output]
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         values = dict(inputs)
-        for segment, runner in zip(self.segments, self._runners):
+        for segment, runner in zip(self.segments, self.runners):
             results = runner({name: values[name] for name in segment.inputs})
             values.update(zip(segment.outputs, results))
         return [values[name] for name in self.output_names]
@@ -75,10 +75,10 @@ class PlanRunner:
         return lines
 
     def close(self) -> None:
-        for runner in self._runners:
+        for runner in self.runners:
             if hasattr(runner, "close"):
                 runner.close()
-        self._runners = []
+        self.runners = []
 
 
 def load_plan(plan: Plan | str | Path, model: Model | str) -> PlanRunner:

@@ -77,7 +77,7 @@ def chain_model(channels: int, size: int, convs: int) -> Model:
 def segment_entry_us(runner, feeds: dict, rounds: int = ROUNDS) -> list[float]:
     """Per segment of a plan runner (``core.runtime.PlanRunner``): the median of its time in
     sequence minus its time right after itself, in microseconds (the first segment: 0)."""
-    segments, runners = runner.segments, runner._runners
+    segments, runners = runner.segments, runner.runners
     in_sequence = [[] for _ in segments]
     again = [[] for _ in segments]
     inputs = []

