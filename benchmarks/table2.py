@@ -14,7 +14,10 @@ Ceiling: the speedup over ONNX Runtime's default that choosing the library per o
 the same run's isolated per-op minima, conversions not counted: default / (default - sum over
 tuned ops of (fastest MLAS option - fastest option of any library)). (Per-node minima, not the
 default configs' records: one slow outlier among those would inflate it.) MLAS's own config
-headroom shows in the MLAS plan column.
+headroom shows in the MLAS plan column. No plan reaches it where the fastest ops sit in different
+layouts, so beside it stands the ceiling with conversions: the same formula with the saving the
+exact planner found, every layout change and library switch paid (MLAS plan's isolated total minus
+the best of the cross-library and single-library totals).
 
 Before planning, every config and conversion the planner chooses among (and each library plan's
 configs) is re-timed, as `kselect tune` does, so the plan, the ceiling and the prediction use
@@ -76,12 +79,17 @@ def derive(row: dict) -> dict:
     ort_ms = ms["onnxruntime default"]
     saving_us = sums["ops_ceiling_by_library_us"]["mlas"] - sums["ops_ceiling_us"]
     ceiling = ort_ms / (ort_ms - saving_us / 1000.0)
+    alone_us = {name: total["total_us"] for name, total in sums["single_library"].items()}
+    saving_with_conversions_us = alone_us["mlas"] - min([sums["cross"]["total_us"], *alone_us.values()])
+    ceiling_with_conversions = ort_ms / (ort_ms - saving_with_conversions_us / 1000.0)
     rest_us = {name: ms[f"{name} plan"] * 1000 - ops for name, ops in row["single_plan_ops_us"].items()}
     counts = row["cross_untuned_nodes"]
     rest = sum(rest_us[name] * count for name, count in counts.items()) / max(1, sum(counts.values()))
     predicted_ms = (sums["cross"]["total_us"] + rest) / 1000.0
     measured_ms = ms["cross-library plan"]
     return {"ceiling": round(ceiling, 4), "share_of_ceiling": round(row["speedup_kept"] / ceiling, 4),
+            "ceiling_with_conversions": round(ceiling_with_conversions, 4),
+            "share_of_ceiling_with_conversions": round(row["speedup_kept"] / ceiling_with_conversions, 4),
             "prediction": {"predicted_ms": round(predicted_ms, 3), "measured_ms": measured_ms,
                            "error": round(predicted_ms / measured_ms - 1, 4),
                            "rest_ms": {k: round(v / 1000, 3) for k, v in rest_us.items()}}}
@@ -185,6 +193,11 @@ NOTES = """
   default session options), and *kept* reads "onnxruntime default", 1.000.
 - *ceiling*: ONNX Runtime default / (default - sum over tuned ops of (fastest MLAS option - fastest
   option of any library)), from the isolated per-op measurements, conversions not counted.
+- *ceiling w/ conv.*: the same with the saving the exact planner found once conversions, switches
+  and reentries are paid (MLAS plan's isolated total minus the best plan's): what per-op selection
+  allows when each op's input must be in its kernel's layout. The two differ where the fastest ops
+  sit in different layouts (mobilenetv2: XNNPack's NHWC depthwise and 1x1 convs between MLAS's
+  NCHWc ones).
 - *prediction error*: the cross-library plan's isolated op and conversion sums plus the untuned ops'
   time calibrated on each library's own plan in the same run, against its measured latency. The
   isolated times are re-timed just before planning (the JSON's `remeasured` counts them), so they
@@ -217,6 +230,14 @@ def _geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def geomeans(rows: list[dict]) -> dict:
+    return {"geomean_kept": _geomean([r["speedup_kept"] for r in rows]),
+            "geomean_cross": _geomean([r["speedup_cross"] for r in rows]),
+            "geomean_best_single": _geomean([r["speedup_best_single"] for r in rows]),
+            "geomean_ceiling": _geomean([r["ceiling"] for r in rows]),
+            "geomean_ceiling_with_conversions": _geomean([r["ceiling_with_conversions"] for r in rows])}
+
+
 def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
     lines = [
         "# Table 2 analogue: kselect on this machine",
@@ -228,17 +249,20 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         "(all columns of a row measured together); ratios are ONNX Runtime default / column.",
         "",
         "| model | ORT default ms | XNNPack default ms | MLAS plan ms | XNNPack plan ms | cross-library ms "
-        "| kept | speedup kept | ceiling | share of ceiling | tune s (mlas / xnnpack) | samples | prediction error (cross) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| kept | speedup kept | ceiling | share of ceiling | ceiling w/ conv. | share of it "
+        "| tune s (mlas / xnnpack) | samples | prediction error (cross) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         m, t = r["ms"], r["tuning"]
         lines.append(
             f"| {r['model']} | {m['onnxruntime default']:.2f} | {m['xnnpack default']:.2f} | {m['mlas plan']:.2f} "
             f"| {m['xnnpack plan']:.2f} | {m['cross-library plan']:.2f} | {r['kept']} | {r['speedup_kept']:.3f} "
-            f"| {r['ceiling']:.3f} | {r['share_of_ceiling']:.3f} | {t['mlas']['tune_s']:.0f} / {t['xnnpack']['tune_s']:.0f} "
+            f"| {r['ceiling']:.3f} | {r['share_of_ceiling']:.3f} | {r['ceiling_with_conversions']:.3f} "
+            f"| {r['share_of_ceiling_with_conversions']:.3f} | {t['mlas']['tune_s']:.0f} / {t['xnnpack']['tune_s']:.0f} "
             f"| {t['mlas']['samples'] + t['xnnpack']['samples']} | {r['prediction']['error']:+.1%} |")
-    lines.append(f"| geomean | | | | | | | {header['geomean_kept']:.3f} | {header['geomean_ceiling']:.3f} | | | | |")
+    lines.append(f"| geomean | | | | | | | {header['geomean_kept']:.3f} | {header['geomean_ceiling']:.3f} | "
+                 f"| {header['geomean_ceiling_with_conversions']:.3f} | | | | |")
     lines += ["", "Where the time goes (cross-library plan, isolated sums): ", ""]
     for r in rows:
         s = r["isolated_sums_us"]
@@ -263,14 +287,18 @@ def main() -> None:
     parser.add_argument("--markdown", default="docs/table2.md")
     parser.add_argument("--update", action="store_true",
                         help="replace only these models' rows in an existing JSON (e.g. after re-measuring them)")
-    parser.add_argument("--render", action="store_true", help="only rewrite the markdown from the JSON")
+    parser.add_argument("--render", action="store_true",
+                        help="only recompute the derived figures (ceilings, prediction) and rewrite the markdown from the JSON")
     parser.add_argument("--no-remeasure", dest="remeasure", action="store_false",
                         help="plan on the stored records as they are (`kselect tune --no-remeasure`)")
     args = parser.parse_args()
     if args.render:
         data = json.loads(Path(args.json).read_text())
+        data["models"] = [{**row, **derive(row)} for row in data["models"]]
+        data.update(geomeans(data["models"]))
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         write_markdown(Path(args.markdown), data["models"], data)
-        console.print(f"wrote {args.markdown}")
+        console.print(f"wrote {args.json} (derived figures) and {args.markdown}")
         return
 
     libraries = {name: plugins.get_library(name) for name in LIBRARIES}
@@ -293,25 +321,23 @@ def main() -> None:
     device = this_device()
     header = {"device": device.summary(), "threads": device.cores, "search": args.search, "budget": args.budget,
               "libraries": {n: lib.version() for n, lib in libraries.items()}, "load_average": os.getloadavg(),
-              "geomean_kept": _geomean([r["speedup_kept"] for r in rows]),
-              "geomean_cross": _geomean([r["speedup_cross"] for r in rows]),
-              "geomean_best_single": _geomean([r["speedup_best_single"] for r in rows]),
-              "geomean_ceiling": _geomean([r["ceiling"] for r in rows])}
+              **geomeans(rows)}
 
     table = Table(title=f"kselect vs ONNX Runtime default ({header['device']}); ms are medians of one interleaved run")
     for column in ("model", "ORT default", "XNNPack default", "MLAS plan", "XNNPack plan", "cross plan", "kept",
-                   "speedup", "ceiling", "of ceiling", "tune s", "samples", "pred. err"):
+                   "speedup", "ceiling", "of ceiling", "ceiling w/ conv.", "of it", "tune s", "samples", "pred. err"):
         table.add_column(column, justify="left" if column in ("model", "kept") else "right")
     for r in rows:
         m, t = r["ms"], r["tuning"]
         table.add_row(r["model"], f"{m['onnxruntime default']:.2f}", f"{m['xnnpack default']:.2f}", f"{m['mlas plan']:.2f}",
                       f"{m['xnnpack plan']:.2f}", f"{m['cross-library plan']:.2f}", r["kept"], f"{r['speedup_kept']:.3f}",
                       f"{r['ceiling']:.3f}", f"{r['share_of_ceiling']:.3f}",
+                      f"{r['ceiling_with_conversions']:.3f}", f"{r['share_of_ceiling_with_conversions']:.3f}",
                       f"{t['mlas']['tune_s'] + t['xnnpack']['tune_s']:.0f}",
                       str(t["mlas"]["samples"] + t["xnnpack"]["samples"]),
                       f"{r['prediction']['error']:+.1%}")
     table.add_row("geomean", "", "", "", "", "", "", f"{header['geomean_kept']:.3f}", f"{header['geomean_ceiling']:.3f}",
-                  "", "", "", "")
+                  "", f"{header['geomean_ceiling_with_conversions']:.3f}", "", "", "", "")
     console.print(table)
     Path(args.json).write_text(json.dumps({**header, "models": rows}, indent=2) + "\n")
     Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
