@@ -343,8 +343,8 @@ def table_from_records(db, device, library, tasks: list[Task], defaults: dict[st
 
 
 def merge_tables(first: dict, second: dict) -> dict:
-    """Tasks of both tables (same device and library build), each task once; a task shared by
-    models lists all of them."""
+    """Tasks of both tables (same device and library build), each task once: a task in both has
+    the second table's (newer) results and lists the models of both."""
     for key in ("library", "library_version"):
         if first[key] != second[key]:
             raise ReplayError(f"cannot merge tables of different {key}: {first[key]!r} vs {second[key]!r}")
@@ -354,10 +354,8 @@ def merge_tables(first: dict, second: dict) -> dict:
     by_key = {entry["task"]["key"]: dict(entry) for entry in first["tasks"]}
     for entry in second["tasks"]:
         key = entry["task"]["key"]
-        if key in by_key:
-            by_key[key]["models"] = {**by_key[key]["models"], **entry["models"]}
-        else:
-            by_key[key] = dict(entry)
+        models = by_key[key]["models"] if key in by_key else {}
+        by_key[key] = {**entry, "models": {**models, **entry["models"]}}
     merged["tasks"] = list(by_key.values())
     return merged
 

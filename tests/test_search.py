@@ -15,7 +15,7 @@ from kselect.core.measure import Result
 from kselect.core.space import Categorical, Integer, Space, WorkloadSplit, config_key
 from kselect.core.tasks import Task
 from kselect.search.replay import (ReplayError, ReplayTable, ReplayTask, ReplayWorker, run_searcher, space_from_json,
-                                   space_to_json, synthetic_table, table_from_records, write_table)
+                                   space_to_json, synthetic_table, table_from_records, write_table, merge_tables)
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = sorted((REPO / "benchmarks" / "tables").glob("mlas-*.json"))
@@ -292,6 +292,16 @@ def test_table_from_records_round_trip(tmp_path):
         result = ReplayWorker(loaded).measure(task, config)
         assert (result.median_us if result.status == "ok" else None) == pytest.approx(synthetic_cost(config), abs=1e-3) \
             if synthetic_cost(config) else result.status == "failed"
+
+    # recorded again (one record replaced by a faster take, as --retake-noisy does) and merged into
+    # the table: the task has the newer result and both models
+    config = next(c for c in synthetic_space().enumerate() if synthetic_cost(c))
+    db.add(device.fingerprint, "fake", "fake 1.0", task.to_json(), config_key(config),
+           Result("ok", synthetic_cost(config) / 2, 0.01, 10), False)
+    newer = table_from_records(db, device, library, [task], {task.key: default}, model="big")
+    merged = ReplayTable.load(write_table(merge_tables(data, newer), tmp_path / "merged.json"))
+    assert len(merged.tasks) == 1 and merged.tasks[0].models == {"small": "T01", "big": "T01"}
+    assert ReplayWorker(merged).measure(task, config).median_us == pytest.approx(synthetic_cost(config) / 2, abs=1e-3)
 
 
 # -- prediction ------------------------------------------------------------------------------
