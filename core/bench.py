@@ -162,6 +162,11 @@ BASELINE = "onnxruntime default"
 # the next runs; interleaved later, spinning-0 variants ran 1.24-1.63x slower than the default,
 # the spinning-1 one 1.08-1.28x. The margin is the larger of MIXED_MARGIN and half the faster
 # plan's relative interquartile range in that run.
+# ONNX Runtime's default session (the baseline) is the calmest choice of all, as the library
+# default is for a single op (a config replaces it only when faster by more than its noise): a
+# plan replaces it only when faster by the margin. On the EPYC machine (table2, stop 16) resnet101's
+# XNNPack plan read 1.051x the default in the run that chose it, with spreads of 0.18-0.22, and
+# 0.956x in the next run; mobilenetv2's ORT default read 7.3 ms in one run and 4.4 ms in the next.
 MIXED_MARGIN = 0.02
 
 
@@ -181,25 +186,27 @@ def _risk(result: dict) -> int:
 
 
 def choose_result(results: list[dict], baseline: dict | None = None) -> dict:
-    """The fastest result, unless a less risky one (fewer segments, or threads that spin: results
-    have ``segments`` and ``sleeps``), or the ``baseline`` (one segment, spinning), is within the
-    margin of it: then the least risky of those, fastest among equals. Results have ``plan_ms``
+    """The fastest result, unless the ``baseline`` or a less risky result (fewer segments, or
+    threads that spin: results have ``segments`` and ``sleeps``) is within the margin of it: then
+    the baseline, else the least risky of those, fastest among equals. Results have ``plan_ms``
     and ``plan_spread``."""
     fastest = min(results, key=lambda r: r["plan_ms"])
     margin = switching_margin(fastest)
-    calmer = [r for r in results + ([baseline] if baseline else [])
-              if _risk(r) < _risk(fastest) and r["plan_ms"] <= fastest["plan_ms"] * (1 + margin)]
+    if baseline is not None and baseline["plan_ms"] <= fastest["plan_ms"] * (1 + margin):
+        return baseline
+    calmer = [r for r in results if _risk(r) < _risk(fastest) and r["plan_ms"] <= fastest["plan_ms"] * (1 + margin)]
     return min(calmer, key=lambda r: (_risk(r), r["plan_ms"])) if calmer else fastest
 
 
 def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_round: int = 3,
-                    max_error: float = 1e-3, fallback=None, min_speedup: float = 0.99) -> tuple:
+                    max_error: float = 1e-3, fallback=None, min_speedup: float | None = None) -> tuple:
     """Runs ONNX Runtime's default session (the baseline) and each candidate plan ([(name,
     plan)]) on the whole model, interleaved; returns (the plan kept, one result per candidate).
-    The plan kept is the fastest whose outputs match the baseline, or one with fewer segments
-    within a margin of it (``choose_result``). A cross-library plan runs through core/runtime.py.
-    When the plan kept is slower than the baseline (below ``min_speedup``), ``fallback``, a plan
-    of the baseline's own configuration (core/tune.onnxruntime_default_plan), is returned instead."""
+    The plan kept is the fastest whose outputs match the baseline, or, within a margin of it,
+    the baseline's own configuration (``fallback``, core/tune.onnxruntime_default_plan) or a plan
+    with fewer segments (``choose_result``). A cross-library plan runs through core/runtime.py.
+    ``min_speedup`` replaces that margin over the baseline by a fixed speedup the plan kept must
+    reach, else ``fallback`` is returned."""
     from kselect.core import plugins
     from kselect.core.runtime import load_plan
 
@@ -226,8 +233,9 @@ def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_ro
     fastest = min((result for result, _ in valid), key=lambda r: r["plan_ms"])
     baseline_result = {"variant": BASELINE, "plan_ms": baseline_ms, "plan_spread": baseline_spread, "segments": 1,
                        "sleeps": False}
-    best_result = choose_result([result for result, _ in valid], baseline_result if fallback is not None else None)
-    if best_result is baseline_result or (fallback is not None and best_result["speedup"] < min_speedup):
+    best_result = choose_result([result for result, _ in valid],
+                                baseline_result if fallback is not None and min_speedup is None else None)
+    if best_result is baseline_result or (fallback is not None and best_result["speedup"] < (min_speedup or 0.0)):
         chosen, best_plan = BASELINE, fallback
     else:
         chosen, best_plan = best_result["variant"], next(plan for result, plan in valid if result is best_result)
