@@ -231,11 +231,11 @@ def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_ro
     if not valid:
         raise ValueError("no plan's outputs match ONNX Runtime's")
     fastest = min((result for result, _ in valid), key=lambda r: r["plan_ms"])
-    baseline_result = {"variant": BASELINE, "plan_ms": baseline_ms, "plan_spread": baseline_spread, "segments": 1,
-                       "sleeps": False}
+    baseline_result = {"variant": BASELINE, "plan_ms": baseline_ms}
     best_result = choose_result([result for result, _ in valid],
                                 baseline_result if fallback is not None and min_speedup is None else None)
-    if best_result is baseline_result or (fallback is not None and best_result["speedup"] < (min_speedup or 0.0)):
+    too_slow = min_speedup is not None and best_result["speedup"] < min_speedup
+    if best_result is baseline_result or (fallback is not None and too_slow):
         chosen, best_plan = BASELINE, fallback
     else:
         chosen, best_plan = best_result["variant"], next(plan for result, plan in valid if result is best_result)
