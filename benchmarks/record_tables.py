@@ -38,7 +38,7 @@ from rich.progress import Progress
 
 from kselect.core import plugins
 from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
+from kselect.core.measure import MeasureSettings, Result
 from kselect.core.model import load_model
 from kselect.core.records import RecordDB
 from kselect.core.tasks import Task
@@ -137,8 +137,7 @@ def retake_noisy(db: RecordDB, device, library, tasks: list[Task], settings: Mea
                 result = worker.measure(by_key[record.task], record.config)
                 retaken.add((record.task, record.config_key))
                 if result.status == "ok" and result.median_us < record.result.median_us:
-                    db.add(device.fingerprint, library.name, library.version(), by_key[record.task].to_json(),
-                           record.config_key, result, library.emulated, record.is_default)
+                    replace_result(db, device, library, by_key[record.task], record, result)
                     replaced.add((record.task, record.config_key))
                 progress.advance(bar)
     return len(retaken), len(replaced)
@@ -150,9 +149,8 @@ def confirm_top(db: RecordDB, device, library, tasks: list[Task], settings: Meas
     ``most``) again in ``rounds`` interleaved rounds (the order reversed every other round) and
     stores each one's fastest take of those rounds, failed takes ignored. Returns how many configs
     were timed."""
-    version = library.version()
     stored: dict[str, list] = {}
-    for record in db.records(device.fingerprint, library.name, version):
+    for record in db.records(device.fingerprint, library.name, library.version()):
         if record.result.status == "ok":
             stored.setdefault(record.task, []).append(record)
     groups = []
@@ -165,7 +163,7 @@ def confirm_top(db: RecordDB, device, library, tasks: list[Task], settings: Meas
         bar = progress.add_task(f"  confirm the fastest configs of {len(groups)} tasks",
                                 total=rounds * sum(len(group) for _, group in groups))
         for task, group in groups:
-            fastest: dict[str, object] = {}
+            fastest: dict[str, Result] = {}
             for round_number in range(rounds):
                 for record in group if round_number % 2 == 0 else group[::-1]:
                     result = worker.measure(task, record.config)
@@ -175,9 +173,14 @@ def confirm_top(db: RecordDB, device, library, tasks: list[Task], settings: Meas
                     progress.advance(bar)
             for record in group:
                 if record.config_key in fastest:
-                    db.add(device.fingerprint, library.name, version, task.to_json(), record.config_key,
-                           fastest[record.config_key], library.emulated, record.is_default)
+                    replace_result(db, device, library, task, record, fastest[record.config_key])
     return sum(len(group) for _, group in groups)
+
+
+def replace_result(db: RecordDB, device, library, task: Task, record, result) -> None:
+    """Stores ``result``, a new take of ``record``'s config, in place of its stored result."""
+    db.add(device.fingerprint, library.name, library.version(), task.to_json(), record.config_key, result,
+           library.emulated, record.is_default)
 
 
 def write_recorded(table: dict, timings: dict, retakes: dict, confirmed: dict, library, out: Path) -> None:
