@@ -284,11 +284,16 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     fallback = onnxruntime_default_plan(model, device, db) if "mlas" in tuned else None
     with console.status("checking the plans end to end against ONNX Runtime's default session"):
         chosen, results = verified_across(model, candidates, fallback=fallback)
-    table = Table(title=f"{model.name}: whole model, interleaved (median of {results[0]['runs']} runs each)")
+    measured = [r for r in results if "failed" not in r]
+    table = Table(title=f"{model.name}: whole model, each plan alone in a fresh process per round "
+                        f"(median of {measured[0]['runs']} runs in {measured[0]['processes']} processes)")
     for column in ("plan", "ms", "vs onnxruntime default", "max output error"):
         table.add_column(column, justify="left" if column == "plan" else "right")
-    table.add_row("onnxruntime default", f"{results[0]['default_ms']:.3f}", "1.000x", "-")
+    table.add_row("onnxruntime default", f"{measured[0]['default_ms']:.3f}", "1.000x", "-")
     for result in results:
+        if "failed" in result:
+            table.add_row(result["variant"], "failed", result["failed"], "-")
+            continue
         table.add_row(result["variant"], f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
                       f"{result['max_relative_output_error']:.1e}")
     console.print(table)
@@ -426,26 +431,27 @@ def cmd_plan_apply(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from kselect.core.bench import bench, fresh_runners
+    from kselect.core.bench import bench, bench_alone, fresh_runners
     from kselect.core.runtime import load_plan
 
     model = load_model(args.model, args.input_shape)
     plan = _checked_plan(args, model)
-    if plan.cross_library:  # the baseline is ONNX Runtime's default session
-        library = plugins.get_library("mlas")
-        default_runners, plan_runners = fresh_runners(library, model, None), [load_plan(plan, model)]
-        baseline = "onnxruntime default"
-    else:
-        library = plugins.get_library(plan.library)
-        default_runners, plan_runners = fresh_runners(library, model, None), fresh_runners(library, model, plan)
-        baseline = f"{library.name} default"
+    library = plugins.get_library("mlas" if plan.cross_library else plan.library)
+    baseline = "onnxruntime default" if plan.cross_library else f"{library.name} default"
     libraries = "+".join(plan.libraries)
-    with console.status(f"benchmarking {model.name}: {baseline} vs {libraries} plan, interleaved"):
-        result = bench(default_runners, plan_runners, model, args.rounds, args.runs_per_round)
+    if args.alone:
+        with console.status(f"benchmarking {model.name}: {baseline} vs {libraries} plan, each alone in fresh processes"):
+            result = bench_alone(model, library.name, plan, args.rounds, args.runs_per_round)
+    else:
+        default_runners = fresh_runners(library, model, None)
+        plan_runners = [load_plan(plan, model)] if plan.cross_library else fresh_runners(library, model, plan)
+        with console.status(f"benchmarking {model.name}: {baseline} vs {libraries} plan, interleaved"):
+            result = bench(default_runners, plan_runners, model, args.rounds, args.runs_per_round)
     result = {"model": model.name, "library": libraries, "library_versions": plan.libraries, "baseline": baseline,
               "emulated": plan.emulated, "device": this_device().summary(), **result}
-    table = Table(title=f"{model.name} on {libraries}: whole-model latency (median of {result['runs']} runs each, "
-                  f"{result['instances']} fresh instance(s) per side)"
+    how = (f"{result['processes']} fresh processes per side" if args.alone
+           else f"{result['instances']} fresh instance(s) per side")
+    table = Table(title=f"{model.name} on {libraries}: whole-model latency (median of {result['runs']} runs each, {how})"
                   + (" [EMULATED]" if plan.emulated else ""))
     for column in (f"{baseline} ms", "plan ms", "speedup", "spread default / plan", "max output error"):
         table.add_column(column, justify="right")

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", metavar="OUT.json", help="also write the results as JSON")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--runs-per-round", type=int, default=5)
+    p.add_argument("--alone", action="store_true",
+                   help="time each side alone in a fresh process per round, as an app runs it (as the cross-library "
+                        "check does); --rounds processes per side, at least --runs-per-round runs each")
     p.add_argument("--force", action="store_true", help="run a plan made for another device or library build")
     return parser
 

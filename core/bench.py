@@ -1,13 +1,23 @@
 """Whole-model latency: the library's default against a plan, measured in the same run,
-interleaved (default, plan, default, plan, ...) so machine noise hits both alike."""
+interleaved (default, plan, default, plan, ...) so machine noise hits both alike; and the checks
+that choose among plans of several libraries, which time each candidate alone in processes of its
+own, taking turns (``timed_alone``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
+from kselect.core.errors import KselectError, one_line
 from kselect.core.model import Model
 
 
@@ -116,6 +126,131 @@ def bench(default_runner, plan_runner, model: Model, rounds: int = 10, runs_per_
     }
 
 
+# An app holds one plan, so the checks that choose among plans time each candidate as the app
+# runs it: alone in a process of its own, started afresh in every round, candidates taking turns.
+# A plan that crashes or hangs end to end is then set aside with its reason, and no runner is
+# billed for another's spinning threads. (Sharing one process with XNNPack's runner cost ONNX
+# Runtime's default about 1% on the EPYC machine, benchmarks/process_context.py; the host's own
+# drift there, 20% within a minute, is what a few rounds cannot average out.)
+PROCESS_WARMUP_S = 0.3
+
+
+def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_process: int = 8,
+                min_time_s: float = 0.5, timeout_s: float = 600.0) -> dict[str, dict]:
+    """Times each candidate on the whole model in processes of its own. ``candidates``: name ->
+    a Plan (run through core/runtime.py), or a library name (that library's defaults). In each of
+    ``rounds`` rounds every candidate gets a fresh ``python -m kselect.core.bench`` process
+    (order reversed every other round) that builds it, warms it up and times at least
+    ``runs_per_process`` runs and ``min_time_s``. Returns, per candidate: ``times`` (ms of every
+    timed run), ``process_ms`` (each process's median), ``segments``, ``outputs`` (the first
+    process's, on ``random_feeds``) and ``failed`` (the reason a process failed, crashed or timed
+    out; the candidate is not run again)."""
+    with tempfile.TemporaryDirectory(prefix="kselect-alone-") as work:
+        work = Path(work)
+        if os.path.isfile(model.source):
+            model_path = model.source
+        else:
+            model_path = str(work / "model.onnx")
+            Path(model_path).write_bytes(model.proto.SerializeToString())
+        jobs = {}
+        for index, (name, candidate) in enumerate(candidates.items()):
+            runner = {"library": candidate}
+            if not isinstance(candidate, str):
+                runner = {"plan": str(work / f"plan{index}.json")}
+                candidate.save(runner["plan"])
+            jobs[name] = {"model": model_path, "inputs": model.input_shapes, "runner": runner,
+                          "runs": runs_per_process, "min_time_s": min_time_s, "warmup_s": PROCESS_WARMUP_S,
+                          "result": str(work / f"result{index}.json"), "outputs": str(work / f"outputs{index}.npz")}
+        results = {name: {"times": [], "process_ms": [], "segments": 1, "outputs": None, "failed": None}
+                   for name in candidates}
+        names = list(candidates)
+        for round_index in range(rounds):
+            for name in names if round_index % 2 == 0 else names[::-1]:
+                result = results[name]
+                if result["failed"]:
+                    continue
+                job = {**jobs[name], "outputs": jobs[name]["outputs"] if round_index == 0 else None}
+                done = _run_alone(job, timeout_s)
+                if "failed" in done:
+                    result["failed"] = done["failed"]
+                    continue
+                result["times"] += done["times"]
+                result["process_ms"].append(round(statistics.median(done["times"]), 4))
+                result["segments"] = done["segments"]
+                if job["outputs"]:
+                    with np.load(job["outputs"]) as saved:
+                        result["outputs"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        return results
+
+
+def _run_alone(job: dict, timeout_s: float) -> dict:
+    Path(job["result"]).unlink(missing_ok=True)
+    process = subprocess.Popen([sys.executable, "-m", "kselect.core.bench", json.dumps(job)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return {"failed": f"timed out after {timeout_s:g} s (killed)"}
+    except BaseException:  # Ctrl-C: the child is in a session of its own and would run on
+        process.kill()
+        raise
+    if Path(job["result"]).is_file():
+        return json.loads(Path(job["result"]).read_text())
+    if process.returncode < 0:
+        return {"failed": f"crashed ({signal.Signals(-process.returncode).name})"}
+    last = (stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+    return {"failed": f"exit code {process.returncode}: {last}"}
+
+
+def _alone_main(job: dict) -> None:
+    """One candidate, alone in this process: build, warm up, time; write the result file."""
+    from kselect.core import plugins
+    from kselect.core.measure import MeasureSettings, time_candidate
+    from kselect.core.model import load_model
+    from kselect.core.runtime import load_plan
+
+    try:
+        model = load_model(job["model"], [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()])
+        spec = job["runner"]
+        runner = (load_plan(spec["plan"], model) if "plan" in spec
+                  else plugins.get_library(spec["library"]).model_runner(model, None))
+        feeds = random_feeds(model)
+        outputs = runner(feeds)
+        start, warmups = time.perf_counter(), 0
+        while warmups < 2 or time.perf_counter() - start < job["warmup_s"]:
+            runner(feeds)
+            warmups += 1
+        settings = MeasureSettings(warmup=0, min_repeats=job["runs"], min_time_s=job["min_time_s"],
+                                   max_time_s=2 * job["min_time_s"])
+        times = [us / 1000.0 for us in time_candidate(lambda: runner(feeds), settings)]
+        if job["outputs"]:
+            np.savez(job["outputs"], *[np.asarray(o) for o in outputs])
+        result = {"times": times, "segments": len(getattr(runner, "segments", [None]))}
+        getattr(runner, "close", lambda: None)()
+    except Exception as exc:  # the parent reports it; a crash it sees from the exit status
+        result = {"failed": one_line(exc)}
+    Path(job["result"]).write_text(json.dumps(result))
+
+
+def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_per_process: int = 5) -> dict:
+    """``bench``'s figures, each side timed alone in fresh processes (``timed_alone``): the
+    library's defaults against ``plan``."""
+    alone = timed_alone(model, {"default": library_name, "plan": plan}, rounds, runs_per_process)
+    for side, measured in alone.items():
+        if measured["failed"]:
+            raise KselectError(f"the {side} side failed: {measured['failed']}")
+    default, planned = alone["default"]["times"], alone["plan"]["times"]
+    default_ms, plan_ms = statistics.median(default), statistics.median(planned)
+    return {"default_ms": round(default_ms, 4), "plan_ms": round(plan_ms, 4), "speedup": round(default_ms / plan_ms, 4),
+            "runs": len(planned), "processes": rounds, "default_process_ms": alone["default"]["process_ms"],
+            "plan_process_ms": alone["plan"]["process_ms"], "default_spread": round(_relative_iqr(default), 4),
+            "plan_spread": round(_relative_iqr(planned), 4),
+            "max_relative_output_error": compare_outputs(alone["default"]["outputs"], alone["plan"]["outputs"])}
+
+
 def fresh_runners(library, model: Model, plan) -> list:
     """As many separately built runners as the library times fresh instances of a candidate."""
     return [library.model_runner(model, plan) for _ in range(library.fresh_instances)]
@@ -198,38 +333,41 @@ def choose_result(results: list[dict], baseline: dict | None = None) -> dict:
     return min(calmer, key=lambda r: (_risk(r), r["plan_ms"])) if calmer else fastest
 
 
-def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_round: int = 3,
+def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_process: int = 8,
                     max_error: float = 1e-3, fallback=None, min_speedup: float | None = None) -> tuple:
     """Runs ONNX Runtime's default session (the baseline) and each candidate plan ([(name,
-    plan)]) on the whole model, interleaved; returns (the plan kept, one result per candidate).
-    The plan kept is the fastest whose outputs match the baseline, or, within a margin of it,
-    the baseline's own configuration (``fallback``, core/tune.onnxruntime_default_plan) or a plan
-    with fewer segments (``choose_result``). A cross-library plan runs through core/runtime.py.
-    ``min_speedup`` replaces that margin over the baseline by a fixed speedup the plan kept must
-    reach, else ``fallback`` is returned."""
-    from kselect.core import plugins
-    from kselect.core.runtime import load_plan
-
-    baseline = plugins.get_library("mlas").model_runner(model, None)
-    runners = {BASELINE: baseline, **{name: load_plan(plan, model) for name, plan in candidates}}
-    feeds = random_feeds(model)
-    reference = baseline(feeds)
-    errors = {name: compare_outputs(reference, runners[name](feeds)) for name, _ in candidates}
-    times, attempts = steady_interleaved(runners, feeds, rounds, runs_per_round)
-    baseline_ms, baseline_spread = statistics.median(times[BASELINE]), _relative_iqr(times[BASELINE])
+    plan)]) on the whole model, each alone in fresh processes taking turns (``timed_alone``);
+    returns (the plan kept, one result per candidate). The plan kept is the fastest whose outputs
+    match the baseline, or, within a margin of it, the baseline's own configuration (``fallback``,
+    core/tune.onnxruntime_default_plan) or a plan with fewer segments (``choose_result``). A
+    cross-library plan runs through core/runtime.py. ``min_speedup`` replaces that margin over
+    the baseline by a fixed speedup the plan kept must reach, else ``fallback`` is returned. A
+    candidate whose process fails, crashes or hangs is reported with its reason and not kept."""
+    alone = timed_alone(model, {BASELINE: "mlas", **dict(candidates)}, rounds, runs_per_process)
+    if alone[BASELINE]["failed"]:
+        raise ValueError(f"ONNX Runtime's default session failed: {alone[BASELINE]['failed']}")
+    baseline_times = alone[BASELINE]["times"]
+    baseline_ms, baseline_spread = statistics.median(baseline_times), _relative_iqr(baseline_times)
     results = []
     for name, plan in candidates:
-        plan_ms = statistics.median(times[name])
+        measured = alone[name]
+        if measured["failed"]:
+            results.append({"variant": name, "failed": measured["failed"]})
+            continue
+        plan_ms = statistics.median(measured["times"])
         results.append({"variant": name, "default_ms": round(baseline_ms, 4), "plan_ms": round(plan_ms, 4),
-                        "speedup": round(baseline_ms / plan_ms, 4), "runs": len(times[name]),
-                        "segments": len(runners[name].segments), "sleeps": sleeping_threads(plan),
-                        "plan_spread": round(_relative_iqr(times[name]), 4),
+                        "speedup": round(baseline_ms / plan_ms, 4), "runs": len(measured["times"]),
+                        "processes": len(measured["process_ms"]), "process_ms": measured["process_ms"],
+                        "default_process_ms": alone[BASELINE]["process_ms"],
+                        "segments": measured["segments"], "sleeps": sleeping_threads(plan),
+                        "plan_spread": round(_relative_iqr(measured["times"]), 4),
                         "default_spread": round(baseline_spread, 4),
-                        "measurement_runs": attempts, "max_relative_output_error": errors[name]})
+                        "max_relative_output_error": compare_outputs(alone[BASELINE]["outputs"], measured["outputs"])})
     valid = [(result, plan) for result, (_, plan) in zip(results, candidates)
-             if result["max_relative_output_error"] <= max_error]
+             if "failed" not in result and result["max_relative_output_error"] <= max_error]
     if not valid:
-        raise ValueError("no plan's outputs match ONNX Runtime's")
+        reasons = "; ".join(f"{r['variant']}: {r.get('failed') or 'outputs differ'}" for r in results)
+        raise ValueError(f"no plan ran with outputs matching ONNX Runtime's ({reasons})")
     fastest = min((result for result, _ in valid), key=lambda r: r["plan_ms"])
     baseline_result = {"variant": BASELINE, "plan_ms": baseline_ms}
     best_result = choose_result([result for result, _ in valid],
@@ -241,7 +379,8 @@ def verified_across(model: Model, candidates: list, rounds: int = 6, runs_per_ro
         chosen, best_plan = best_result["variant"], next(plan for result, plan in valid if result is best_result)
     best_plan.extra["verified"] = {"chosen": chosen, "baseline": BASELINE, "min_speedup": min_speedup,
                                    "fastest": fastest["variant"], "margin": round(switching_margin(fastest), 4),
-                                   "tried": results}
-    for runner in runners.values():
-        getattr(runner, "close", lambda: None)()
+                                   "protocol": "each alone in a fresh process, taking turns", "tried": results}
     return best_plan, results
+
+if __name__ == "__main__":
+    _alone_main(json.loads(sys.argv[1]))

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kselect.core.errors import one_line
 from kselect.core.tasks import Task
 
 
@@ -85,13 +86,16 @@ def relative_error(output: np.ndarray, reference: np.ndarray) -> float:
 
 
 # -- timing -------------------------------------------------------------------------------
-def time_candidate(run, settings: MeasureSettings) -> list[float]:
-    """Sample times in microseconds of ``run()``, after warm-up, until enough and stable."""
+def time_candidate(run, settings: MeasureSettings, before_each=None) -> list[float]:
+    """Sample times in microseconds of ``run()``, after warm-up, until enough and stable.
+    ``before_each()``, if given, runs untimed before every timed run (e.g. a cache flush)."""
     for _ in range(settings.warmup):
         run()
     samples: list[float] = []
     start = time.perf_counter()
     while True:
+        if before_each is not None:
+            before_each()
         t0 = time.perf_counter_ns()
         run()
         samples.append((time.perf_counter_ns() - t0) / 1000.0)
@@ -142,7 +146,7 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     try:
         measured = library.measure(task, config, inputs, settings)
     except Exception as exc:
-        return Result("failed", reason=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300])
+        return Result("failed", reason=one_line(exc)[:300])
     error = relative_error(measured["output"], reference)
     summary = summarise(measured["times_us"])
     tolerance = library.tolerance(task, config)

@@ -112,10 +112,34 @@ def test_a_check_that_nothing_passes_keeps_onnxruntimes_own_configuration(tuned)
     for entry in fallback.tasks:
         assert entry["config"] == entry["default_config"]
     candidates = [("mlas plan", tuned["single"]["mlas"]), ("cross-library plan", tuned["plan"])]
-    kept, results = verified_across(model, candidates, rounds=2, runs_per_round=2, fallback=fallback, min_speedup=100.0)
+    kept, results = verified_across(model, candidates, rounds=2, runs_per_process=2, fallback=fallback, min_speedup=100.0)
     assert kept is fallback and kept.extra["verified"]["chosen"] == BASELINE and len(results) == 2
-    kept, _ = verified_across(model, candidates, rounds=2, runs_per_round=2, fallback=fallback, min_speedup=0.0)
+    kept, _ = verified_across(model, candidates, rounds=2, runs_per_process=2, fallback=fallback, min_speedup=0.0)
     assert kept is not fallback and kept.extra["verified"]["chosen"] in ("mlas plan", "cross-library plan")
+
+
+def test_each_plan_is_timed_alone_in_fresh_processes_and_a_failing_one_is_set_aside(tuned):
+    """The end-to-end check runs every candidate as an app would, alone in a process of its own
+    (one per round), and a candidate that fails there is reported with its reason, not kept."""
+    from dataclasses import replace
+
+    from kselect.core.bench import BASELINE, timed_alone, verified_across
+
+    model = tuned["model"]
+    broken = replace(tuned["plan"], libraries={**tuned["plan"].libraries, "no-such-library": "0"},
+                     nodes={node: {**entry, "library": "no-such-library"} for node, entry in tuned["plan"].nodes.items()})
+    candidates = [("cross-library plan", tuned["plan"]), ("broken plan", broken)]
+    kept, results = verified_across(model, candidates, rounds=3, runs_per_process=2, fallback=None)
+    by_name = {r["variant"]: r for r in results}
+    good, bad = by_name["cross-library plan"], by_name["broken plan"]
+    assert good["processes"] == 3 and len(good["process_ms"]) == 3 and good["runs"] >= 6
+    assert len(good["default_process_ms"]) == 3 and good["segments"] >= 2
+    assert good["max_relative_output_error"] < 1e-4
+    assert "no-such-library" in bad["failed"]
+    assert kept is tuned["plan"] and kept.extra["verified"]["chosen"] == "cross-library plan"
+
+    hung = timed_alone(model, {BASELINE: "mlas"}, rounds=2, timeout_s=0.05)[BASELINE]
+    assert hung["failed"].startswith("timed out") and hung["times"] == []
 
 
 def test_every_conversion_side_runs_real_kernels_and_keeps_values():
@@ -339,6 +363,7 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
                          "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "greedy per op" in result.stdout and "onnxruntime default" in result.stdout
+    assert "alone in a fresh process per round" in " ".join(result.stdout.split())
     assert re.search(r"a switch of library, measured just now: mlas->xnnpack \d+ us, xnnpack->mlas \d+ us",
                      " ".join(result.stdout.split()))
     retimed = re.search(r"re-timed (\d+) configs and (\d+) conversions", result.stdout)
@@ -354,6 +379,13 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
                         "--json", tmp_path / "bench.json")
     assert bench.returncode == 0, bench.stderr + bench.stdout
     assert json.loads((tmp_path / "bench.json").read_text())["max_relative_output_error"] < 1e-4
+    alone = run_kselect("bench", small_model_path, "--plan", plan_path, "--alone", "--rounds", "2",
+                        "--runs-per-round", "3", "--json", tmp_path / "alone.json")
+    assert alone.returncode == 0, alone.stderr + alone.stdout
+    assert "2 fresh processes per side" in " ".join(alone.stdout.split())
+    benched = json.loads((tmp_path / "alone.json").read_text())
+    assert benched["max_relative_output_error"] < 1e-4 and benched["runs"] >= 6
+    assert len(benched["default_process_ms"]) == len(benched["plan_process_ms"]) == 2
     show = run_kselect("plan", "show", plan_path)
     assert show.returncode == 0, show.stderr
 
