@@ -3,9 +3,11 @@ XNNPack's default, each library's tuned plan, the cross-library plan, tuning cos
 ceiling per-op selection allows, and the whole-model prediction against the measurement.
 
 Per model: tune each library (records reused), build the cross-library plan and its spinning
-variants, let one end-to-end run choose the plan kselect keeps (as `kselect tune --library
-mlas,xnnpack` does), then report whole-model latencies from a second, fresh interleaved run of
-all runners (medians), so the figures are not the ones the choice was made on. Prints a table, writes JSON (default
+variants, let one end-to-end check choose the plan kselect keeps (as `kselect tune --library
+mlas,xnnpack` does), then report whole-model latencies from a second, fresh run of all runners,
+so the figures are not the ones the choice was made on. Both time every runner as an app runs
+it, alone in a process of its own: ``--rounds`` fresh processes per runner, taking turns, medians
+of all their runs (core/bench.timed_alone). Prints a table, writes JSON (default
 benchmarks/results/table2.json) and markdown (default docs/table2.md).
 
     .venv/bin/python benchmarks/table2.py [--models resnet18,mobilenetv2] [--budget 6]
@@ -43,13 +45,13 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import compare_outputs, interleaved, random_feeds, verified_across
+from kselect.core.bench import compare_outputs, timed_alone, verified_across
 from kselect.core.crossplan import plan_across, spinning_variants
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.records import RecordDB
-from kselect.core.runtime import load_plan
+from kselect.core.runtime import plan_segments
 from kselect.core.space import config_key
 from kselect.core.tune import TuneOptions, library_tasks, onnxruntime_default_plan, tune, verified_library_plan
 
@@ -57,10 +59,11 @@ console = Console(width=200)
 LIBRARIES = ("mlas", "xnnpack")
 
 
-def untuned_nodes(plan, runner) -> dict[str, int]:
-    """How many untuned nodes each library runs under ``runner`` (core/runtime.py segments)."""
+def untuned_nodes(plan, model) -> dict[str, int]:
+    """How many untuned nodes each library runs in the plan's segments (core/runtime.py)."""
+    chosen = {node: entry["library"] for node, entry in plan.nodes.items()}
     counts: dict[str, int] = {}
-    for segment in runner.segments:
+    for segment in plan_segments(model, chosen, lambda name, op_type: plugins.get_library(name).runs_op(op_type)):
         counts[segment.library] = counts.get(segment.library, 0) + sum(n not in plan.nodes for n in segment.nodes)
     return counts
 
@@ -73,8 +76,15 @@ def ops_us_now(plan, library, device, db: RecordDB) -> float:
     return sum(stored.get((t["key"], config_key(t["config"])), t["time_us"]) * len(t["nodes"]) for t in plan.tasks)
 
 
+def per_round_speedups(baseline_ms: list[float], runner_ms: list[float]) -> list[float]:
+    """ONNX Runtime default / runner, round by round (the two processes of a round ran minutes
+    apart at most), sorted: how far one run of a few processes can be trusted."""
+    return sorted(round(b / r, 3) for b, r in zip(baseline_ms, runner_ms))
+
+
 def derive(row: dict) -> dict:
-    """Ceiling, share of it and the prediction check, from a row's measured fields."""
+    """Ceiling, share of it, the prediction check and the per-round speedups, from a row's
+    measured fields."""
     ms, sums = row["ms"], row["isolated_sums_us"]
     ort_ms = ms["onnxruntime default"]
     saving_us = sums["ops_ceiling_by_library_us"]["mlas"] - sums["ops_ceiling_us"]
@@ -87,7 +97,12 @@ def derive(row: dict) -> dict:
     rest = sum(rest_us[name] * count for name, count in counts.items()) / max(1, sum(counts.values()))
     predicted_ms = (sums["cross"]["total_us"] + rest) / 1000.0
     measured_ms = ms["cross-library plan"]
-    return {"ceiling": round(ceiling, 4), "share_of_ceiling": round(row["speedup_kept"] / ceiling, 4),
+    rounds = {}
+    if "process_ms" in row:  # measured since stop 17
+        rounds = {label: per_round_speedups(row["process_ms"]["onnxruntime default"], values)
+                  for label, values in row["process_ms"].items() if label != "onnxruntime default"}
+    return {"per_round_speedups": rounds,
+            "ceiling": round(ceiling, 4), "share_of_ceiling": round(row["speedup_kept"] / ceiling, 4),
             "ceiling_with_conversions": round(ceiling_with_conversions, 4),
             "share_of_ceiling_with_conversions": round(row["speedup_kept"] / ceiling_with_conversions, 4),
             "prediction": {"predicted_ms": round(predicted_ms, 3), "measured_ms": measured_ms,
@@ -122,18 +137,17 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
     kept = kept_plan.extra["verified"]["chosen"]
     kept = kept if not kept.startswith("cross-library plan") else "cross-library plan"
 
-    # the figures reported: a fresh interleaved run, separate from the one that chose the plan
-    runners = {"onnxruntime default": libraries["mlas"].model_runner(model, None),
-               "xnnpack default": libraries["xnnpack"].model_runner(model, None)}
+    # the figures reported: a second, fresh run, each runner alone in processes of its own
     plans = {f"{n} plan": p for n, p in single.items()}
     plans["cross-library plan"] = cross
-    for label, plan in plans.items():
-        runners[label] = load_plan(plan, model)
-    feeds = random_feeds(model)
-    reference = runners["onnxruntime default"](feeds)
-    errors = {label: compare_outputs(reference, runner(feeds)) for label, runner in runners.items()}
-    times = interleaved(runners, feeds, rounds, runs)
+    alone = timed_alone(model, {"onnxruntime default": "mlas", "xnnpack default": "xnnpack", **plans}, rounds, runs)
+    failed = {label: result["failed"] for label, result in alone.items() if result["failed"]}
+    if failed:
+        raise RuntimeError(f"{name}: " + "; ".join(f"{label} failed: {reason}" for label, reason in failed.items()))
+    times = {label: result["times"] for label, result in alone.items()}
     ms = {label: statistics.median(values) for label, values in times.items()}
+    reference = alone["onnxruntime default"]["outputs"]
+    errors = {label: compare_outputs(reference, result["outputs"]) for label, result in alone.items()}
 
     ort_ms = ms["onnxruntime default"]
     best_single = min((label for label in plans if label != "cross-library plan"), key=ms.get)
@@ -142,14 +156,13 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
     for entry in cross.nodes.values():
         ops_by_library[entry["library"]] = ops_by_library.get(entry["library"], 0) + 1
     most_ops = max(ops_by_library, key=ops_by_library.get)
-    segments = len(runners["cross-library plan"].segments)
-    untuned = untuned_nodes(cross, runners["cross-library plan"])
-    for runner in runners.values():
-        getattr(runner, "close", lambda: None)()
+    segments = alone["cross-library plan"]["segments"]
+    untuned = untuned_nodes(cross, model)
     row = {
         "model": name, "ms": {k: round(v, 3) for k, v in ms.items()},
         "spread": {k: round((lambda q: (q[1] - q[0]) / statistics.median(v))(statistics.quantiles(v, n=4)[::2]), 4)
                    for k, v in times.items()},
+        "process_ms": {label: result["process_ms"] for label, result in alone.items()},
         "max_relative_output_error": errors, "best_single": best_single, "kept": kept,
         "speedup_kept": round(ort_ms / ms[kept], 4), "speedup_cross": round(ort_ms / ms["cross-library plan"], 4),
         "speedup_best_single": round(ort_ms / ms[best_single], 4), "tuning": tuning,
@@ -183,7 +196,7 @@ NOTES = """
 ## Reading it
 
 - *kept* is what `kselect tune --library mlas,xnnpack` keeps: the fastest of each library's plan and
-  the cross-library plan's spinning variants in one end-to-end run, except that it must be faster
+  the cross-library plan's spinning variants in one end-to-end check, except that it must be faster
   than ONNX Runtime's default by max(2%, half its relative IQR) to replace it, and a plan with more
   library switches, or whose threads sleep between parallel loops where the others' spin, must be
   faster than a calmer one by the same margin (`core/bench.choose_result`; rows measured before
@@ -215,12 +228,13 @@ NOTES = """
 - Mixing libraries needs exactly one library spinning: ONNX Runtime's and XNNPack's worker
   threads otherwise take the cores from each other between segments, and with none spinning a
   plan's speed depends on the period (wake-up latency).
-- After each switch of runner the next one runs untimed for at least 0.1 s (core/bench.py,
-  `SETTLE_S`): XNNPack's pool spins for tens of milliseconds after its work, and a runner timed
-  right after it reads up to 2x slow on a small model (mobilenetv2's ORT default: 15.3 ms after an
-  XNNPack runner with one settle run, 7.7 ms after 0.1 s of settle runs).
-- The checks that choose a plan repeat a run whose spread is above 0.3 (core/bench.py,
-  `STEADY_SPREAD`); the figures above come from one run per model, whatever its spread.
+- Since stop 17 every whole-model figure (the check that chooses and the reported run) times each
+  runner alone in fresh processes, one per round, runners taking turns (core/bench.timed_alone),
+  as an app runs a plan; before, all runners shared one process, interleaved (rows without
+  `process_ms` in the JSON). Sharing cost ONNX Runtime's default about 1% (resnet50 1.011x,
+  googlenet 1.013x, benchmarks/process_context.py); what makes one run unable to rank plans a few
+  percent apart is the host's speed drifting by 20% and more within a minute (the per-round
+  ranges below; docs/table2-epyc-findings.md).
 - *tune s* is the time of this invocation's tuning step: when the records were already stored
   (a rerun on the same database) it is the time of planning and checking only.
   `benchmarks/results/table2_fresh.json` holds a run that tuned everything from scratch.
@@ -246,8 +260,9 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         f"Measured by `benchmarks/table2.py` on {header['device']}, {header['threads']} cores, "
         f"search `{header['search']}`, budget {header['budget']} configs per task per library; "
         f"load average during the run {header['load_average'][0]:.2f} / {header['load_average'][1]:.2f} / "
-        f"{header['load_average'][2]:.2f}. Latencies are medians of one interleaved run per model "
-        "(all columns of a row measured together); ratios are ONNX Runtime default / column.",
+        f"{header['load_average'][2]:.2f}. Latencies are medians of one run per model "
+        "(all columns of a row measured in one run, each runner alone in fresh processes taking turns); "
+        "ratios are ONNX Runtime default / column.",
         "",
         "| model | ORT default ms | XNNPack default ms | MLAS plan ms | XNNPack plan ms | cross-library ms "
         "| kept | speedup kept | ceiling | share of ceiling | ceiling w/ conv. | share of it "
@@ -271,6 +286,14 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         lines.append(f"- {r['model']}: ops on {r['cross_ops_by_library']}, {r['cross_segments']} segments; "
                      f"planned {s['cross']['ops_us'] / 1000:.2f} ms ops + {s['cross']['conversions_us'] / 1000:.2f} ms "
                      f"conversions{_switches(r)}; greedy per op {s['greedy']['total_us'] / 1000:.2f} ms; {alone}.")
+    if any(r.get("per_round_speedups") for r in rows):
+        lines += ["", "How far one run can be trusted: ONNX Runtime default / each runner, round by round (each "
+                  "round one fresh process per runner), lowest to highest; the table's ratios are of the pooled "
+                  "medians. The check that chose *kept* ran before, on its own processes.", ""]
+        for r in rows:
+            ranges = "; ".join(f"{label} {values[0]:.3f}-{values[-1]:.3f}"
+                               for label, values in r.get("per_round_speedups", {}).items())
+            lines.append(f"- {r['model']}: {ranges}.")
     lines.append(NOTES)
     path.write_text("\n".join(lines))
 
@@ -281,8 +304,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=6)
     parser.add_argument("--search", default="xgb")
     parser.add_argument("--min-time", type=float, default=0.1, help="minimum measured seconds per candidate instance")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--runs-per-round", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="fresh processes per runner in the reported run")
+    parser.add_argument("--runs-per-process", type=int, default=8)
     parser.add_argument("--db", default="benchmarks/results/table2.db")
     parser.add_argument("--json", default="benchmarks/results/table2.json")
     parser.add_argument("--markdown", default="docs/table2.md")
@@ -308,7 +331,7 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         console.print(f"[bold]{name}[/]: tuning mlas and xnnpack, planning across them, benchmarking")
-        rows.append(run_model(name, libraries, db, options, args.rounds, args.runs_per_round, args.remeasure))
+        rows.append(run_model(name, libraries, db, options, args.rounds, args.runs_per_process, args.remeasure))
         console.print(rows[-1]["ms"], f"kept {rows[-1]['kept']}", f"ceiling {rows[-1]['ceiling']}")
         partial = Path(args.json).with_suffix(".partial.json")
         partial.parent.mkdir(parents=True, exist_ok=True)
@@ -324,7 +347,7 @@ def main() -> None:
               "libraries": {n: lib.version() for n, lib in libraries.items()}, "load_average": os.getloadavg(),
               **geomeans(rows)}
 
-    table = Table(title=f"kselect vs ONNX Runtime default ({header['device']}); ms are medians of one interleaved run")
+    table = Table(title=f"kselect vs ONNX Runtime default ({header['device']}); ms are medians of one run, each runner alone in fresh processes")
     for column in ("model", "ORT default", "XNNPack default", "MLAS plan", "XNNPack plan", "cross plan", "kept",
                    "speedup", "ceiling", "of ceiling", "ceiling w/ conv.", "of it", "tune s", "samples", "pred. err"):
         table.add_column(column, justify="left" if column in ("model", "kept") else "right")
