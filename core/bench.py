@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 
 from kselect.core.errors import KselectError, one_line
 from kselect.core.model import Model
+from kselect.core.worker import signal_name
 
 
 def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
@@ -200,7 +200,7 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
     if Path(job["result"]).is_file():
         return json.loads(Path(job["result"]).read_text())
     if process.returncode < 0:
-        return {"failed": f"crashed ({signal.Signals(-process.returncode).name})"}
+        return {"failed": f"crashed ({signal_name(process.returncode)})"}
     last = (stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
     return {"failed": f"exit code {process.returncode}: {last}"}
 

@@ -21,7 +21,7 @@ from kselect.core.measure import MeasureSettings, Result, measure_in_this_proces
 from kselect.core.tasks import Task
 
 
-def _signal_name(returncode: int | None) -> str:
+def signal_name(returncode: int | None) -> str:
     if returncode is None:
         return "still running"
     if returncode < 0:
@@ -69,7 +69,7 @@ class MeasureWorker:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-            reason = f"crashed ({_signal_name(self.process.returncode)})"
+            reason = f"crashed ({signal_name(self.process.returncode)})"
             self.stop(kill=True)
             return Result("failed", reason=reason)
 
