@@ -158,6 +158,8 @@ def cmd_tune(args) -> None:
     plugins.get_searcher(args.search)
     if args.budget < 1:
         raise KselectError("--budget must be at least 1")
+    if args.check_rounds < 1:
+        raise KselectError("--check-rounds must be at least 1")
     model = load_model(args.model, args.input_shape)
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
@@ -283,32 +285,37 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + spinning_variants(plan)
     fallback = onnxruntime_default_plan(model, device, db) if "mlas" in tuned else None
     with console.status("checking the plans end to end against ONNX Runtime's default session"):
-        chosen, results = verified_across(model, candidates, fallback=fallback)
-    measured = [r for r in results if "failed" not in r]
-    table = Table(title=f"{model.name}: whole model, each plan alone in a fresh process per round "
-                        f"(median of {measured[0]['runs']} runs in {measured[0]['processes']} processes)")
-    for column in ("plan", "ms", "vs onnxruntime default", "max output error"):
-        table.add_column(column, justify="left" if column == "plan" else "right")
-    table.add_row("onnxruntime default", f"{measured[0]['default_ms']:.3f}", "1.000x", "-")
+        chosen, results = verified_across(model, candidates, rounds=args.check_rounds, fallback=fallback,
+                                          max_rounds=max(args.check_rounds, args.check_max_rounds))
+    verified = chosen.extra["verified"]
+    table = Table(title=f"{model.name}: whole model, each plan alone in a fresh process per round, ONNX Runtime's "
+                        f"default in the same rounds ({verified['rounds']} rounds at most)")
+    for column in ("plan", "rounds", "default ms", "plan ms", "vs onnxruntime default", "bounds", "verdict",
+                   "max output error"):
+        table.add_column(column, justify="left" if column in ("plan", "verdict") else "right")
     for result in results:
         if "failed" in result:
-            table.add_row(result["variant"], "failed", result["failed"], "-")
+            table.add_row(result["variant"], "-", "-", "failed", result["failed"], "-", "-", "-")
             continue
-        table.add_row(result["variant"], f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
+        low, high = result["speedup_bounds"]
+        table.add_row(result["variant"], str(result["processes"]), f"{result['default_ms']:.3f}",
+                      f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x", f"{low:.3f}-{high:.3f}", result["verdict"],
                       f"{result['max_relative_output_error']:.1e}")
     console.print(table)
-    verified = chosen.extra["verified"]
-    fastest = next(r for r in results if r["variant"] == verified["fastest"])
-    if verified["chosen"] == BASELINE and fastest["speedup"] < 1.0:
-        console.print("no plan beat ONNX Runtime's default session in this run: keeping its own configuration "
+    console.print(f"vs onnxruntime default: the median of per-round speedups (its process over the plan's, one after "
+                  f"the other); bounds: {verified['confidence']:.1%} distribution-free bounds of that median. A plan "
+                  f"is shown faster at a median >= {1 + verified['margin']:.2f}x and a lower bound >= "
+                  f"{verified['slower_limit']:.2f}x; undecided plans ran more rounds.")
+    if verified["chosen"] == BASELINE:
+        console.print("no plan was shown faster than ONNX Runtime's default session: keeping its own configuration "
                       "(the MLAS plan with every op at the library default)")
     else:
-        console.print(f"keeping the {verified['chosen']}" + (" (its own configuration: the MLAS plan with every op at "
-                                                             "the library default)" if verified["chosen"] == BASELINE else ""))
+        console.print(f"keeping the {verified['chosen']}")
         if verified["fastest"] != verified["chosen"]:
-            console.print(f"  the {verified['fastest']} ran faster by less than {verified['margin']:.0%}, the margin "
-                          "(2%, or half its run-to-run spread) a plan must win by over ONNX Runtime's default, or over a "
-                          "plan with fewer library switches or spinning threads")
+            console.print(f"  the {verified['fastest']} read faster, by less than the margin (2%, or half the "
+                          "spread of its per-round speedups) a plan with more library switches or sleeping threads "
+                          "must win by" if verified["fastest"] in verified["shown_faster"]
+                          else f"  the {verified['fastest']} read faster but was not shown faster")
     return chosen
 
 
@@ -431,7 +438,7 @@ def cmd_plan_apply(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from kselect.core.bench import bench, bench_alone, fresh_runners
+    from kselect.core.bench import CONFIDENCE, bench, bench_alone, fresh_runners
     from kselect.core.runtime import load_plan
 
     model = load_model(args.model, args.input_shape)
@@ -458,6 +465,10 @@ def cmd_bench(args) -> None:
     table.add_row(f"{result['default_ms']:.3f}", f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
                   f"{result['default_spread']:.1%} / {result['plan_spread']:.1%}", f"{result['max_relative_output_error']:.1e}")
     console.print(table)
+    if args.alone:
+        low, high = result["per_round_bounds"]
+        console.print(f"round by round ({baseline} process / plan process, one after the other): median "
+                      f"{result['per_round_speedup']:.3f}x, {CONFIDENCE:.1%} bounds {low:.3f}-{high:.3f}")
     if library.emulated:
         console.print(EMULATED_NOTE)
     if args.json_out:

@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-remeasure", dest="remeasure", action="store_false",
                    help="with several libraries: plan on the stored records as they are, without first re-timing "
                         "the configs and conversions the plan chooses among")
+    p.add_argument("--check-rounds", type=int, default=4, metavar="N",
+                   help="with several libraries: rounds of the end-to-end check before a verdict (default 4)")
+    p.add_argument("--check-max-rounds", type=int, default=10, metavar="N",
+                   help="with several libraries: rounds a plan still undecided may run, at most (default 10)")
 
     p = commands.add_parser("predict", help="per-op latency predicted by the cost model, without measuring")
     _add_model_args(p)

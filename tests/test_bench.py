@@ -4,6 +4,10 @@ interleaved runs are scripted; the checks on real runners are in test_mlas.py an
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+
 import kselect.core.bench as bench_module
 from kselect.core.bench import choose_result
 
@@ -106,3 +110,72 @@ def test_onnxruntimes_default_is_replaced_only_by_a_plan_clearly_faster_than_it(
     steady = {**baseline, "plan_spread": 0.01}
     assert choose_result([{**xnnpack, "plan_ms": 84.3, "plan_spread": 0.01}], steady) is steady
     assert choose_result([{**xnnpack, "plan_ms": 82.6, "plan_spread": 0.01}], steady)["variant"] == "xnnpack plan"
+
+
+def test_median_bounds_are_the_sign_test_order_statistics():
+    """87.5% distribution-free bounds: the extremes of 4 rounds, the 2nd values of 8, the 3rd of 12."""
+    assert bench_module.median_bounds([1.0, 4.0, 2.0, 3.0]) == (1.0, 2.5, 4.0)
+    assert bench_module.median_bounds(list(range(1, 9))) == (2, 4.5, 7)
+    assert bench_module.median_bounds(list(range(1, 13))) == (3, 6.5, 10)
+
+
+def test_a_plan_replaces_the_default_only_when_its_per_round_speedups_show_it_faster():
+    verdict = bench_module.race_verdict
+    assert verdict([1.02, 1.02, 1.036, 1.06]) == "faster"  # every round at least 2% faster
+    assert verdict([0.907, 1.03, 1.05, 1.091]) == "undecided"  # resnet101's MLAS plan, table2 stop 17
+    assert verdict([0.95, 0.96, 1.0, 1.01]) == "not faster"  # no round 2% faster
+    assert verdict([1.05, 1.06, 1.04]) == "undecided"  # too few rounds for a verdict
+    assert verdict([0.97, 1.05, 1.06, 1.04]) == "undecided"  # one round at 0.97: below the 0.98 limit
+
+
+def scripted_processes(monkeypatch, plan_ms_by_round):
+    """``_run_alone`` answering from a script: the baseline at 10 ms in every round, each plan at
+    its scripted ms in round r (the job's result file names the candidate)."""
+    ran = []
+
+    def run_alone(job, timeout_s):
+        index = int(Path(job["result"]).stem.removeprefix("result"))
+        name = list(plan_ms_by_round)[index]
+        ran.append(name)
+        ms = plan_ms_by_round[name][sum(n == name for n in ran) - 1]
+        if job["outputs"]:
+            np.savez(job["outputs"], np.ones(3))
+        return {"times": [ms] * 3, "segments": 1}
+
+    monkeypatch.setattr(bench_module, "_run_alone", run_alone)
+    return ran
+
+
+class ScriptedPlan:
+    def __init__(self):
+        self.extra, self.library_settings = {}, {"mlas": {}}
+
+    def save(self, path):
+        pass
+
+
+def test_undecided_plans_run_more_rounds_with_the_default_and_decided_ones_stop(monkeypatch, tmp_path):
+    """Logic only (the processes are scripted; tests/test_crossplan.py runs real ones): after 4
+    rounds a plan 5% faster in each is shown faster and stops; one that alternates 0.9x and 1.1x
+    runs with the default up to the maximum and is not kept; the default's configuration is."""
+    from kselect.core.model import load_model
+
+    model = load_model("mobilenetv2", ["input=1,3,32,32"])
+    baseline = [10.0] * 10
+    faster = [10 / 1.05] * 10
+    erratic = [10 / 0.9, 10 / 1.1] * 5
+    ran = scripted_processes(monkeypatch, {bench_module.BASELINE: baseline, "faster": faster, "erratic": erratic})
+    fallback, plans = ScriptedPlan(), {"faster": ScriptedPlan(), "erratic": ScriptedPlan()}
+    kept, results = bench_module.verified_across(model, list(plans.items()), rounds=4, fallback=fallback, max_rounds=8)
+    by_name = {r["variant"]: r for r in results}
+    assert ran.count("faster") == 4 and ran.count("erratic") == 8 and ran.count(bench_module.BASELINE) == 8
+    assert by_name["faster"]["verdict"] == "faster" and by_name["erratic"]["verdict"] == "undecided"
+    assert by_name["erratic"]["round_speedups"] == [0.9, 1.1] * 4
+    assert kept is plans["faster"] and kept.extra["verified"]["shown_faster"] == ["faster"]
+
+    ran.clear()
+    scripted_processes(monkeypatch, {bench_module.BASELINE: baseline, "erratic": erratic})
+    kept, results = bench_module.verified_across(model, [("erratic", plans["erratic"])], rounds=4, fallback=fallback,
+                                                 max_rounds=6)
+    assert kept is fallback and kept.extra["verified"]["chosen"] == bench_module.BASELINE
+    assert results[0]["processes"] == 6

@@ -129,7 +129,7 @@ def test_each_plan_is_timed_alone_in_fresh_processes_and_a_failing_one_is_set_as
     broken = replace(tuned["plan"], libraries={**tuned["plan"].libraries, "no-such-library": "0"},
                      nodes={node: {**entry, "library": "no-such-library"} for node, entry in tuned["plan"].nodes.items()})
     candidates = [("cross-library plan", tuned["plan"]), ("broken plan", broken)]
-    kept, results = verified_across(model, candidates, rounds=3, runs_per_process=2, fallback=None)
+    kept, results = verified_across(model, candidates, rounds=3, runs_per_process=2, fallback=None, max_rounds=3)
     by_name = {r["variant"]: r for r in results}
     good, bad = by_name["cross-library plan"], by_name["broken plan"]
     assert good["processes"] == 3 and len(good["process_ms"]) == 3 and good["runs"] >= 6
@@ -362,10 +362,11 @@ def test_select_libraries_refuses_to_mix_emulated_with_native():
 def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_path):
     plan_path = tmp_path / "small.cross.plan.json"
     result = run_kselect("tune", small_model_path, "--library", "mlas,xnnpack", "--budget", "2", "--search", "random",
-                         "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path)
+                         "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path, "--check-max-rounds", "5")
     assert result.returncode == 0, result.stderr + result.stdout
     assert "greedy per op" in result.stdout and "onnxruntime default" in result.stdout
     assert "alone in a fresh process per round" in " ".join(result.stdout.split())
+    assert "shown faster at a median >= 1.02x and a lower bound >= 0.98x" in " ".join(result.stdout.split())
     assert re.search(r"a switch of library, measured just now: mlas->xnnpack \d+ us, xnnpack->mlas \d+ us",
                      " ".join(result.stdout.split()))
     retimed = re.search(r"re-timed (\d+) configs and (\d+) conversions", result.stdout)
@@ -385,6 +386,7 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
                         "--runs-per-round", "3", "--json", tmp_path / "alone.json")
     assert alone.returncode == 0, alone.stderr + alone.stdout
     assert "2 fresh processes per side" in " ".join(alone.stdout.split())
+    assert re.search(r"round by round .* median \d\.\d{3}x, 87\.5% bounds", " ".join(alone.stdout.split()))
     benched = json.loads((tmp_path / "alone.json").read_text())
     assert benched["max_relative_output_error"] < 1e-4 and benched["runs"] >= 6
     assert len(benched["default_process_ms"]) == len(benched["plan_process_ms"]) == 2

@@ -278,3 +278,22 @@ def test_python_side_overhead_is_small_against_resnet18_latency():
         assert overhead["dispatch_us"] < 0.03 * min(samples)
     finally:
         run.close()
+
+
+def test_a_profile_times_every_node_in_place_and_adds_up_to_the_run():
+    """Executor.profile (benchmarks/where_time_goes.py): each node that runs XNNPack steps gets an
+    in-place time under its op type, and those times, with the layout conversions at the edges,
+    fit within the whole run's time."""
+    model = load_model("resnet18", ["input=1,3,64,64"])
+    run = XnnpackLibrary().model_runner(model, None)
+    try:
+        feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 64, 64), dtype=np.float32)}
+        profile = run.profile(feeds, runs=5)
+        op_types = {node.name: node.op_type for node in model.proto.graph.node}
+        convs = [name for name, kind in op_types.items() if kind == "Conv"]
+        assert set(convs) <= set(profile["nodes"])
+        assert all(op_types[node] == kind and us > 0 for node, (kind, us) in profile["nodes"].items())
+        in_place = sum(us for _, us in profile["nodes"].values())
+        assert 0 < profile["edges_us"] and in_place + profile["edges_us"] <= profile["whole_us"] * 1.1
+    finally:
+        run.close()

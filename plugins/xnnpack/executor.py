@@ -23,6 +23,7 @@ that the next library's threads are not left one core short.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import numpy as np
@@ -77,6 +78,7 @@ class Executor:
         self._built: list = []
         self._ops: list = []
         self.steps: list[tuple] = []
+        self.step_nodes: list[tuple[str, str]] = []  # (node name, op type) of each step
         self.configs: dict[str, dict] = {}  # node -> config used (conv / fc)
         self._free: list[_Storage] = []
         plan_level = getattr(plan, "plan_level", None) or {}
@@ -199,7 +201,9 @@ class Executor:
             handler = getattr(self, f"_op_{node.op_type}", None)
             if handler is None:
                 raise KselectError(f"xnnpack executor: {node.op_type} (node {node.name!r}) is not supported")
+            steps_before = len(self.steps)
             handler(node, i, out_name, act if act is not None else (-math.inf, math.inf))
+            self.step_nodes += [(node.name, node.op_type)] * (len(self.steps) - steps_before)
             # release storages whose tensors are all dead after this node
             for name in node.input:
                 tensor = self.tensors.get(name)
@@ -508,6 +512,40 @@ class Executor:
             release(pool)
         return [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy()
                 for t in self.outputs]
+
+    def profile(self, feeds: dict, runs: int = 20) -> dict:
+        """Where one inference's time goes, in place: per run, the input and output layout
+        conversions and every step timed on its own (the loop's Python and ctypes calls are in the
+        whole run's time, not in any step's). Returns medians over ``runs``: ``whole_us``,
+        ``edges_us`` and ``nodes`` (node name -> (op type, us))."""
+        whole, edges, per_node = [], [], {}
+        clock = time.perf_counter_ns
+        for _ in range(runs):
+            start = clock()
+            if self._set_flags is not None:
+                self._set_flags(self.flags)
+            for name, tensor in self.inputs:
+                np.copyto(tensor.array, feeds[name].transpose(0, 2, 3, 1) if tensor.nhwc else feeds[name])
+            edge_ns = clock() - start
+            node_ns: dict[str, int] = {}
+            for (fn, a, b), (node, _) in zip(self.steps, self.step_nodes):
+                step_start = clock()
+                status = fn(a, b)
+                if status:
+                    raise xa.XNNPackError(status, "xnn_run_operator")
+                node_ns[node] = node_ns.get(node, 0) + clock() - step_start
+            for release, pool in self._release:
+                release(pool)
+            output_start = clock()
+            [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy() for t in self.outputs]
+            end = clock()
+            whole.append((end - start) / 1000)
+            edges.append((edge_ns + end - output_start) / 1000)
+            for node, ns in node_ns.items():
+                per_node.setdefault(node, []).append(ns / 1000)
+        op_types = dict(self.step_nodes)
+        return {"whole_us": statistics.median(whole), "edges_us": statistics.median(edges),
+                "nodes": {node: (op_types[node], statistics.median(us)) for node, us in per_node.items()}}
 
     def dispatch_overhead_us(self, repeats: int = 200) -> dict:
         """Python-side cost per inference: the same dispatch loop with every native operator call
