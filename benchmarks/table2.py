@@ -103,7 +103,8 @@ def derive(row: dict) -> dict:
                   for label, values in row["process_ms"].items() if label != "onnxruntime default"}
     kept_rounds = rounds.get(row["kept"])
     return {"per_round_speedups": rounds,
-            "speedup_kept_per_round": round(statistics.median(kept_rounds), 4) if kept_rounds else 1.0,
+            "speedup_kept_per_round": (round(statistics.median(kept_rounds), 4) if kept_rounds
+                                       else 1.0 if row["kept"] == "onnxruntime default" and rounds else None),
             "ceiling": round(ceiling, 4), "share_of_ceiling": round(row["speedup_kept"] / ceiling, 4),
             "ceiling_with_conversions": round(ceiling_with_conversions, 4),
             "share_of_ceiling_with_conversions": round(row["speedup_kept"] / ceiling_with_conversions, 4),
@@ -183,6 +184,10 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
         "remeasured": summary.get("remeasured"),
     }
     return {**row, **derive(row)}
+
+
+def _figure(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _switches(row: dict) -> str:
@@ -280,7 +285,7 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         lines.append(
             f"| {r['model']} | {m['onnxruntime default']:.2f} | {m['xnnpack default']:.2f} | {m['mlas plan']:.2f} "
             f"| {m['xnnpack plan']:.2f} | {m['cross-library plan']:.2f} | {r['kept']} | {r['speedup_kept']:.3f} "
-            f"| {r['speedup_kept_per_round']:.3f} "
+            f"| {_figure(r.get('speedup_kept_per_round'))} "
             f"| {r['ceiling']:.3f} | {r['share_of_ceiling']:.3f} | {r['ceiling_with_conversions']:.3f} "
             f"| {r['share_of_ceiling_with_conversions']:.3f} | {t['mlas']['tune_s']:.0f} / {t['xnnpack']['tune_s']:.0f} "
             f"| {t['mlas']['samples'] + t['xnnpack']['samples']} | {r['prediction']['error']:+.1%} |")
