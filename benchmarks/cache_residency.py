@@ -39,8 +39,22 @@ def median_us(run, flush=None) -> float:
     return statistics.median(time_candidate(run, SETTINGS, flush))
 
 
+def default_ops_us(model, library, before_each=(None,)) -> list[tuple]:
+    """Each tuned op of the model at the library's default config, timed alone once per entry of
+    ``before_each`` (None: back to back, hot): [(task, [median us per entry])]."""
+    library.prepare_model(model)
+    timed = []
+    for task in library_tasks(model, library):
+        candidate = library.prepare(task, library.default_config(task, this_device()), task_inputs(task))
+        try:
+            timed.append((task, [median_us(candidate.run, before) for before in before_each]))
+        finally:
+            candidate.close()
+    return timed
+
+
 def measure_model(name: str, library_names: list[str], rounds: int) -> dict:
-    model, device = load_model(name), this_device()
+    model = load_model(name)
     buffer = np.zeros(FLUSH_BYTES // 4, np.float32)
 
     def flush():
@@ -49,16 +63,9 @@ def measure_model(name: str, library_names: list[str], rounds: int) -> dict:
     row = {"model": name, "libraries": {}}
     whole = timed_alone(model, {library: library for library in library_names}, rounds=rounds)
     for library_name in library_names:
-        library = plugins.get_library(library_name)
-        library.prepare_model(model)
         hot_us = cold_us = 0.0
         per_task = []
-        for task in library_tasks(model, library):
-            candidate = library.prepare(task, library.default_config(task, device), task_inputs(task))
-            try:
-                hot, cold = median_us(candidate.run), median_us(candidate.run, flush)
-            finally:
-                candidate.close()
+        for task, (hot, cold) in default_ops_us(model, plugins.get_library(library_name), (None, flush)):
             hot_us += hot * len(task.nodes)
             cold_us += cold * len(task.nodes)
             per_task.append({"task": task.id, "nodes": len(task.nodes), "hot_us": round(hot, 1), "cold_us": round(cold, 1)})

@@ -29,12 +29,12 @@ from rich.table import Table
 from kselect.core import plugins
 from kselect.core.bench import random_feeds
 from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, task_inputs, time_candidate
+from kselect.core.measure import MeasureSettings, time_candidate
 from kselect.core.model import load_model
-from kselect.core.tune import library_tasks
+
+from cache_residency import default_ops_us  # noqa: E402 (a sibling script: benchmarks/ is on sys.path)
 
 console = Console(width=160)
-SETTINGS = MeasureSettings(min_repeats=15, min_time_s=0.4, max_time_s=2.0)
 WARMUP_S = 1.0
 
 
@@ -51,15 +51,7 @@ def whole_ms(run, feeds, runs: int) -> float:
 
 def isolated_ops_ms(model, library) -> float:
     """The tuned ops at the library's default configs, each timed alone (hot caches), summed."""
-    library.prepare_model(model)
-    total_us = 0.0
-    for task in library_tasks(model, library):
-        candidate = library.prepare(task, library.default_config(task, this_device()), task_inputs(task))
-        try:
-            total_us += statistics.median(time_candidate(candidate.run, SETTINGS)) * len(task.nodes)
-        finally:
-            candidate.close()
-    return total_us / 1000
+    return sum(us * len(task.nodes) for task, (us,) in default_ops_us(model, library)) / 1000
 
 
 def onnxruntime_profile(model, feeds, runs: int) -> dict:

@@ -496,20 +496,22 @@ class Executor:
 
     # -- running ----------------------------------------------------------------------------
     def __call__(self, feeds: dict) -> list[np.ndarray]:
-        if self._set_flags is not None:
-            self._set_flags(self.flags)
-        for name, tensor in self.inputs:
-            value = feeds[name]
-            if tensor.nhwc:
-                np.copyto(tensor.array, value.transpose(0, 2, 3, 1))
-            else:
-                np.copyto(tensor.array, value)
+        self._load_inputs(feeds)
         for fn, a, b in self.steps:
             status = fn(a, b)
             if status:
                 raise xa.XNNPackError(status, "xnn_run_operator")
         for release, pool in self._release:
             release(pool)
+        return self._outputs()
+
+    def _load_inputs(self, feeds: dict) -> None:
+        if self._set_flags is not None:
+            self._set_flags(self.flags)
+        for name, tensor in self.inputs:
+            np.copyto(tensor.array, feeds[name].transpose(0, 2, 3, 1) if tensor.nhwc else feeds[name])
+
+    def _outputs(self) -> list[np.ndarray]:
         return [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy()
                 for t in self.outputs]
 
@@ -522,10 +524,7 @@ class Executor:
         clock = time.perf_counter_ns
         for _ in range(runs):
             start = clock()
-            if self._set_flags is not None:
-                self._set_flags(self.flags)
-            for name, tensor in self.inputs:
-                np.copyto(tensor.array, feeds[name].transpose(0, 2, 3, 1) if tensor.nhwc else feeds[name])
+            self._load_inputs(feeds)
             edge_ns = clock() - start
             node_ns: dict[str, int] = {}
             for (fn, a, b), (node, _) in zip(self.steps, self.step_nodes):
@@ -537,7 +536,7 @@ class Executor:
             for release, pool in self._release:
                 release(pool)
             output_start = clock()
-            [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy() for t in self.outputs]
+            self._outputs()
             end = clock()
             whole.append((end - start) / 1000)
             edges.append((edge_ns + end - output_start) / 1000)
@@ -569,12 +568,8 @@ class Executor:
         feeds = {name: np.zeros(t.shape, np.float32) for name, t in self.inputs}
 
         def edges():
-            for name, tensor in self.inputs:
-                if tensor.nhwc:
-                    np.copyto(tensor.array, feeds[name].transpose(0, 2, 3, 1))
-                else:
-                    np.copyto(tensor.array, feeds[name])
-            [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy() for t in self.outputs]
+            self._load_inputs(feeds)
+            self._outputs()
 
         def best(fn):
             fn()
