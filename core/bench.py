@@ -315,6 +315,8 @@ BASELINE = "onnxruntime default"
 # plan replaces it only when faster by the margin. On the EPYC machine (table2, stop 16) resnet101's
 # XNNPack plan read 1.051x the default in the run that chose it, with spreads of 0.18-0.22, and
 # 0.956x in the next run; mobilenetv2's ORT default read 7.3 ms in one run and 4.4 ms in the next.
+# (Since stop 18 verified_across decides against the baseline round by round, race_verdict
+# below, and passes choose_result no baseline; that argument has no caller but the tests.)
 MIXED_MARGIN = 0.02
 
 
