@@ -23,7 +23,7 @@ from kselect.core.space import Categorical, Integer, Space
 from kselect.core.tasks import Task, extract_tasks, task_key
 from kselect.core.tune import TuneOptions, stored_outcomes, tune
 from kselect.core.worker import MeasureWorker
-from kselect.plugins.xnnpack import configured, kernels, tileshim
+from kselect.plugins.xnnpack import configured, kernels, tileshim, ukernels
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
 
@@ -104,7 +104,9 @@ def test_spaces_offer_the_kernels_of_each_family_and_defaults_are_xnnpacks_own()
             assert set(names) == {kernels.short(c.name) for c in kernels.catalog()["gemm"]}
         elif label == "dwconv":
             assert default["ukernel"] == table["dwconv"][9]
-            assert all("x9__" in n for n in names) and len(names) == 4
+            # one 3x3 kernel per x86 ISA the CPU has: sse, avx, fma3 and avx512f
+            isas = 1 + sum(flag in ukernels._proc_flags() for flag in ("avx", "fma", "avx512f"))
+            assert all("x9__" in n for n in names) and len(names) == isas
         else:  # a single-row fully connected op runs XNNPack's mr=1 kernel
             assert default["ukernel"] == table["gemm"]["gemm1"]
         assert default["threads"] == device.cores
@@ -158,7 +160,12 @@ def test_every_listed_micro_kernel_gives_a_correct_result():
     jobs += [(fc_one_row, {"ukernel": n, "threads": 2}) for n in kernels.kernel_names("gemm")]
     jobs += [(igemm_task, {"ukernel": kernels.short(c.name), "threads": 1}) for c in cat["igemm"]]
     jobs += [(dw_tasks[c.primary_tile], {"ukernel": kernels.short(c.name), "threads": 1}) for c in cat["dwconv"]]
-    assert len(cat["gemm"]) >= 11 and len(cat["igemm"]) >= 11 and len(cat["dwconv"]) >= 4
+    flags = ukernels._proc_flags()
+    isas = {"sse"} | {isa for isa, flag in (("avx", "avx"), ("fma3", "fma"), ("avx512f", "avx512f")) if flag in flags}
+    for family in ("gemm", "igemm"):  # kernels of every ISA the CPU has, each with an mr=1 variant
+        assert {c.name.split("__")[1].split("_")[0] for c in cat[family]} == isas
+        assert len(cat[family]) >= 2 * len(isas)
+    assert {c.primary_tile for c in cat["dwconv"]} == {3, 4, 9, 25}
     failures = []
     with MeasureWorker("xnnpack", TINY) as worker:
         for task, config in jobs:

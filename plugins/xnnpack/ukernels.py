@@ -201,25 +201,30 @@ CpuinfoCore = _S("cpuinfo_core", [("processor_start", u32), ("processor_count", 
 CPUINFO_UARCH_ZEN = 0x00200109
 CPUINFO_VENDOR_INTEL, CPUINFO_VENDOR_AMD = 1, 2
 
-# Probes: what is changed before xnn_initialize in a child, and the /proc/cpuinfo flags that must
-# be present for the change to mean anything (we only ever clear flags the CPU has).
+# Probes: what is changed before xnn_initialize in a child, and the /proc/cpuinfo flags the
+# tier's kernels need (a tier is probed only on a CPU that has them). Clearing a flag the CPU
+# lacks changes nothing: on an AVX2-only CPU "default" and "fma3" are the same tier.
 TIERS = {
-    "default": {"clear": [], "uarch": None},
-    "fma3": {"clear": ["avx512f"], "uarch": None},
-    "fma3_zen": {"clear": ["avx512f"], "uarch": CPUINFO_UARCH_ZEN},
-    "avx": {"clear": ["avx512f", "fma3"], "uarch": None},
-    "sse": {"clear": ["avx512f", "fma3", "avx"], "uarch": None},
+    "default": {"clear": [], "uarch": None, "needs": []},
+    "fma3": {"clear": ["avx512f"], "uarch": None, "needs": ["fma3"]},
+    "fma3_zen": {"clear": ["avx512f"], "uarch": CPUINFO_UARCH_ZEN, "needs": ["fma3"]},
+    "avx": {"clear": ["avx512f", "fma3"], "uarch": None, "needs": ["avx"]},
+    "sse": {"clear": ["avx512f", "fma3", "avx"], "uarch": None, "needs": []},
 }
 _PROC_FLAG = {"avx512f": "avx512f", "fma3": "fma", "avx": "avx", "avx2": "avx2"}
 
-# params-init functions have no assert string: named after what init.c (x86 branch) stores in
-# f32.gemm.init for each tier; other entries (gemm2, dwconv) are named by matching addresses.
-_INIT_NAME_BY_TIER = {
-    "default": "xnn_init_f32_minmax_scalar_params", "fma3": "xnn_init_f32_minmax_avx_params",
-    "fma3_zen": "xnn_init_f32_minmax_avx_params", "avx": "xnn_init_f32_minmax_avx_params",
-    "sse": "xnn_init_f32_minmax_sse_params",
-}
-# Which init each kernel family needs (params.h union xnn_f32_minmax_params layouts).
+
+def _tier_isa(tier: str, flags: set[str]) -> str:
+    """The ISA whose f32 GEMM kernels init.c (x86 branch) picks in ``tier`` on a CPU with
+    ``flags``: the best of avx512f > fma3 > avx > sse left after the tier's clears."""
+    left = [isa for isa in ("avx512f", "fma3", "avx")
+            if _PROC_FLAG[isa] in flags and isa not in TIERS[tier]["clear"]]
+    return left[0] if left else "sse"
+
+
+# Which init each kernel family needs (params.h union xnn_f32_minmax_params layouts). Params-init
+# functions have no assert string: f32.gemm.init of each tier is named after its kernels' ISA;
+# other entries (gemm2, dwconv) are named by matching addresses.
 _INIT_FOR_ISA = {"avx512f": "xnn_init_f32_minmax_scalar_params",
                  "fma3": "xnn_init_f32_minmax_avx_params", "avx": "xnn_init_f32_minmax_avx_params",
                  "sse": "xnn_init_f32_minmax_sse_params"}
@@ -607,13 +612,13 @@ def catalog(tiers: tuple[str, ...] = tuple(TIERS)) -> dict[str, list]:
     dw: dict[str, DwconvChoice] = {}
     flags = _proc_flags()
     snaps = {t: probe_tier(t) for t in tiers
-             if all(_PROC_FLAG[f] in flags for f in TIERS[t]["clear"])}
+             if all(_PROC_FLAG[f] in flags for f in TIERS[t]["needs"])}
     init_names: dict[int, str] = {}
     for tier, snap in snaps.items():
-        prev = init_names.setdefault(snap["gemm"]["init"], _INIT_NAME_BY_TIER[tier])
-        if prev != _INIT_NAME_BY_TIER[tier]:
-            raise OverrideRefused(f"init function at {snap['gemm']['init']:#x} seen as {prev} and "
-                                  f"{_INIT_NAME_BY_TIER[tier]}")
+        name = _INIT_FOR_ISA[_tier_isa(tier, flags)]
+        prev = init_names.setdefault(snap["gemm"]["init"], name)
+        if prev != name:
+            raise OverrideRefused(f"init function at {snap['gemm']['init']:#x} seen as {prev} and {name}")
 
     def init_name_for(off: int, kernel: str) -> str:
         name = init_names.get(off, f"unnamed_init@{off:#x}")
