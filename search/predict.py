@@ -88,19 +88,18 @@ def training_rows(db, device_fingerprint: str, library_name: str, version: str) 
     return rows
 
 
-def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dict, float]],
-                  defaults: dict[str, dict], seed: int = 0, exclude_own: bool = False,
-                  stored: dict[str, dict[str, float]] | None = None) -> tuple[dict, list[OpPrediction]]:
-    """Predictions for ``tasks`` from training ``rows`` (task, config, time_us); returns the
-    plan-level assignment and one ``OpPrediction`` per task."""
-    from kselect.core.plan import choose
-
+def predicted_records(tasks: list[Task], library, device, rows: list[tuple[Task, dict, float]],
+                      defaults: dict[str, dict], seed: int = 0, exclude_own: bool = False) -> tuple[dict, dict]:
+    """Per task key, one predicted ``Record`` per config of its space (a seeded random subset of
+    ``MAX_SCORED`` for larger spaces, the default always in), from a cost model trained on
+    ``rows`` (task, config, time_us); what ``core/plan.choose`` and ``build_plan`` take. Also
+    returns how many training rows each task had of its own."""
     if not rows:
         raise KselectError("no measurements to learn from for this device and library build: tune a model first")
     import random
 
     rng = random.Random(seed)
-    predicted_records: dict[str, list[Record]] = {}
+    predicted: dict[str, list[Record]] = {}
     own_counts = {}
     for task in tasks:
         space = library.space(task, device)
@@ -116,11 +115,22 @@ def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dic
         if config_key(default) not in {config_key(c) for c in configs}:
             configs.append(default)
         times = model.predict(task, configs)
-        predicted_records[task.key] = [
+        predicted[task.key] = [
             Record(task.key, c, config_key(c), Result("ok", float(t), 0.0, 0), False, config_key(c) == config_key(default))
             for c, t in zip(configs, times)]
-    assignment, choices = choose(tasks, predicted_records, {t.key: library.space(t, device).normalise(defaults[t.key])
-                                                            for t in tasks}, library.plan_level_dims)
+    return predicted, own_counts
+
+
+def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dict, float]],
+                  defaults: dict[str, dict], seed: int = 0, exclude_own: bool = False,
+                  stored: dict[str, dict[str, float]] | None = None) -> tuple[dict, list[OpPrediction]]:
+    """Predictions for ``tasks`` from training ``rows`` (task, config, time_us); returns the
+    plan-level assignment and one ``OpPrediction`` per task."""
+    from kselect.core.plan import choose
+
+    predicted, own_counts = predicted_records(tasks, library, device, rows, defaults, seed, exclude_own)
+    assignment, choices = choose(tasks, predicted, {t.key: library.space(t, device).normalise(defaults[t.key])
+                                                    for t in tasks}, library.plan_level_dims)
     ops = []
     for choice in choices:
         task = choice.task
