@@ -61,7 +61,7 @@ class MeasuredTimes:
                 for r in self.db.records(self.device.fingerprint, self.library.name, self.library.version(), task.key)
                 if r.result.status == "ok"}
 
-    def of(self, task, config: dict) -> float | None:
+    def of(self, task, config: dict, is_default: bool = False) -> float | None:
         found = self.stored(task).get(config_key(config))
         if found is not None:
             return found
@@ -72,7 +72,7 @@ class MeasuredTimes:
         if result.status != "ok":
             return None
         self.db.add(self.device.fingerprint, self.library.name, self.library.version(), task.to_json(),
-                    config_key(config), result, self.library.emulated, False)
+                    config_key(config), result, self.library.emulated, is_default)
         return result.median_us
 
     def close(self) -> None:
@@ -101,7 +101,7 @@ def run_model(name: str, library, device, db: RecordDB, all_rows: list, times: M
         exhaustive &= len(stored) >= len(library.space(task, device))
         ops.append({"task": task.id, "nodes": len(task.nodes), "config": entry["config"],
                     "predicted_us": entry["time_us"], "measured_us": times.of(task, entry["config"]),
-                    "default_predicted_us": entry["default_us"], "default_measured_us": times.of(task, entry["default_config"]),
+                    "default_predicted_us": entry["default_us"], "default_measured_us": times.of(task, entry["default_config"], True),
                     "best_measured_us": min(stored.values()) if stored else None})
     for op in ops:
         op["error"] = relative_error(op["predicted_us"], op["measured_us"])
