@@ -61,6 +61,10 @@ class MeasuredTimes:
                 for r in self.db.records(self.device.fingerprint, self.library.name, self.library.version(), task.key)
                 if r.result.status == "ok"}
 
+    def recorded(self, task) -> int:
+        """Configs of ``task`` with a record, failed ones included."""
+        return len(self.db.records(self.device.fingerprint, self.library.name, self.library.version(), task.key))
+
     def of(self, task, config: dict, is_default: bool = False) -> float | None:
         found = self.stored(task).get(config_key(config))
         if found is not None:
@@ -98,7 +102,7 @@ def run_model(name: str, library, device, db: RecordDB, all_rows: list, times: M
     for entry in plan.tasks:
         task = by_key[entry["key"]]
         stored = times.stored(task)
-        exhaustive &= len(stored) >= len(library.space(task, device))
+        exhaustive &= times.recorded(task) >= len(library.space(task, device))
         ops.append({"task": task.id, "nodes": len(task.nodes), "config": entry["config"],
                     "predicted_us": entry["time_us"], "measured_us": times.of(task, entry["config"]),
                     "default_predicted_us": entry["default_us"], "default_measured_us": times.of(task, entry["default_config"], True),
