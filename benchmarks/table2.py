@@ -178,7 +178,7 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
                              "single_library": summary["single_library"], "ops_ceiling_us": summary["ops_ceiling_us"],
                              "ops_ceiling_by_library_us": summary["ops_ceiling_by_library_us"],
                              "default_ops_us": summary["default_ops_us"]},
-        "switch_us": summary.get("switch_us"), "switches": summary.get("switches"),
+        "switch_us": summary.get("switch_us"), "switches": summary.get("switches"), "sleep_us": summary.get("sleep_us"),
         "reentries": {k: v for k, v in summary.get("reentries", {}).items() if k != "tensors"},
         "single_plan_ops_us": {n: round(ops_us_now(p, libraries[n], device, db), 3) for n, p in single.items()},
         "remeasured": summary.get("remeasured"),
@@ -188,6 +188,15 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
 
 def _figure(value) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _sleeping(row: dict) -> str:
+    """What the ops of the libraries that do not spin were charged (rows since stop 20)."""
+    if not row.get("sleep_us"):
+        return ""
+    costs = ", ".join(f"{name} {us:.0f} us" for name, us in row["sleep_us"].items())
+    return (f" + {row['isolated_sums_us']['cross']['sleeping_us'] / 1000:.2f} ms for workers asleep "
+            f"(per op: {costs})")
 
 
 def _switches(row: dict) -> str:
@@ -297,7 +306,8 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         alone = ", ".join(f"{k} alone {v['total_us'] / 1000:.2f} ms" for k, v in s["single_library"].items())
         lines.append(f"- {r['model']}: ops on {r['cross_ops_by_library']}, {r['cross_segments']} segments; "
                      f"planned {s['cross']['ops_us'] / 1000:.2f} ms ops + {s['cross']['conversions_us'] / 1000:.2f} ms "
-                     f"conversions{_switches(r)}; greedy per op {s['greedy']['total_us'] / 1000:.2f} ms; {alone}.")
+                     f"conversions{_switches(r)}{_sleeping(r)}; greedy per op {s['greedy']['total_us'] / 1000:.2f} ms; "
+                     f"{alone}.")
     if any("verdict" in c for r in rows for c in r["selection_run"]):
         lines += ["", "The check that chose *kept* (its own processes, before the reported run): per candidate, "
                   "rounds, median per-round speedup over ONNX Runtime's default [87.5% bounds], verdict.", ""]

@@ -259,13 +259,13 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
         console.print(f"re-timed {summary['remeasured']['configs']} configs and {summary['remeasured']['conversions']} "
                       "conversions just now, so the plan compares timings from one period")
     table = Table(title=f"{model.name}: sum of isolated op and conversion times (ops in between not included)")
-    for column in ("choice", "ops ms", "conversions ms", "total ms"):
+    for column in ("choice", "ops ms", "conversions ms", "workers asleep ms", "total ms"):
         table.add_column(column, justify="left" if column == "choice" else "right")
     rows = [("cross-library (planned)", summary["predicted"]), ("greedy per op", summary["greedy"])]
     rows += [(f"{name} alone", value) for name, value in summary["single_library"].items()]
     for name, value in rows:
         table.add_row(name, f"{value['ops_us'] / 1000:.3f}", f"{value['conversions_us'] / 1000:.3f}",
-                      f"{value['total_us'] / 1000:.3f}")
+                      f"{value.get('sleeping_us', 0.0) / 1000:.3f}", f"{value['total_us'] / 1000:.3f}")
     console.print(table)
     used = {}
     for entry in plan.nodes.values():
@@ -275,6 +275,12 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
         costs = ", ".join(f"{pair} {us:.0f} us" for pair, us in summary["switch_us"].items())
         console.print(f"a switch of library, measured just now: {costs}; the plan switches "
                       f"{summary['switches']['edges']} times (counted with the conversions)")
+    if summary.get("sleep_us"):
+        costs = ", ".join(f"{name} {us:.0f} us" for name, us in summary["sleep_us"].items())
+        spinner = next((name for name, values in plan.library_settings.items() if values.get("spinning") == 1), None)
+        console.print(f"waking a library's sleeping workers, per op, measured just now: {costs}; "
+                      f"charged on every op of a library that does not spin"
+                      + (f" (in this plan {spinner}'s workers spin)" if plan.cross_library and spinner else ""))
     reentries = summary.get("reentries", {})
     if reentries.get("tensors") or reentries.get("segments_moved"):
         console.print(f"{len(reentries['tensors'])} tensors wait across another library's segment and re-enter their "

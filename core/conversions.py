@@ -69,6 +69,7 @@ class ConversionTable:
     times_us: dict[Side, float] = field(default_factory=dict)  # inf when the conversion failed
     crossing: frozenset = frozenset()  # libraries with a boundary cost (Library.boundary_cost)
     switch_us: dict = field(default_factory=dict)  # (from library, to library) -> µs (core/switches.py)
+    sleep_us: dict = field(default_factory=dict)  # library -> µs per op while its workers sleep (core/switches.py)
 
     def side_us(self, label: str, direction: str, shape) -> float:
         if library_of(label) == library_of(GRAPH_LABEL):

@@ -39,10 +39,21 @@ from kselect.core.tasks import Task, extract_tasks
 # (``spinning_variants``). Not none: with no thread spinning every parallel loop waits for its
 # workers to wake, which on a VM whose vCPUs stall takes milliseconds in some periods and not in
 # others (alexnet's plan with none spinning ran 26.0 ms in one run, 46.9 ms in the next, with one
-# spinning 26.4 ms). Options are taken whatever their spinning setting. Whichever spins stops at
+# spinning 26.4 ms). Options are taken whatever their spinning setting, and every op of a library
+# that does not spin is charged what waking its workers costs per op (``ConversionTable.sleep_us``,
+# core/switches.py: 31-78 us per conv for ONNX Runtime, 4-7 us for XNNPack on the AVX2 EPYC), so
+# the planner solves once per library that could spin and the plan's spinner is the library whose
+# ops would pay the most asleep (``_spinner``). Whichever spins stops at
 # the end of its segments (``Library.model_runner(..., in_mixed_plan=True)``): left spinning, the
 # threads of one segment took a core from the next (resnet101, two XNNPack ops: 251 -> 150 ms).
 SHARED_CORE_DIMS = ("spinning",)
+
+
+# A mix must save more than this share of the best library alone. Below it the difference is within
+# the spread of isolated timings taken minutes apart, and a mix adds switches whose cost varies more
+# than one library's speed (mobilenetv2 on the AVX2 EPYC: one op on XNNPack saved 0.17 us of 4,500
+# on paper and cost 3% end to end).
+MIX_RESOLUTION = 0.005
 
 
 def _without(settings: dict, names) -> dict:
@@ -288,11 +299,47 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
     return problem
 
 
-def _summary(graph: PlanGraph, assignment: dict, reentries_us: float = 0.0) -> dict:
-    """Ops and conversions, reentries (``CrossProblem.reentries_us``) counted with the conversions."""
+def _summary(graph: PlanGraph, assignment: dict, reentries_us: float = 0.0, sleeping_us: float = 0.0) -> dict:
+    """Ops and conversions, reentries (``CrossProblem.reentries_us``) counted with the conversions,
+    and what the ops of libraries that do not spin pay for waking their workers."""
     ops = sum(o.time_us for o in assignment.values())
-    total = graph.total_us(assignment) + reentries_us
-    return {"ops_us": round(ops, 3), "conversions_us": round(total - ops, 3), "total_us": round(total, 3)}
+    conversions = graph.total_us(assignment) + reentries_us - ops
+    return {"ops_us": round(ops, 3), "conversions_us": round(conversions, 3), "sleeping_us": round(sleeping_us, 3),
+            "total_us": round(ops + conversions + sleeping_us, 3)}
+
+
+def _sleeping_us(table: ConversionTable, assignment: dict, spinner: str | None) -> float:
+    """What the ops of every library but ``spinner`` pay for waking their workers."""
+    return sum(table.sleep_us.get(o.payload.library, 0.0) for o in assignment.values()
+               if o.payload is not None and o.payload.library != spinner)
+
+
+def _spinner(table: ConversionTable, assignment: dict, spinners: list[str]) -> str | None:
+    """Of the libraries the labelling uses that could spin, the one whose ops would pay the most
+    asleep (with no sleep costs measured: the one with the most op time)."""
+    used = [name for name in spinners if any(o.payload is not None and o.payload.library == name
+                                             for o in assignment.values())]
+    if not used:
+        return None
+    if not table.sleep_us:
+        main = _main_library(assignment)
+        return main if main in used else used[0]
+    return min(used, key=lambda name: _sleeping_us(table, assignment, name))
+
+
+def _charged(graph: PlanGraph, table: ConversionTable, spinner: str | None) -> tuple[PlanGraph, dict]:
+    """The graph with every option of a library other than ``spinner`` charged its sleep cost, and
+    a map from each charged option's id back to the option it came from."""
+    back, options = {}, {}
+    for node, node_options in graph.options.items():
+        options[node] = []
+        for option in node_options:
+            charge = 0.0 if option.payload is None or option.payload.library == spinner else \
+                table.sleep_us.get(option.payload.library, 0.0)
+            charged = Option(option.label, option.time_us + charge, option.payload)
+            back[id(charged)] = option
+            options[node].append(charged)
+    return PlanGraph(options, graph.edges), back
 
 
 def _main_library(assignment: dict) -> str | None:
@@ -304,8 +351,36 @@ def _main_library(assignment: dict) -> str | None:
     return max(op_time, key=op_time.get) if op_time else None
 
 
-def _without_unpaid_islands(problem: CrossProblem, graph: PlanGraph, table: ConversionTable, assignment: dict,
-                            alone: dict[str, dict], missing: set) -> tuple[dict, int]:
+def in_place_labelling(problem: CrossProblem, table: ConversionTable, spinners: list[str], starts: list[dict],
+                       alone: dict[str, dict], missing: set | None = None) -> tuple[dict, str | None, str, int]:
+    """The labelling with the least time in place: ops, conversions, reentries and what the ops of
+    the libraries that do not spin pay for waking their workers. Solved once per library of
+    ``spinners`` as the one that spins (with no sleep costs measured: once, uncharged), then kept
+    only if it beats every library ``alone`` by more than MIX_RESOLUTION. Returns (labelling, its spinner, method, segments
+    moved back to the main library)."""
+    graph = problem.graph(table)
+
+    def in_place_us(assignment: dict) -> float:
+        sleeping = _sleeping_us(table, assignment, _spinner(table, assignment, spinners))
+        return problem.total_us(graph, table, assignment, missing) + sleeping
+
+    solved = []
+    for spinner in (spinners if table.sleep_us and spinners else [None]):
+        charged, back = _charged(graph, table, spinner)
+        forth = {id(back[id(option)]): option for options in charged.options.values() for option in options}
+        assignment, method = _solve(charged, [{node: forth[id(o)] for node, o in start.items()} for start in starts])
+        assignment = {node: back[id(option)] for node, option in assignment.items()}
+        assignment, islands_moved = _without_unpaid_islands(problem, in_place_us, assignment, alone)
+        solved.append((in_place_us(assignment), assignment, method, islands_moved))
+    _, assignment, method, islands_moved = min(solved, key=lambda entry: entry[0])
+    best_alone = min(alone.values(), key=in_place_us, default=None)
+    if best_alone is not None and in_place_us(assignment) >= (1 - MIX_RESOLUTION) * in_place_us(best_alone):
+        assignment = best_alone
+    return assignment, _spinner(table, assignment, spinners), method, islands_moved
+
+
+def _without_unpaid_islands(problem: CrossProblem, total_us: Callable[[dict], float], assignment: dict,
+                            alone: dict[str, dict]) -> tuple[dict, int]:
     """The solver is exact for costs between neighbours, but reentries depend on how the whole
     labelling cuts the model. So each segment of another library than the plan's main one is
     tried with its ops as in the main library's plan alone, and left there when that lowers the
@@ -313,14 +388,14 @@ def _without_unpaid_islands(problem: CrossProblem, graph: PlanGraph, table: Conv
     main = _main_library(assignment)
     if main not in alone or problem.model is None:
         return assignment, 0
-    best, best_us, moved = assignment, problem.total_us(graph, table, assignment, missing), 0
+    best, best_us, moved = assignment, total_us(assignment), 0
     while True:
         chosen = {node: option.payload.library for node, option in best.items() if option.payload is not None}
         trials = []
         for segment in plan_segments(problem.model, chosen, problem.runs_op):
             if segment.library != main:
                 trial = {**best, **{node: alone[main][node] for node in segment.nodes if node in chosen}}
-                trials.append((problem.total_us(graph, table, trial, missing), trial))
+                trials.append((total_us(trial), trial))
         better = min(trials, key=lambda t: t[0], default=None)
         if better is None or better[0] >= best_us - 1e-6:
             return best, moved
@@ -339,9 +414,9 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         if all(restricted.options.values()):  # the library runs every tuned node
             alone_assignments[name] = _solve(restricted)[0]
             alone[name] = _summary(graph, alone_assignments[name])
-    assignment, method = _solve(graph, [greedy_assignment, *alone_assignments.values()])
-    assignment, islands_moved = _without_unpaid_islands(problem, graph, table, assignment, alone_assignments, missing)
-    assignment = min([assignment, *alone_assignments.values()], key=lambda a: problem.total_us(graph, table, a, missing))
+    spinners = [name for name in libraries if any(dim in plan_level[name] for dim in SHARED_CORE_DIMS)]
+    assignment, spinner, method, islands_moved = in_place_labelling(
+        problem, table, spinners, [greedy_assignment, *alone_assignments.values()], alone_assignments, missing)
     ceiling = sum(min(o.time_us for o in options) for node, options in graph.options.items())
     ceiling_by_library = {}
     for name in libraries:
@@ -350,7 +425,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         if all(per_node):
             ceiling_by_library[name] = round(sum(min(times) for times in per_node), 3)
 
-    settings = _library_settings(assignment, plan_level)
+    settings = _library_settings(assignment, plan_level, spinner)
     labels = {node: option.label for node, option in assignment.items()}
     nodes, groups = {}, {}
     for node, option in assignment.items():
@@ -393,16 +468,19 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     used = {entry["library"] for entry in nodes.values()}
     versions = {name: libraries[name].version() for name in libraries if name in used}
     reentries = problem.reentries(table, labels)
-    chosen = _summary(graph, assignment, sum(r["time_us"] for r in reentries))
+    chosen = _summary(graph, assignment, sum(r["time_us"] for r in reentries), _sleeping_us(table, assignment, spinner))
+    greedy_spinner = _spinner(table, greedy_assignment, spinners)
     extra = {"cross_library": {
         "predicted": chosen, "method": method,
-        "greedy": _summary(graph, greedy_assignment, problem.reentries_us(table, greedy_assignment)),
+        "greedy": _summary(graph, greedy_assignment, problem.reentries_us(table, greedy_assignment),
+                           _sleeping_us(table, greedy_assignment, greedy_spinner)),
         "single_library": alone,
         "reentries": {"tensors": reentries, "us": round(sum(r["time_us"] for r in reentries), 3),
                       "segments_moved": islands_moved},
         "ops_ceiling_us": round(ceiling, 3), "ops_ceiling_by_library_us": ceiling_by_library,
         "output_conversions": output_conversions, "untuned_conversions": untuned_conversions,
         "switch_us": {f"{a}->{b}": round(us, 3) for (a, b), us in sorted(table.switch_us.items())},
+        "sleep_us": {name: round(us, 3) for name, us in sorted(table.sleep_us.items())},
         "switches": _switches(problem, table, labels),
         "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
     return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
@@ -428,15 +506,14 @@ def _solve(graph: PlanGraph, starts: list | None = None) -> tuple[dict, str]:
         return improve(graph, min(starts, key=graph.total_us))[0], "local search"
 
 
-def _library_settings(assignment: dict, plan_level: dict[str, dict]) -> dict[str, dict]:
-    """Each library's plan-level settings; with several libraries, the one with the most op time
-    spins (SHARED_CORE_DIMS) and the others do not."""
+def _library_settings(assignment: dict, plan_level: dict[str, dict], spinner: str | None) -> dict[str, dict]:
+    """Each library's plan-level settings; with several libraries, ``spinner`` spins
+    (SHARED_CORE_DIMS) and the others do not."""
     used = {option.payload.library for option in assignment.values() if option.payload is not None}
     settings = {name: dict(values) for name, values in plan_level.items()}
     if len(used) > 1:
-        main = _main_library(assignment)
         for name in used:
-            settings[name].update({dim: int(name == main) for dim in SHARED_CORE_DIMS if dim in settings[name]})
+            settings[name].update({dim: int(name == spinner) for dim in SHARED_CORE_DIMS if dim in settings[name]})
     return settings
 
 
@@ -453,7 +530,7 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     natively running libraries costs is measured now (core/switches.py) and charged on every edge
     between them."""
     from kselect.core.conversions import measure_conversions
-    from kselect.core.switches import measure_switch_costs
+    from kselect.core.switches import measure_sleep_costs, measure_switch_costs
     from kselect.core.tune import library_defaults, library_tasks, remeasure as remeasure_configs, stored_outcomes
 
     task_lists, defaults, plan_level = {}, {}, {}
@@ -479,7 +556,9 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         records, problem = current()
     table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
     if len(libraries) > 1:
-        table.switch_us = measure_switch_costs([name for name, library in libraries.items() if not library.emulated])
+        native = [name for name, library in libraries.items() if not library.emulated]
+        table.switch_us = measure_switch_costs(native)
+        table.sleep_us = measure_sleep_costs(native)
     missing: set = set()
     plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults, missing)
     if missing:  # reentries of tensors no edge could convert

@@ -10,6 +10,11 @@ its cost in the variant with the smaller total. The planner adds it to every edg
 in different libraries; a tensor read by several nodes of the next segment is then charged more
 than once, a bound the planner errs on the safe side of (fewer switches).
 
+A plan that mixes libraries lets only one library's workers spin (core/crossplan.py); every
+parallel op of the others waits for its workers to wake. What that costs per op is measured per
+library on the same chain run alone in that library, its workers sleeping against spinning
+(``measure_sleep_costs``), and the planner charges it on every op of a library that does not spin.
+
 On this machine (x86_64 VM, 2 vCPUs, a calm period) a switch between MLAS and XNNPack read 8-21 us
 on the chain (32 channels, 28 x 28) and 0-190 us with 64 channels at 56 x 56; inside alexnet's
 mixed plan the extra time per segment read -1.0 to +1.0 ms from one run to the next. The chain is
@@ -32,6 +37,7 @@ from kselect.core.tune import library_tasks
 
 CHAIN = dict(channels=32, size=28, convs=6)
 ROUNDS = 60
+SLEEP_BLOCK = 5  # runs timed back to back per round
 
 
 def defaults_plan(model: Model, library_of: dict[str, str]) -> Plan:
@@ -128,4 +134,38 @@ def measure_switch_costs(names: list[str], rounds: int = ROUNDS) -> dict[tuple[s
                 if best is None or sum(pair.values()) < sum(best.values()):
                     best = pair
             costs.update({pair: max(0.0, value) for pair, value in best.items()})
+    return costs
+
+
+def measure_sleep_costs(names: list[str], rounds: int = ROUNDS) -> dict[str, float]:
+    """Library -> microseconds per conv that its workers sleeping between parallel ops costs:
+    the chain run alone in that library with its default configs, sleeping minus spinning (medians
+    of interleaved runs), over its convs. Only libraries with a spinning setting are measured
+    (a negative difference counts as 0)."""
+    from kselect.core.crossplan import SHARED_CORE_DIMS, _spinning
+    from kselect.core.runtime import load_plan
+
+    model = chain_model(**CHAIN)
+    feeds = {"x": np.random.default_rng(1).standard_normal(model.input_shapes["x"], dtype=np.float32)}
+    convs = [node.name for node in model.proto.graph.node if node.op_type == "Conv"]
+    costs: dict[str, float] = {}
+    for name in names:
+        spinning = defaults_plan(model, {node: name for node in convs})
+        if not any(dim in spinning.library_settings[name] for dim in SHARED_CORE_DIMS):
+            continue
+        runners = [load_plan(plan, model) for plan in (spinning, _spinning(spinning, None))]
+        try:
+            times: list[list[float]] = [[], []]
+            for round_index in range(rounds + 3):
+                for k, runner in enumerate(runners):
+                    runner.run(feeds)  # the other runner's workers may still hold the cores
+                    start = time.perf_counter()
+                    for _ in range(SLEEP_BLOCK):
+                        runner.run(feeds)
+                    if round_index >= 3:
+                        times[k].append((time.perf_counter() - start) / SLEEP_BLOCK)
+        finally:
+            for runner in runners:
+                runner.close()
+        costs[name] = max(0.0, 1e6 * (statistics.median(times[1]) - statistics.median(times[0])) / len(convs))
     return costs

@@ -339,6 +339,36 @@ def test_the_planner_charges_each_switch_of_library_and_stays_when_a_switch_cost
     assert plan(["a", "b", "c"], {"b"}, 10.0)["b"] == "y:NCHW"  # two switches, 20 < 30
 
 
+def test_the_ops_of_a_library_that_does_not_spin_pay_its_sleep_cost_and_the_library_that_would_pay_most_spins():
+    """input -> a -> b -> c -> output, conversions and switches free. Only one library's workers
+    spin in a mixed plan; waking the other's costs x 50 us and y 5 us per op. y is faster on the
+    ops in ``y_saves`` by that many us: a mix pays when y's ops save more than 5 us each, with x
+    spinning; with most ops on y, x's sleeping ops would pay 50 each, so x still spins."""
+    from kselect.core.crossplan import Choice, DataEdge, in_place_labelling
+
+    def planned(y_saves: dict[str, float]) -> tuple[dict, str | None]:
+        problem = CrossProblem()
+        problem.options = {"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]}
+        for node in "abc":
+            problem.options[node] = [Option("x:NCHW", 100.0, Choice("x", None, None, False)),
+                                     Option("y:NCHW", 100.0 - y_saves.get(node, -900.0), Choice("y", None, None, False))]
+        chain = ["input:x", "a", "b", "c", "output:y"]
+        problem.edges = [DataEdge(a, b, f"t{i}", (1, 8, 4, 4)) for i, (a, b) in enumerate(zip(chain, chain[1:]))]
+        table = ConversionTable({(label, d, (1, 8, 4, 4)): 0.0 for label in ("x:NCHW", "y:NCHW") for d in ("in", "out")},
+                                sleep_us={"x": 50.0, "y": 5.0})
+        alone = {"x": solve(problem.graph(table, {"x"}))[0]}
+        assignment, spinner, _, _ = in_place_labelling(problem, table, ["x", "y"], list(alone.values()), alone)
+        return {node: assignment[node].label.split(":")[0] for node in "abc"}, spinner
+
+    assert planned({"c": 30.0}) == ({"a": "x", "b": "x", "c": "y"}, "x")  # saves 30, pays 5
+    assert planned({"c": 3.0}) == ({"a": "x", "b": "x", "c": "x"}, "x")  # saves 3, would pay 5: one library
+    assert planned({"c": 6.0}) == ({"a": "x", "b": "x", "c": "x"}, "x")  # saves 1 us of 300: within resolution
+    # y faster on b and c: x spins (a asleep would pay 50), y's two ops pay 5 each
+    assert planned({"b": 30.0, "c": 30.0}) == ({"a": "x", "b": "y", "c": "y"}, "x")
+    # y faster everywhere but by less on a than x's sleep cost: all on y, which spins (alone: no charge)
+    assert planned({"a": 20.0, "b": 30.0, "c": 30.0}) == ({"a": "y", "b": "y", "c": "y"}, "y")
+
+
 def test_a_switch_between_libraries_is_measured_on_real_kernels_for_both_directions(tuned):
     switch_us = tuned["plan"].extra["cross_library"]["switch_us"]
     assert set(switch_us) == {"mlas->xnnpack", "xnnpack->mlas"}
@@ -346,6 +376,19 @@ def test_a_switch_between_libraries_is_measured_on_real_kernels_for_both_directi
     switches = tuned["plan"].extra["cross_library"]["switches"]
     # both are rounded to 0.001 us
     assert 0.0 <= switches["us"] <= switches["edges"] * max(switch_us.values()) + 0.0005 * (switches["edges"] + 1)
+
+
+def test_what_sleeping_workers_cost_is_measured_on_real_kernels_and_charged_to_the_libraries_that_do_not_spin(tuned):
+    plan = tuned["plan"]
+    summary = plan.extra["cross_library"]
+    assert set(summary["sleep_us"]) == {"mlas", "xnnpack"}
+    assert all(0.0 <= us < 10_000 for us in summary["sleep_us"].values())
+    if not plan.cross_library:
+        assert summary["predicted"]["sleeping_us"] == 0.0
+        return
+    spinner = next(name for name, values in plan.library_settings.items() if values.get("spinning") == 1)
+    asleep = sum(summary["sleep_us"][entry["library"]] for entry in plan.nodes.values() if entry["library"] != spinner)
+    assert summary["predicted"]["sleeping_us"] == pytest.approx(asleep, abs=0.01 * len(plan.nodes))
 
 
 def test_select_libraries_refuses_to_mix_emulated_with_native():
@@ -524,7 +567,8 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
         assert exact["b"].label == "y:NHWC"  # between neighbours, b on 'y' always pays
         alone = {"x": solve(problem.graph(table, {"x"}))[0]}
         missing = set()
-        assignment, moved = _without_unpaid_islands(problem, graph, table, exact, alone, missing)
+        assignment, moved = _without_unpaid_islands(problem, lambda a: problem.total_us(graph, table, a, missing),
+                                                    exact, alone)
         assert not missing
         labels = {node: option.label for node, option in assignment.items()}
         return labels["b"], moved, problem.reentries(table, labels), problem.total_us(graph, table, assignment)
