@@ -265,7 +265,7 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
     rows += [(f"{name} alone", value) for name, value in summary["single_library"].items()]
     for name, value in rows:
         table.add_row(name, f"{value['ops_us'] / 1000:.3f}", f"{value['conversions_us'] / 1000:.3f}",
-                      f"{value.get('sleeping_us', 0.0) / 1000:.3f}", f"{value['total_us'] / 1000:.3f}")
+                      f"{value['sleeping_us'] / 1000:.3f}", f"{value['total_us'] / 1000:.3f}")
     console.print(table)
     used = {}
     for entry in plan.nodes.values():

@@ -356,8 +356,8 @@ def in_place_labelling(problem: CrossProblem, table: ConversionTable, spinners: 
     """The labelling with the least time in place: ops, conversions, reentries and what the ops of
     the libraries that do not spin pay for waking their workers. Solved once per library of
     ``spinners`` as the one that spins (with no sleep costs measured: once, uncharged), then kept
-    only if it beats every library ``alone`` by more than MIX_RESOLUTION. Returns (labelling, its spinner, method, segments
-    moved back to the main library)."""
+    only if it beats every library ``alone`` by more than MIX_RESOLUTION. Returns (labelling, its
+    spinner, method, segments moved back to the main library)."""
     graph = problem.graph(table)
 
     def in_place_us(assignment: dict) -> float:

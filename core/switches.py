@@ -108,15 +108,20 @@ def segment_entry_us(runner, feeds: dict, rounds: int = ROUNDS) -> list[float]:
     return [0.0] + [1e6 * (statistics.median(a) - statistics.median(b)) for a, b in zip(in_sequence[1:], again[1:])]
 
 
+def _chain() -> tuple[Model, dict, list[str]]:
+    """The measuring chain (CHAIN), its input and its convs' names."""
+    model = chain_model(**CHAIN)
+    feeds = {"x": np.random.default_rng(1).standard_normal(model.input_shapes["x"], dtype=np.float32)}
+    return model, feeds, [node.name for node in model.proto.graph.node if node.op_type == "Conv"]
+
+
 def measure_switch_costs(names: list[str], rounds: int = ROUNDS) -> dict[tuple[str, str], float]:
     """(from library, to library) -> microseconds per switch, for every ordered pair of ``names``
     (a negative difference counts as 0)."""
     from kselect.core.crossplan import spinning_variants
     from kselect.core.runtime import load_plan
 
-    model = chain_model(**CHAIN)
-    feeds = {"x": np.random.default_rng(1).standard_normal(model.input_shapes["x"], dtype=np.float32)}
-    convs = [node.name for node in model.proto.graph.node if node.op_type == "Conv"]
+    model, feeds, convs = _chain()
     costs: dict[tuple[str, str], float] = {}
     for i, first in enumerate(names):
         for second in names[i + 1:]:
@@ -145,9 +150,7 @@ def measure_sleep_costs(names: list[str], rounds: int = ROUNDS) -> dict[str, flo
     from kselect.core.crossplan import SHARED_CORE_DIMS, _spinning
     from kselect.core.runtime import load_plan
 
-    model = chain_model(**CHAIN)
-    feeds = {"x": np.random.default_rng(1).standard_normal(model.input_shapes["x"], dtype=np.float32)}
-    convs = [node.name for node in model.proto.graph.node if node.op_type == "Conv"]
+    model, feeds, convs = _chain()
     costs: dict[str, float] = {}
     for name in names:
         spinning = defaults_plan(model, {node: name for node in convs})
