@@ -87,6 +87,9 @@ class CrossProblem:
     edges: list[DataEdge] = field(default_factory=list)
     # label -> the label a Flatten in that library reads its 4-D input in (Library.flatten_label)
     flatten_reads: dict[str, str] = field(default_factory=dict)
+    # (tuned node, label) -> the label the node reads its data input in, where that differs
+    # (Library.input_label: MLAS's first conv writes NCHWc but reads NCHW)
+    input_reads: dict[tuple[str, str], str] = field(default_factory=dict)
     crossing: frozenset = frozenset()  # libraries with a boundary cost (Library.boundary_cost)
     # for the segments a labelling cuts the model into (reentries): the model, and
     # runs_op(library, op type) as core/runtime.py asks it
@@ -96,7 +99,11 @@ class CrossProblem:
     def steps(self, edge: DataEdge, a: str, b: str) -> list[tuple[str, str, tuple]]:
         """The label changes a tensor makes along ``edge`` when its ends have labels ``a`` and
         ``b``: a Flatten on the way runs in the producer's library, which first brings its 4-D
-        input into the layout it flattens (ACL, ONNX Runtime: NCHW; XNNPack folds it into the FC)."""
+        input into the layout it flattens (ACL, ONNX Runtime: NCHW; XNNPack folds it into the FC).
+        A consumer that reads its input in another label than it writes (``input_reads``) takes
+        the tensor in that one, unless the tensor already comes in the consumer's own label."""
+        if edge.at is None and a != b:
+            b = self.input_reads.get((edge.consumer, b), b)
         if edge.flattened is None:
             return [(a, b, edge.shape)]
         return [(a, self.flatten_reads.get(a, a), edge.flattened), (a, b, edge.shape)]
@@ -282,10 +289,13 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                 picked = pick_record(label_records, default_key, _without(plan_level[name], SHARED_CORE_DIMS))
                 if picked is None:
                     continue
+                reads = library.input_label(task, label)
                 for node in task.nodes:
                     problem.options.setdefault(node, []).append(
                         Option(label, picked.result.median_us,
                                Choice(name, task, picked, picked.emulated, default_us, len(measured))))
+                    if reads != label:
+                        problem.input_reads[(node, label)] = reads
     problem.edges = _data_edges(model, set(problem.options))
     for option in (o for options in problem.options.values() for o in options if o.payload is not None):
         problem.flatten_reads[option.label] = libraries[option.payload.library].flatten_label(option.label)
@@ -438,7 +448,8 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                 cost = problem.cost_us(table, edge, labels[edge.producer], option.label)
                 if cost:
                     conversions.append({"from": edge.producer, "tensor": edge.tensor, "from_label": labels[edge.producer],
-                                        "to_label": option.label, "time_us": round(cost, 3)})
+                                        "to_label": problem.steps(edge, labels[edge.producer], option.label)[-1][1],
+                                        "time_us": round(cost, 3)})
         config = {**choice.record.config, **{k: v for k, v in settings[choice.library].items() if k in choice.record.config}}
         nodes[node] = {"task": choice.task.id, "library": choice.library, "config": config,
                        "label": option.label, "time_us": round(option.time_us, 3), "emulated": choice.emulated,

@@ -117,6 +117,12 @@ class Library:
         ``"<library>:<layout>"``."""
         return f"{self.name}:NCHW"
 
+    def input_label(self, task: Task, label: str) -> str:
+        """The label this task's op reads its data input in when it runs in ``label`` and its
+        producer's label differs (an input already in ``label`` is read as it is); by default
+        ``label`` itself."""
+        return label
+
     def flatten_label(self, label: str) -> str:
         """The label in which this library's runner flattens a 4-D tensor held in ``label``
         (a Flatten before an FC): ONNX's element order is NCHW's, so by default the tensor is

@@ -239,6 +239,52 @@ def test_planner_pays_conversions_that_greedy_ignores():
     assert _summary(graph, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
 
 
+def test_an_mlas_nchwc_conv_with_fewer_input_channels_than_a_block_is_charged_no_reorder_into_it(small_model_path):
+    """A model's first conv (3 input channels) in NCHWc reads the NCHW tensor directly, as ORT
+    runs it and as its NCHWc records are measured: entering it costs what entering MLAS in NCHW
+    costs, not a ReorderInput. Charged the reorder, the planner put mobilenetv2's first conv in
+    NCHW (+104 us) against ORT's choice, and that plan ran 4% slower than ORT's default."""
+    from kselect.core.crossplan import Choice, DataEdge
+    from kselect.plugins.mlas import nchwc
+
+    mlas = plugins.get_library("mlas")
+    tasks = {task.nodes[0]: task for task in library_tasks(load_model(str(small_model_path)), mlas)}
+    stem, dense = tasks["stem"], tasks["block.conv1"]  # 3 and 16 input channels
+    assert mlas.input_label(stem, "mlas:NCHWc") == "mlas:NCHW"
+    assert mlas.input_label(dense, "mlas:NCHWc") == "mlas:NCHWc"
+    assert mlas.input_label(stem, "mlas:NCHW") == "mlas:NCHW"
+
+    # as measured: the NCHWc candidate of the stem is fed the NCHW tensor and runs
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal(stem.input_shape).astype(np.float32),
+              "w": rng.standard_normal(stem.weight_shape).astype(np.float32)}
+    candidate = mlas.prepare(stem, {"layout": "NCHWc", "threads": 1, "spinning": 0}, inputs)
+    assert list(candidate.feeds.values())[0].shape == tuple(stem.input_shape)
+    candidate.run()
+    assert candidate.output().shape == tuple(stem.output_shape)
+
+    # input -> stem -> next: NCHWc saves 40 us on the stem; a reorder into NCHWc costs 80 at the
+    # input, 20 between stem and next
+    shape, inner = tuple(stem.input_shape), tuple(stem.output_shape)
+    problem = CrossProblem()
+    problem.options = {"input:input": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)],
+                       "stem": [Option("mlas:NCHWc", 100.0, Choice("mlas", stem, None, False)),
+                                Option("mlas:NCHW", 140.0, Choice("mlas", stem, None, False))],
+                       "next": [Option("mlas:NCHWc", 100.0, Choice("mlas", dense, None, False))]}
+    problem.edges = [DataEdge("input:input", "stem", "input", shape), DataEdge("stem", "next", "s", inner),
+                     DataEdge("next", "output:y", "y", inner)]
+    sides = {("mlas:NCHWc", "in"): 80.0, ("mlas:NCHWc", "out"): 30.0, ("mlas:NCHW", "in"): 5.0, ("mlas:NCHW", "out"): 0.0}
+    table = ConversionTable({(label, direction, s): us for (label, direction), us in sides.items() for s in (shape, inner)})
+    table.times_us[("mlas:NCHWc", "in", inner)] = 20.0
+    assert nchwc.conv_takes_blocked_input(3, 1, nchwc.nchwc_block_size()) is False
+    charged_reorder = solve(problem.graph(table))[0]["stem"].label
+    problem.input_reads = {("stem", "mlas:NCHWc"): mlas.input_label(stem, "mlas:NCHWc")}
+    assignment, total = solve(problem.graph(table))
+    assert charged_reorder == "mlas:NCHW" and assignment["stem"].label == "mlas:NCHWc"
+    assert total == pytest.approx(5.0 + 100.0 + 100.0 + 30.0)  # enter in NCHW, stem, next, leave NCHWc
+    assert problem.cost_us(table, problem.edges[0], GRAPH_LABEL, "mlas:NCHWc") == pytest.approx(5.0)
+
+
 def test_a_tensor_crossing_into_or_out_of_acl_pays_its_runner_boundary_and_nowhere_else():
     """ACL's segments exchange tensors with its runner process as files: that boundary is charged
     where a tensor passes between ACL and another library (a model input or output included), not

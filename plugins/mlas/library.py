@@ -198,6 +198,16 @@ class MlasLibrary(Library):
     def layout_label(self, config: dict) -> str:
         return f"mlas:{config.get('layout', 'NCHW')}"
 
+    def input_label(self, task: Task, label: str) -> str:
+        """An NCHWc conv with fewer input channels than a block (a model's first conv, on RGB)
+        reads NCHW directly, as measured: entering it costs no ReorderInput."""
+        from kselect.plugins.mlas import nchwc
+
+        if (label == "mlas:NCHWc" and task.kind == "conv"
+                and not nchwc.conv_takes_blocked_input(task.input_shape[1], task.attrs["group"], self._block())):
+            return "mlas:NCHW"
+        return label
+
     def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
         """Entering ONNX Runtime costs a session call, plus a
         ReorderInput into NCHWc; leaving NCHWc costs a ReorderOutput; leaving NCHW costs nothing."""
