@@ -96,14 +96,19 @@ class CrossProblem:
     model: Model | None = None
     runs_op: Callable[[str, str], bool] | None = None
 
+    def read_label(self, edge: DataEdge, a: str, b: str) -> str:
+        """The label the consumer of ``edge`` (labelled ``b``) takes a tensor produced in ``a`` in:
+        one that reads its input in another label than it writes (``input_reads``) takes it in
+        that one, unless the tensor already comes in the consumer's own label."""
+        if edge.at is None and a != b:
+            return self.input_reads.get((edge.consumer, b), b)
+        return b
+
     def steps(self, edge: DataEdge, a: str, b: str) -> list[tuple[str, str, tuple]]:
         """The label changes a tensor makes along ``edge`` when its ends have labels ``a`` and
         ``b``: a Flatten on the way runs in the producer's library, which first brings its 4-D
-        input into the layout it flattens (ACL, ONNX Runtime: NCHW; XNNPack folds it into the FC).
-        A consumer that reads its input in another label than it writes (``input_reads``) takes
-        the tensor in that one, unless the tensor already comes in the consumer's own label."""
-        if edge.at is None and a != b:
-            b = self.input_reads.get((edge.consumer, b), b)
+        input into the layout it flattens (ACL, ONNX Runtime: NCHW; XNNPack folds it into the FC)."""
+        b = self.read_label(edge, a, b)
         if edge.flattened is None:
             return [(a, b, edge.shape)]
         return [(a, self.flatten_reads.get(a, a), edge.flattened), (a, b, edge.shape)]
@@ -448,7 +453,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                 cost = problem.cost_us(table, edge, labels[edge.producer], option.label)
                 if cost:
                     conversions.append({"from": edge.producer, "tensor": edge.tensor, "from_label": labels[edge.producer],
-                                        "to_label": problem.steps(edge, labels[edge.producer], option.label)[-1][1],
+                                        "to_label": problem.read_label(edge, labels[edge.producer], option.label),
                                         "time_us": round(cost, 3)})
         config = {**choice.record.config, **{k: v for k, v in settings[choice.library].items() if k in choice.record.config}}
         nodes[node] = {"task": choice.task.id, "library": choice.library, "config": config,
