@@ -116,7 +116,10 @@ def child_main(read_fd: int, write_fd: int, library_name: str, settings_json: st
             result = measure_in_this_process(library, Task.from_json(task_json), config, settings, cache)
         except Exception:
             result = Result("failed", reason="internal error: " + traceback.format_exc().strip().splitlines()[-1])
-        outgoing.send(result.to_json())
+        try:
+            outgoing.send(result.to_json())
+        except BrokenPipeError:  # the parent is gone (killed or stopped): nothing to report to
+            return
 
 
 if __name__ == "__main__":
