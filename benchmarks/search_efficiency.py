@@ -16,12 +16,17 @@ searchers' own efficiency.
 recorded table (made-up extra dims and cost factor, see ``kselect.search.replay.SYNTHETIC_NOTE``):
 it exercises the backends on spaces of thousands of configs until ACL and XNNPack tables exist.
 Its figures are labelled synthetic and are not measurements.
+
+``--jobs N`` runs up to N backends at once, each in its own process (the slowest first). Their
+figures are the same as one at a time: a replay's results depend on the seed only. On a
+2-core machine ``--jobs 2`` takes about the time of xgb+transfer alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import math
 import random
 import statistics
@@ -32,7 +37,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.search.replay import ReplayTable, load_tables, run_searcher, synthetic_table
+from kselect.search.replay import ReplayTable, run_searcher, synthetic_table
 
 console = Console(width=None if sys.stdout.isatty() else 180)
 TABLES = Path(__file__).resolve().parent / "tables"
@@ -70,6 +75,41 @@ def run_backend(backend: str, table: ReplayTable, seeds: list[int], budget: int,
                          "best_us": trajectory.best_at(budget), "optimum_us": optimum,
                          "best": trajectory.best, "search_s": round(trajectory.elapsed_s, 3)})
     return rows
+
+
+def load_run(path: str, synthetic: int = 0) -> ReplayTable:
+    """A table file, or the SYNTHETIC table built from its first ``synthetic`` tasks."""
+    table = ReplayTable.load(path)
+    return synthetic_table(table, synthetic) if synthetic else table
+
+
+def _run_loaded(backend: str, source: tuple[str, int], args: tuple) -> list[dict]:
+    return run_backend(backend, load_run(*source), *args)
+
+
+def run_backends(backends: list[str], table: ReplayTable, source: tuple[str, int], jobs: int,
+                 args: tuple) -> dict[str, list[dict]]:
+    """``run_backend(backend, table, *args)`` for every backend, up to ``jobs`` at once. A
+    parallel backend runs in a spawned process that loads the table again from ``source``
+    (``load_run``'s arguments): tables hold closures, which do not pickle, and a process forked
+    after XGBoost has trained hangs in its thread pool."""
+    results = {}
+    if jobs <= 1:
+        for backend in backends:
+            start = time.perf_counter()
+            results[backend] = run_backend(backend, table, *args)
+            console.print(f"  {backend}: {time.perf_counter() - start:.0f} s")
+        return results
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    slowest_first = sorted(backends, key=lambda b: {"xgb+transfer": 0, "tpe": 1}.get(b, 2))
+    start = time.perf_counter()
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_run_loaded, backend, source, args): backend for backend in slowest_first}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            console.print(f"  {futures[future]}: done after {time.perf_counter() - start:.0f} s")
+    return {backend: results[backend] for backend in backends}
 
 
 def _gap(row: dict, budget: int) -> float:
@@ -151,29 +191,28 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=0, metavar="N",
                         help="also run on a SYNTHETIC large-space table from N tasks of each recorded table")
     parser.add_argument("--json", default="benchmarks/results/search_efficiency.json")
+    parser.add_argument("--jobs", type=int, default=1, help="backends run at once, each in its own process")
     args = parser.parse_args()
 
     path = Path(args.tables)
-    tables = [ReplayTable.load(path)] if path.is_file() else load_tables(path)
-    if not tables:
+    files = [path] if path.is_file() else sorted(path.glob("*.json"))
+    if not files:
         raise SystemExit(f"no tables in {path}: record some with benchmarks/record_tables.py")
-    runs = [(t, False) for t in tables] + [(synthetic_table(t, args.synthetic), True) for t in tables if args.synthetic]
+    sources = [(str(f), 0) for f in files] + [(str(f), args.synthetic) for f in files if args.synthetic]
     budgets = [int(b) for b in args.budgets.split(",")]
     seeds = list(range(args.seeds))
     backends = args.backends.split(",")
     report = {"tolerance": TOLERANCE, "budget": args.budget, "budgets": budgets, "seeds": seeds,
               "with_default": args.with_default, "prior_per_task": args.prior_per_task, "tables": []}
-    for table, synthetic in runs:
+    for source in sources:
+        table, synthetic = load_run(*source), bool(source[1])
         sizes = [t.size for t in table.tasks]
         name = f"{table.library} {table.library_version} on {table.device.get('cpu_model', '?')} [{table.fingerprint}]"
         console.print(f"[bold]{name}[/]: {len(table.tasks)} tasks, space sizes {min(sizes)}..{max(sizes)}"
                       + (" [yellow]SYNTHETIC[/]" if synthetic else ""))
-        results, summaries = {}, {}
-        for backend in backends:
-            start = time.perf_counter()
-            results[backend] = run_backend(backend, table, seeds, args.budget, args.prior_per_task, args.with_default)
-            summaries[backend] = summarise(results[backend], budgets, args.budget)
-            console.print(f"  {backend}: {time.perf_counter() - start:.0f} s")
+        results = run_backends(backends, table, source, args.jobs,
+                               (seeds, args.budget, args.prior_per_task, args.with_default))
+        summaries = {backend: summarise(rows, budgets, args.budget) for backend, rows in results.items()}
         comparisons = {b: versus(results[b], results["random"], args.budget) for b in backends
                        if b != "random" and "random" in results}
         if "xgb" in results and "xgb+transfer" in results:

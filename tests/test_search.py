@@ -358,3 +358,29 @@ def test_backends_register_as_plugins():
     for module in (xgb, tpe):
         module.register_searchers(lambda name, cls: found.append((name, cls)))
     assert found == [("xgb", xgb.XGBSearcher), ("tpe", tpe.TPESearcher)]
+
+
+def test_search_efficiency_gives_the_same_figures_with_backends_in_parallel(tmp_path, monkeypatch):
+    """``benchmarks/search_efficiency.py --jobs 2`` runs backends in their own processes; a
+    replay depends on the seed only, so every run's figures are those of one backend at a time."""
+    if not TABLES:
+        pytest.skip("no recorded MLAS table in benchmarks/tables")
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import search_efficiency
+
+    data = json.loads(TABLES[0].read_text())
+    data["tasks"] = data["tasks"][:6]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(data))
+    small = search_efficiency.load_run(str(path))
+    backends = ["random", "xgb", "xgb+transfer"]
+    args = ([0, 1], 30, 20, False)  # seeds, budget, prior configs per task, with default
+
+    def figures(results):
+        return {b: [{k: v for k, v in row.items() if k != "search_s"} for row in rows] for b, rows in results.items()}
+
+    one_at_a_time = search_efficiency.run_backends(backends, small, (str(path), 0), 1, args)
+    in_parallel = search_efficiency.run_backends(backends, small, (str(path), 0), 2, args)
+    assert list(in_parallel) == backends
+    assert figures(in_parallel) == figures(one_at_a_time)
+    assert all(len(rows) == 12 for rows in in_parallel.values())
