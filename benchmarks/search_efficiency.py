@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import math
+import multiprocessing
 import random
 import statistics
 import sys
