@@ -37,7 +37,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.search.replay import ReplayTable, run_searcher, synthetic_table
+from kselect.search.replay import ReplayTable, load_tables, run_searcher, synthetic_table
 
 console = Console(width=None if sys.stdout.isatty() else 180)
 TABLES = Path(__file__).resolve().parent / "tables"
@@ -195,17 +195,19 @@ def main() -> None:
     args = parser.parse_args()
 
     path = Path(args.tables)
-    files = [path] if path.is_file() else sorted(path.glob("*.json"))
-    if not files:
+    tables = [ReplayTable.load(path)] if path.is_file() else load_tables(path)
+    if not tables:
         raise SystemExit(f"no tables in {path}: record some with benchmarks/record_tables.py")
-    sources = [(str(f), 0) for f in files] + [(str(f), args.synthetic) for f in files if args.synthetic]
+    # each run with what a parallel backend loads it from (load_run's arguments)
+    runs = [(t, (t.source, 0)) for t in tables] + \
+        [(synthetic_table(t, args.synthetic), (t.source, args.synthetic)) for t in tables if args.synthetic]
     budgets = [int(b) for b in args.budgets.split(",")]
     seeds = list(range(args.seeds))
     backends = args.backends.split(",")
     report = {"tolerance": TOLERANCE, "budget": args.budget, "budgets": budgets, "seeds": seeds,
               "with_default": args.with_default, "prior_per_task": args.prior_per_task, "tables": []}
-    for source in sources:
-        table, synthetic = load_run(*source), bool(source[1])
+    for table, source in runs:
+        synthetic = bool(source[1])
         sizes = [t.size for t in table.tasks]
         name = f"{table.library} {table.library_version} on {table.device.get('cpu_model', '?')} [{table.fingerprint}]"
         console.print(f"[bold]{name}[/]: {len(table.tasks)} tasks, space sizes {min(sizes)}..{max(sizes)}"
