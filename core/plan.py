@@ -137,7 +137,8 @@ class Plan:
                     {node: entry for node, entry in self.nodes.items() if entry["library"] == name})
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        """Written whole or not at all: to a file beside it, then renamed over it."""
+        write_atomically(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
 
     @property
     def library(self) -> str:
@@ -201,6 +202,28 @@ def plan_variants(model: Model, device: Device, library, library_version: str, t
     return plans
 
 
+def write_atomically(path: Path, content: str | bytes) -> None:
+    """``path`` holds ``content`` or what it held before, never a part (a full disk, a kill): it
+    is written to a file beside it, then renamed over it."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o666 & ~umask)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
 def load_plan_file(path: str | Path) -> Plan:
     path = Path(path)
     if not path.is_file():
@@ -233,3 +256,54 @@ def check_plan(plan: Plan, model: Model, device: Device, library_versions: dict[
     if problems and not force:
         raise KselectError(problems[0] + " (use --force to run it anyway)")
     return problems
+
+
+def validate_plan(plan: Plan, model: Model, device: Device, get_library=None) -> None:
+    """Refuses, in one line, a plan that does not fit ``model`` and each library's space here:
+    a node the model lacks or that is not a tuned op, a library the plan does not declare, an
+    empty config, or a config (plan-level settings included) outside the library's space for that
+    op (a value such as ``pointwise_batch='not-a-number'`` would otherwise reach a native library
+    and abort it). Run before a plan is benchmarked, applied or loaded."""
+    from kselect.core.tasks import extract_tasks
+
+    if get_library is None:
+        from kselect.core import plugins
+
+        get_library = plugins.get_library
+    if not isinstance(plan.nodes, dict) or not plan.nodes:
+        raise KselectError("the plan has no nodes")
+    task_of = {node: task for task in extract_tasks(model) for node in task.nodes}
+    graph_nodes = {node.name for node in model.proto.graph.node}
+    spaces: dict[tuple[str, str], object] = {}
+    prepared: set[str] = set()
+    for node, entry in plan.nodes.items():
+        library_name = entry.get("library") if isinstance(entry, dict) else None
+        config = entry.get("config") if isinstance(entry, dict) else None
+        if node not in graph_nodes:
+            raise KselectError(f"the plan names node {node!r}, which {model.name} does not have")
+        if node not in task_of:
+            raise KselectError(f"the plan configures node {node!r}, which is not an op kselect tunes")
+        if library_name not in plan.libraries:
+            raise KselectError(f"node {node!r} is planned on {library_name!r}, which the plan does not declare "
+                               f"(it declares {', '.join(plan.libraries)})")
+        if not isinstance(config, dict) or not config:
+            raise KselectError(f"node {node!r} has an empty or malformed config")
+        library = get_library(library_name)
+        task = task_of[node]
+        if not library.supports(task):
+            raise KselectError(f"{library_name} does not run node {node!r} ({task.kind} {task.describe_attrs()})")
+        key = (library_name, task.key)
+        if library_name not in prepared:
+            library.prepare_model(model)
+            prepared.add(library_name)
+        if key not in spaces:
+            spaces[key] = library.space(task, device)
+        space = spaces[key]
+        try:
+            normalised = space.normalise(config)
+        except (TypeError, ValueError):
+            normalised = None
+        if normalised is None or set(normalised) != set(config) or normalised not in space:
+            shown = ", ".join(f"{k}={v!r}" for k, v in config.items())
+            raise KselectError(f"node {node!r}: config {{{shown}}} is not in {library_name}'s space for this op "
+                               f"(`kselect space {model.name} --library {library_name} --task {task.id}` shows it)")

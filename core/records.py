@@ -60,10 +60,16 @@ class RecordDB:
         self.path = Path(path).expanduser()
         if self.path.is_dir():
             raise KselectError(f"--db {self.path} is a directory, not a database file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = False  # a database on a read-only filesystem: its records are used, none added
         existed = self.path.exists() and self.path.stat().st_size > 0
+        if not existed:
+            _check_creatable(self.path)
         try:
-            self.connection = sqlite3.connect(self.path, timeout=30)
+            if existed and not _writable(self.path):
+                self.connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+                self.read_only = True
+            else:
+                self.connection = sqlite3.connect(self.path, timeout=30)
             if existed:
                 tables = {row[0] for row in self.connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 if "records" not in tables or "meta" not in tables:
@@ -82,12 +88,21 @@ class RecordDB:
     def close(self) -> None:
         self.connection.close()
 
+    def check_writable(self) -> None:
+        """Raised before a measurement that could not be stored is taken."""
+        if self.read_only:
+            raise KselectError(f"the record database {self.path} is read-only: the stored records do not cover what "
+                               "this command must measure (copy it somewhere writable and pass --db)")
+
     def add_device(self, fingerprint: str, description: dict) -> None:
+        if self.read_only:
+            return
         self.connection.execute("INSERT OR REPLACE INTO devices VALUES (?, ?)", (fingerprint, json.dumps(description)))
         self.connection.commit()
 
     def add(self, device: str, library: str, version: str, task_json: dict, config_key: str, result: Result,
             emulated: bool, is_default: bool = False) -> None:
+        self.check_writable()
         self.connection.execute(
             "INSERT OR REPLACE INTO records (device, library, library_version, task, config, status, median_us, spread,"
             " count, error, reason, emulated, is_default, task_json, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -122,3 +137,22 @@ class RecordDB:
 
     def count(self) -> int:
         return self.connection.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+
+
+def _check_creatable(path: Path) -> None:
+    """A new database needs a folder it can be created in: say so, rather than call it corrupt."""
+    folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".{path.name}.write-check-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise KselectError(f"cannot create the record database {path}: {folder} is not writable "
+                           f"({exc.strerror}); pass --db a writable path") from None
+
+
+def _writable(path: Path) -> bool:
+    """Whether SQLite can write this database: the file and its folder (for the journal). A
+    read-only filesystem says no even to root."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)

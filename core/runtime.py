@@ -31,10 +31,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from kselect.core import plugins
-from kselect.core.errors import KselectError
+from kselect.core.device import this_device
+from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.library import Library
 from kselect.core.model import Model, load_model, model_from_proto
-from kselect.core.plan import Plan, load_plan_file
+from kselect.core.plan import Plan, load_plan_file, validate_plan
 
 FALLBACK_LIBRARY = "mlas"  # ONNX Runtime: runs every ONNX op
 
@@ -50,12 +51,13 @@ class Segment:
 class PlanRunner:
     """``runner(feeds) -> [outputs]`` in graph output order, like ``session.run(None, feeds)``."""
 
-    def __init__(self, plan: Plan, model: Model, segments: list[Segment], runners: list[Callable]):
-        self.plan = plan
+    def __init__(self, plan: Plan | None, model: Model, segments: list[Segment], runners: list[Callable]):
+        self.plan = plan  # None: a library's defaults (``library_runner``)
         self.model = model
         self.segments = segments
         self.runners = runners  # one per segment, each ``runner(feeds) -> [outputs]``
         self.output_names = [o.name for o in model.proto.graph.output]
+        self.refused: list[str] = []  # nodes their library's runner could not build (run by ONNX Runtime)
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         values = dict(inputs)
@@ -89,7 +91,30 @@ def load_plan(plan: Plan | str | Path, model: Model | str) -> PlanRunner:
     if not isinstance(model, Model):
         shapes = [f"{name}={','.join(map(str, shape))}" for name, shape in plan.model.get("inputs", {}).items()]
         model = load_model(str(model), shapes)
+    validate_plan(plan, model, this_device())
+    chosen = {node: entry["library"] for node, entry in plan.nodes.items()}
+    return _segmented_runner(model, chosen, plan)
 
+
+def library_runner(library: Library, model: Model, plan: Plan | None = None) -> PlanRunner:
+    """The whole model on one library: ``plan``'s configs, or with ``plan`` None the library's
+    defaults. Nodes the library's runner cannot run go to ONNX Runtime, in segments of their own
+    (one segment, the library's ``model_runner`` on the model as it is, when it runs them all)."""
+    if plan is not None:
+        return load_plan(plan, model)
+    from kselect.core.tasks import extract_tasks, find_ops
+
+    tasks = extract_tasks(model) if find_ops(model) else []
+    chosen = {node: library.name for task in tasks if library.supports(task) for node in task.nodes}
+    if not chosen:  # nothing tunable: every node the library runs is its
+        chosen = {node.name: library.name for node in model.proto.graph.node if library.runs_op(node.op_type)}
+    return _segmented_runner(model, chosen, None)
+
+
+def _segmented_runner(model: Model, chosen: dict[str, str], plan: Plan | None) -> PlanRunner:
+    """Segments of ``chosen``'s libraries (tuned node -> library), each run by its library with its
+    part of ``plan`` (None: defaults). A node a runner refuses while building (``UnsupportedOp``)
+    goes to ONNX Runtime and the model is cut again."""
     libraries: dict[str, Library] = {}
 
     def library(name: str) -> Library:
@@ -97,18 +122,31 @@ def load_plan(plan: Plan | str | Path, model: Model | str) -> PlanRunner:
             libraries[name] = plugins.get_library(name)
         return libraries[name]
 
-    chosen = {node: entry["library"] for node, entry in plan.nodes.items()}
-    segments = plan_segments(model, chosen, lambda name, op_type: library(name).runs_op(op_type))
-    runners: list[Callable] = []
-    try:
-        for index, segment in enumerate(segments):
-            segment_model = model if len(segments) == 1 else sub_model(model, segment, index)
-            runners.append(library(segment.library).model_runner(segment_model, segment_plan(plan, segment),
-                                                                 in_mixed_plan=len(segments) > 1))
-    except BaseException:
-        PlanRunner(plan, model, segments, runners).close()
-        raise
-    return PlanRunner(plan, model, segments, runners)
+    refused: set[str] = set()
+    while True:
+        library_of = assign_libraries(model, chosen, lambda name, op_type: library(name).runs_op(op_type), refused)
+        segments = describe_segments(model, cut_segments(model, library_of))
+        if len(segments) == 1:  # run on the model itself, which returns its outputs in graph order
+            segments[0].outputs = [o.name for o in model.proto.graph.output]
+        runners: list[Callable] = []
+        try:
+            for index, segment in enumerate(segments):
+                segment_model = model if len(segments) == 1 else sub_model(model, segment, index)
+                own_plan = segment_plan(plan, segment) if plan is not None else None
+                runners.append(library(segment.library).model_runner(segment_model, own_plan,
+                                                                     in_mixed_plan=len(segments) > 1))
+        except UnsupportedOp as exc:
+            PlanRunner(plan, model, segments, runners).close()
+            if exc.node is None or exc.node in refused or library_of.get(exc.node) == FALLBACK_LIBRARY:
+                raise
+            refused.add(exc.node)
+            continue
+        except BaseException:
+            PlanRunner(plan, model, segments, runners).close()
+            raise
+        runner = PlanRunner(plan, model, segments, runners)
+        runner.refused = sorted(refused)
+        return runner
 
 
 def plan_segments(model: Model, chosen: dict[str, str], runs_op: Callable[[str, str], bool]) -> list[Segment]:
@@ -116,12 +154,17 @@ def plan_segments(model: Model, chosen: dict[str, str], runs_op: Callable[[str, 
     return describe_segments(model, cut_segments(model, assign_libraries(model, chosen, runs_op)))
 
 
-def assign_libraries(model: Model, chosen: dict[str, str], runs_op: Callable[[str, str], bool]) -> dict[str, str]:
-    """node name -> the library that runs it; ``chosen``: tuned node -> its library."""
+def assign_libraries(model: Model, chosen: dict[str, str], runs_op: Callable[[str, str], bool],
+                     refused: set[str] = frozenset()) -> dict[str, str]:
+    """node name -> the library that runs it; ``chosen``: tuned node -> its library; ``refused``:
+    nodes their library's runner cannot build as the model has them (ONNX Runtime runs them)."""
     nodes = list(model.proto.graph.node)
     producer = {name: node.name for node in nodes for name in node.output if name}
     library_of: dict[str, str] = {}
     for index, node in enumerate(nodes):  # ONNX lists nodes in topological order
+        if node.name in refused:
+            library_of[node.name] = FALLBACK_LIBRARY
+            continue
         if node.name in chosen:
             library_of[node.name] = chosen[node.name]
             continue

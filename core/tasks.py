@@ -127,19 +127,40 @@ def _shape(model: Model, name: str, node: onnx.NodeProto) -> list[int]:
     return model.shapes[name]
 
 
-def find_ops(model: Model) -> list[Op]:
+# Ops a kernel library could run with a configuration of its own, but kselect does not tune yet:
+# they run as each library's runner runs them by default (ONNX Runtime where the runner has none).
+NOT_YET_TUNED = {"ConvTranspose": "transposed convolution: not tuned yet (runs with each library's default)"}
+
+
+def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
+    """The model's tunable ops; ``untuned``, if given, receives (node, op type, why) for every
+    conv-like or matrix op that is left untuned, so that nothing is dropped without a word."""
     ops = []
+
+    def skip(node, why: str) -> None:
+        if untuned is not None:
+            untuned.append((node.name, node.op_type, why))
+
     for node in model.proto.graph.node:
+        if node.op_type in NOT_YET_TUNED:
+            skip(node, NOT_YET_TUNED[node.op_type])
+            continue
         if node.op_type not in TUNABLE_OPS:
             continue
         name = node.name
         if node.op_type == "Conv":
             if node.input[1] not in model.initializers:
-                continue  # weights computed at run time: not a fixed kernel to select for
+                skip(node, "weights computed at run time: no fixed kernel to select")
+                continue
             x = _shape(model, node.input[0], node)
             w = list(model.initializers[node.input[1]].dims)
+            if model.initializers[node.input[1]].data_type != onnx.TensorProto.FLOAT:
+                kind = onnx.helper.tensor_dtype_to_np_dtype(model.initializers[node.input[1]].data_type).name
+                skip(node, f"{kind} weights: only float32 ops are tuned")
+                continue
             if len(x) != 4:
-                continue  # 1-D and 3-D convolutions are not tuned
+                skip(node, f"{len(x) - 2}-D convolution: only 2-D convolutions are tuned yet")
+                continue
             y = _shape(model, node.output[0], node)
             strides = list(_attr(node, "strides", [1, 1]))
             dilations = list(_attr(node, "dilations", [1, 1]))
@@ -149,13 +170,20 @@ def find_ops(model: Model) -> list[Op]:
         else:
             weight_name = node.input[1]
             if weight_name not in model.initializers:
+                skip(node, "both operands computed at run time: no fixed weights")
                 continue
             a = _shape(model, node.input[0], node)
             w = list(model.initializers[weight_name].dims)
+            if model.initializers[weight_name].data_type != onnx.TensorProto.FLOAT:
+                kind = onnx.helper.tensor_dtype_to_np_dtype(model.initializers[weight_name].data_type).name
+                skip(node, f"{kind} weights: only float32 ops are tuned")
+                continue
             if len(a) != 2 or len(w) != 2:
-                continue  # batched MatMul is not a fully connected layer
+                skip(node, f"{len(a)}-D input: only fully connected layers (2-D) are tuned")
+                continue
             if node.op_type == "Gemm":
                 if _attr(node, "transA", 0):
+                    skip(node, "Gemm with transA: not a fully connected layer")
                     continue
                 n_k = w if _attr(node, "transB", 0) else [w[1], w[0]]
                 has_bias = len(node.input) > 2 and node.input[2] != ""
@@ -182,8 +210,18 @@ def extract_tasks(model: Model) -> list[Task]:
                               op.output_shape, op.attrs, op.has_bias)
         tasks[key].nodes.append(op.node)
     if not tasks:
-        raise KselectError(f"{model.name} has nothing to tune (no Conv, Gemm or MatMul with constant weights)")
+        untuned: list = []
+        find_ops(model, untuned)
+        why = f"; untuned: {untuned[0][1]} {untuned[0][0]!r} ({untuned[0][2]})" if untuned else ""
+        raise KselectError(f"{model.name} has nothing to tune (no 2-D Conv, Gemm or MatMul with constant weights){why}")
     return list(tasks.values())
+
+
+def untuned_ops(model: Model) -> list[tuple[str, str, str]]:
+    """(node, op type, why) for every conv-like or matrix op kselect leaves untuned."""
+    untuned: list = []
+    find_ops(model, untuned)
+    return untuned
 
 
 def model_stats(model: Model) -> tuple[int, int]:

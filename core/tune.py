@@ -96,6 +96,7 @@ class _Tuner:
         return self.deadline is None or time.monotonic() < self.deadline
 
     def measure(self, task: Task, config: dict, outcome: TaskOutcome, is_default: bool = False) -> Result:
+        self.db.check_writable()  # nothing is measured that could not be stored
         result = self.worker.measure(task, config)
         self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), config_key(config), result,
                     self.library.emulated, is_default)
@@ -122,8 +123,11 @@ class _Tuner:
         searcher = self.searcher_class(space, task=task, seed=self.options.seed, prior=prior,
                                        **self.options.searcher_options)
 
-        stored = {r.config_key: r for r in self.db.records(fingerprint, name, self.version, task.key)}
-        for record in stored.values():  # resume: what is stored is never measured again
+        # Resume: what is stored is never measured again, except a failure (a crash, a time-out),
+        # which says something about the settings it ran under: it is measured again in this run.
+        stored = {r.config_key: r for r in self.db.records(fingerprint, name, self.version, task.key)
+                  if r.result.status != "failed"}
+        for record in stored.values():
             config = space.normalise(record.config)
             searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
             self.count(outcome, config, record.result)
@@ -233,6 +237,11 @@ def library_plan_variants(model: Model, library: Library, device: Device, db: Re
     records = stored_outcomes(tasks, library, device, db)
     variants = plan_variants(model, device, library, library.version(), tasks, records,
                              {o.task.key: o.default_config for o in outcomes})
+    if not variants:
+        unmeasured = [o for o in outcomes if not any(r.result.status == "ok" for r in records[o.task.key])]
+        why = next((o.default.reason for o in unmeasured if o.default is not None and o.default.reason), "")
+        raise KselectError(f"no plan: no config of {', '.join(o.task.id for o in unmeasured)} was measured without "
+                           f"failing" + (f" (e.g. {why})" if why else ""))
     if library.plans_layouts_per_op:
         from kselect.core.crossplan import plan_across
 

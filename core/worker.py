@@ -32,6 +32,17 @@ def signal_name(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+def die_with_parent() -> None:
+    """In a child process (before exec): get SIGKILL when the process that started it dies, so a
+    killed tuner never leaves a measuring child (or a hung candidate in it) running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort (not Linux)
+        pass
+
+
 class MeasureWorker:
     """Runs candidates one at a time in a child process, replacing it after a crash or hang."""
 
@@ -48,7 +59,8 @@ class MeasureWorker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kselect.core.worker", str(child_reads), str(child_writes), self.library_name,
              json.dumps(asdict(self.settings))],
-            pass_fds=(child_reads, child_writes), stdin=subprocess.DEVNULL, start_new_session=True)
+            pass_fds=(child_reads, child_writes), stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         os.close(child_reads)
         os.close(child_writes)
         self.to_child = Connection(parent_writes, readable=False)

@@ -193,10 +193,14 @@ def test_flatten_of_a_feature_map_into_gemm_and_into_an_output(tmp_path):
     np.testing.assert_array_equal(out, x.reshape(2, -1))  # a transpose back to NCHW order
 
 
-def test_an_unsupported_op_is_a_clear_error(tmp_path):
-    model = _model(tmp_path, [helper.make_node("Sigmoid", ["x"], ["y"], name="sig")], {}, [1, 4, 3, 3])
-    with pytest.raises(KselectError, match="Sigmoid"):
+def test_an_unsupported_op_is_a_clear_error_naming_the_node(tmp_path):
+    """The executor refuses it by name; core/runtime.py then gives that node to ONNX Runtime."""
+    from kselect.core.errors import UnsupportedOp
+
+    model = _model(tmp_path, [helper.make_node("Erf", ["x"], ["y"], name="erf")], {}, [1, 4, 3, 3])
+    with pytest.raises(UnsupportedOp, match="Erf") as refused:
         Executor(XnnpackLibrary(), model, None)
+    assert refused.value.node == "erf"
 
 
 # -- whole models against ONNX Runtime ----------------------------------------------------------

@@ -20,19 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from kselect.core.worker import die_with_parent
+
 from . import build
-
-
-def _die_with_parent() -> None:
-    """In the runner's child process (before exec): get SIGKILL when the Python process that
-    started it dies, so a killed measuring worker never leaves an emulated runner behind."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort (not Linux)
-        pass
 
 
 class RunnerError(RuntimeError):
@@ -56,7 +46,7 @@ class AclRunner:
             self._stderr = tempfile.TemporaryFile(mode="w+")
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, text=True, bufsize=1,
-                                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                                          preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         return self._proc
 
     def close(self) -> None:

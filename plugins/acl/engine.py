@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from onnx import numpy_helper
 
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.model import Model
 from kselect.core.tasks import _attr, explicit_pads
 
@@ -77,7 +77,7 @@ class _Lowering:
         return name  # the runner resolves it against the graph file's folder
 
     def refuse(self, node, why: str):
-        raise KselectError(f"ACL engine cannot run {node.op_type} node {node.name!r}: {why}")
+        raise UnsupportedOp(f"ACL engine cannot run {node.op_type} node {node.name!r}: {why}", node.name)
 
     def activation(self, node) -> dict | None:
         """The runner's activation for an activation node; None for a Clip without bounds."""

