@@ -278,3 +278,45 @@ def test_a_read_only_database_serves_its_records_and_refuses_only_new_measuremen
         assert new.returncode == 2 and "is not writable" in new.stderr and "corrupt" not in new.stderr
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_kill_9_at_seeded_random_moments_loses_nothing_and_resuming_measures_nothing_again(tmp_path, small_model_path):
+    """SIGKILL to the tuner (and its process group) at 10 seeded random moments of one tune,
+    resumed each time: the database passes SQLite's integrity check after every kill, no stored
+    record changes, and the finished tune holds exactly one record per config it had to measure."""
+    import random
+
+    rng = random.Random(25)
+    db, plan = tmp_path / "records.db", tmp_path / "small.plan.json"
+    args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas",
+            "--search", "exhaustive", "--budget", "12", "--min-time", "0.02", "--no-verify", "--db", str(db),
+            "-o", str(plan)]
+    env = {**os.environ, "COLUMNS": "200"}
+
+    def stored() -> dict:
+        if not db.exists():
+            return {}
+        with sqlite3.connect(db) as connection:
+            assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            return {(task, config): (status, median, created) for task, config, status, median, created in
+                    connection.execute("SELECT task, config, status, median_us, created FROM records")}
+
+    kills = 0
+    for _ in range(10):
+        before = stored()
+        process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+        time.sleep(rng.uniform(0.5, 3.0))
+        if process.poll() is not None:
+            break  # the tune finished before this kill
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        kills += 1
+        after = stored()
+        assert all(after[key] == value for key, value in before.items())  # nothing lost, nothing re-measured
+    assert kills >= 3
+    finished = run_kselect(*args[3:])
+    assert finished.returncode == 0, finished.stderr
+    with sqlite3.connect(db) as connection:
+        total, distinct = connection.execute("SELECT COUNT(*), COUNT(DISTINCT task || config) FROM records").fetchone()
+    assert total == distinct and plan.exists()
