@@ -181,13 +181,16 @@ def cmd_tune(args) -> None:
     from kselect.core.tune import TuneOptions
 
     from kselect.core.lock import measuring_lock
+    from kselect.core.paths import check_can_create
 
     libraries = plugins.select_libraries(args.library)
     plugins.get_searcher(args.search)
     model = load_model(args.model, args.input_shape)
     names = "+".join(library.name for library in libraries)
     plan_path = Path(args.output or f"{model.name}.{names}.plan.json")
-    _check_writable(plan_path)
+    if plan_path.is_dir():
+        raise KselectError(f"-o {plan_path} is a directory, not a plan file")
+    check_can_create(plan_path, "the plan to")
     device = this_device()
     db = RecordDB(args.db or DEFAULT_DB)
     settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
@@ -212,21 +215,6 @@ def cmd_tune(args) -> None:
         else:
             library, plan = None, _cross_library_plan(args, model, device, db, settings, tuned)
     _save_plan(args, model, plan, library, plan_path)
-
-
-def _check_writable(path: Path) -> None:
-    """Refuses, before anything is measured, a plan path that could not be written after the tune:
-    a file is created and removed in the folder (or in its nearest existing parent)."""
-    import tempfile
-
-    if path.is_dir():
-        raise KselectError(f"-o {path} is a directory, not a plan file")
-    folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".kselect-write-check-"):
-            pass
-    except OSError as exc:
-        raise KselectError(f"cannot write the plan to {path}: {folder} is not writable ({exc.strerror})") from None
 
 
 def _tune_library(args, model, library, device, db, options):

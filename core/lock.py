@@ -15,10 +15,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from kselect.core.paths import cache_root
+
 
 def lock_path(device_fingerprint: str) -> Path:
-    root = os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect")
-    return Path(root) / "locks" / f"measuring-{device_fingerprint}.lock"
+    return cache_root() / "locks" / f"measuring-{device_fingerprint}.lock"
 
 
 @contextmanager

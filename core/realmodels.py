@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kselect.core.errors import KselectError
+from kselect.core.paths import cache_root
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,7 @@ _add(RealModel("waifu2x-upconv7-2x", "super-resolution", "waifu2x UpConv7 2x sup
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect")
-    return Path(root) / "models"
+    return cache_root() / "models"
 
 
 def cached_path(model: RealModel) -> Path:

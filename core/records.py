@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kselect.core.errors import KselectError
 from kselect.core.measure import Result
+from kselect.core.paths import check_can_create
 
 SCHEMA_VERSION = "1"
 DEFAULT_DB = Path(os.environ.get("KSELECT_DB", "~/.cache/kselect/records.db")).expanduser()
@@ -63,7 +64,8 @@ class RecordDB:
         self.read_only = False  # a database on a read-only filesystem: its records are used, none added
         existed = self.path.exists() and self.path.stat().st_size > 0
         if not existed:
-            _check_creatable(self.path)
+            check_can_create(self.path, "the record database", "; pass --db a writable path")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             if existed and not _writable(self.path):
                 self.connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
@@ -137,19 +139,6 @@ class RecordDB:
 
     def count(self) -> int:
         return self.connection.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-
-
-def _check_creatable(path: Path) -> None:
-    """A new database needs a folder it can be created in: say so, rather than call it corrupt."""
-    folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.parent / f".{path.name}.write-check-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise KselectError(f"cannot create the record database {path}: {folder} is not writable "
-                           f"({exc.strerror}); pass --db a writable path") from None
 
 
 def _writable(path: Path) -> bool:

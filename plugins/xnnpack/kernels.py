@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+from kselect.core.paths import cache_root
 from kselect.plugins.xnnpack import ukernels as uk
 
 PREFIX = "xnn_"
@@ -49,10 +50,9 @@ def override_status() -> tuple[bool, str]:
 
 
 def _cache_file(build: uk.Build) -> Path:
-    root = os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect")
     key = hashlib.sha256(json.dumps([build.elf.sha256, sorted(uk._proc_flags()),
                                      hashlib.sha256(Path(uk.__file__).read_bytes()).hexdigest()]).encode())
-    return Path(root) / "xnnpack" / f"catalog-{key.hexdigest()[:16]}.json"
+    return cache_root() / "xnnpack" / f"catalog-{key.hexdigest()[:16]}.json"
 
 
 @functools.lru_cache(maxsize=None)

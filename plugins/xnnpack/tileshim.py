@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kselect.core.paths import cache_root
+
 SOURCE = Path(__file__).with_name("tileshim.c")
 ENV_DISABLE = "KSELECT_XNN_TILESHIM"
 
@@ -27,8 +29,7 @@ class ShimUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect")
-    return Path(root) / "xnnpack"
+    return cache_root() / "xnnpack"
 
 
 def shim_path() -> Path:
