@@ -258,18 +258,15 @@ def check_plan(plan: Plan, model: Model, device: Device, library_versions: dict[
     return problems
 
 
-def validate_plan(plan: Plan, model: Model, device: Device, get_library=None) -> None:
+def validate_plan(plan: Plan, model: Model, device: Device) -> None:
     """Refuses, in one line, a plan that does not fit ``model`` and each library's space here:
     a node the model lacks or that is not a tuned op, a library the plan does not declare, an
     empty config, or a config (plan-level settings included) outside the library's space for that
     op (a value such as ``pointwise_batch='not-a-number'`` would otherwise reach a native library
     and abort it). Run before a plan is benchmarked, applied or loaded."""
+    from kselect.core import plugins
     from kselect.core.tasks import extract_tasks
 
-    if get_library is None:
-        from kselect.core import plugins
-
-        get_library = plugins.get_library
     if not isinstance(plan.nodes, dict) or not plan.nodes:
         raise KselectError("the plan has no nodes")
     task_of = {node: task for task in extract_tasks(model) for node in task.nodes}
@@ -288,7 +285,7 @@ def validate_plan(plan: Plan, model: Model, device: Device, get_library=None) ->
                                f"(it declares {', '.join(plan.libraries)})")
         if not isinstance(config, dict) or not config:
             raise KselectError(f"node {node!r} has an empty or malformed config")
-        library = get_library(library_name)
+        library = plugins.get_library(library_name)
         task = task_of[node]
         if not library.supports(task):
             raise KselectError(f"{library_name} does not run node {node!r} ({task.kind} {task.describe_attrs()})")

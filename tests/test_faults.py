@@ -5,6 +5,7 @@ at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -118,17 +119,24 @@ def test_the_measuring_child_dies_with_a_killed_tuner(tmp_path):
 def test_a_plan_is_written_whole_or_not_at_all(tmp_path):
     """Disk full on a small tmpfs: the valid plan that was there stays (skipped where no tmpfs can
     be mounted)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
-    try:
+    with _tmpfs(tmp_path / "small", "64k") as mount:
         plan = mount / "model.plan.json"
         write_atomically(plan, "{\"valid\": true}\n")
         with pytest.raises(OSError):
             write_atomically(plan, "x" * 200_000)  # larger than the filesystem
         assert plan.read_text() == "{\"valid\": true}\n"
         assert [p.name for p in mount.iterdir()] == ["model.plan.json"]  # no partial file left behind
+
+
+@contextlib.contextmanager
+def _tmpfs(mount, size: str):
+    """A tmpfs of ``size`` mounted at ``mount`` while the block runs; the test is skipped where none
+    can be mounted (not root, or no mount permission)."""
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        yield mount
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True)
 
@@ -260,11 +268,7 @@ def test_a_read_only_database_serves_its_records_and_refuses_only_new_measuremen
     """On a read-only filesystem (a tmpfs remounted read-only; skipped where none can be mounted):
     a tune whose records are all stored runs; one that needs a new measurement says so before it
     measures; a new database there is refused as not writable, not as corrupt."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
-    try:
+    with _tmpfs(tmp_path / "ro", "8m") as mount:
         db = mount / "records.db"
         args = ("tune", small_model_path, "--library", "mlas", "--min-time", "0.01", "--no-verify", "--db", db)
         first = run_kselect(*args, "--budget", "2", "-o", tmp_path / "a.plan.json")
@@ -276,8 +280,6 @@ def test_a_read_only_database_serves_its_records_and_refuses_only_new_measuremen
         assert more.returncode == 2 and "is read-only" in more.stderr
         new = run_kselect(*args[:-1], mount / "new.db", "--budget", "2")
         assert new.returncode == 2 and "is not writable" in new.stderr and "corrupt" not in new.stderr
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
 
 
 def test_kill_9_at_seeded_random_moments_loses_nothing_and_resuming_measures_nothing_again(tmp_path, small_model_path):

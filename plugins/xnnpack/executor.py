@@ -315,15 +315,7 @@ class Executor:
         self._clamp(node, i, out_name, rng)
 
     def _clamp(self, node, i, out_name, rng):
-        x = self._input(node)
-        y = self._new_tensor(out_name, x.shape, i)
-        y.array = y.array.reshape(x.array.shape)
-        channels = x.array.shape[-1] if x.array.ndim else 1
-        op = xa.Clamp(channels, rng[0], rng[1])
-        op.setup(x.array.reshape(-1, channels), y.array.reshape(-1, channels))
-        y.threads = self._threads(x)
-        y.perm = x.perm
-        self._add_op(op, y.threads)
+        self._unary(node, i, out_name, lambda channels: xa.Clamp(channels, rng[0], rng[1]))
 
     def _pool(self, node, i, out_name, kind):
         x = self._input(node)
@@ -372,6 +364,9 @@ class Executor:
         x = self._input(node)
         if not x.nhwc:
             raise UnsupportedOp(f"xnnpack executor: GlobalAveragePool {node.name!r} needs a 4-D input", node.name)
+        self._global_average(node, i, out_name, x)
+
+    def _global_average(self, node, i, out_name, x: _Tensor) -> None:
         y = self._new_tensor(out_name, self._shape(node.output[0]), i)
         op = xa.GlobalAveragePooling(x.shape[1])
         op.setup(x.array, y.array.reshape(x.shape[0], x.shape[1]))
@@ -491,11 +486,7 @@ class Executor:
             axes = None if const is None else [int(a) for a in const.reshape(-1)]
         if not x.nhwc or axes is None or sorted(a % 4 for a in axes) != [2, 3]:
             raise UnsupportedOp(f"xnnpack executor: ReduceMean {node.name!r} over axes {axes} is not supported", node.name)
-        y = self._new_tensor(out_name, self._shape(node.output[0]), i)
-        op = xa.GlobalAveragePooling(x.shape[1])
-        op.setup(x.array, y.array.reshape(x.shape[0], x.shape[1]))
-        y.threads = self._threads(x)
-        self._add_op(op, y.threads)
+        self._global_average(node, i, out_name, x)
 
     def _copies(self, node, x: _Tensor, axis: int, pieces: list[tuple[str, int, int]], index: int) -> None:
         """Each (output name, start, length) along ``axis`` of ``x`` as a strided XNNPack copy."""
