@@ -13,7 +13,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
+from kselect.core import activations
 from kselect.core.errors import one_line
 from kselect.core.tasks import Task
 
@@ -69,11 +72,33 @@ def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return inputs["x"].astype(np.float64)
     if task.kind == "conv":
         a = task.attrs
-        return conv_reference(inputs["x"], inputs["w"], inputs.get("b"), a["strides"], a["pads"], a["dilations"], a["group"])
-    y = task.attrs["alpha"] * (inputs["x"].astype(np.float64) @ inputs["w"].astype(np.float64).T)
+        y = conv_reference(inputs["x"], inputs["w"], inputs.get("b"), a["strides"], a["pads"], a["dilations"], a["group"])
+    else:
+        y = task.attrs["alpha"] * (inputs["x"].astype(np.float64) @ inputs["w"].astype(np.float64).T)
+        if "b" in inputs:
+            y += task.attrs["beta"] * inputs["b"].astype(np.float64)
+    return activations.reference(task.epilogue, y)
+
+
+def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The task as a one-op ONNX model (Conv, or Gemm with transB, then its epilogue) on the
+    task's weights: for a library whose runner takes graphs. Node "op" reads "x", writes "y"."""
+    initializers = [numpy_helper.from_array(inputs["w"], "w")]
+    node_inputs = ["x", "w"] + (["b"] if "b" in inputs else [])
     if "b" in inputs:
-        y += task.attrs["beta"] * inputs["b"].astype(np.float64)
-    return y
+        initializers.append(numpy_helper.from_array(inputs["b"], "b"))
+    out = "op_out" if task.epilogue else "y"
+    a = task.attrs
+    if task.kind == "conv":
+        node = helper.make_node("Conv", node_inputs, [out], name="op", kernel_shape=a["kernel"], strides=a["strides"],
+                                pads=a["pads"], dilations=a["dilations"], group=a["group"])
+    else:
+        node = helper.make_node("Gemm", node_inputs, [out], name="op", transB=1, alpha=a["alpha"], beta=a["beta"])
+    nodes, constants = activations.onnx_nodes(task.epilogue, out, "y")
+    graph = helper.make_graph([node, *nodes], "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, task.input_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, task.output_shape)],
+                              initializers + constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def relative_error(output: np.ndarray, reference: np.ndarray) -> float:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from kselect.core import activations
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
 
@@ -26,10 +27,14 @@ class Op:
     output_shape: list[int]
     attrs: dict
     has_bias: bool
+    epilogue: list = field(default_factory=list)  # the activation after it (core/activations.py)
 
     def signature(self) -> dict:
-        return {"kind": self.kind, "input": self.input_shape, "weight": self.weight_shape,
-                "output": self.output_shape, "attrs": self.attrs, "bias": self.has_bias}
+        signature = {"kind": self.kind, "input": self.input_shape, "weight": self.weight_shape,
+                     "output": self.output_shape, "attrs": self.attrs, "bias": self.has_bias}
+        if self.epilogue:
+            signature["activation"] = self.epilogue
+        return signature
 
     @property
     def macs(self) -> int:
@@ -53,6 +58,11 @@ class Task:
     attrs: dict
     has_bias: bool
     nodes: list[str] = field(default_factory=list)
+    epilogue: list = field(default_factory=list)  # the activation measured with the op
+
+    @property
+    def activation(self) -> str:
+        return activations.name(self.epilogue)
 
     @property
     def macs(self) -> int:  # per op
@@ -70,7 +80,7 @@ class Task:
     def describe_attrs(self) -> str:
         a = self.attrs
         if self.kind == "fc":
-            return ""
+            return f"+{self.activation}" if self.epilogue else ""
         pads = a["pads"]
         pad_text = str(pads[0]) if len(set(pads)) == 1 else ",".join(map(str, pads))
         stride_text = str(a["strides"][0]) if a["strides"][0] == a["strides"][1] else f"{a['strides'][0]}x{a['strides'][1]}"
@@ -79,17 +89,20 @@ class Task:
             text += f" d{a['dilations'][0]}x{a['dilations'][1]}"
         if a["group"] > 1:
             text += f" g{a['group']}"
-        return text
+        return text + (f" +{self.activation}" if self.epilogue else "")
 
     def to_json(self) -> dict:
-        return {"id": self.id, "key": self.key, "kind": self.kind, "input": self.input_shape,
+        data = {"id": self.id, "key": self.key, "kind": self.kind, "input": self.input_shape,
                 "weight": self.weight_shape, "output": self.output_shape, "attrs": self.attrs,
                 "bias": self.has_bias, "nodes": self.nodes}
+        if self.epilogue:
+            data["activation"] = self.epilogue
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "Task":
         return cls(data["id"], data["key"], data["kind"], data["input"], data["weight"], data["output"],
-                   data["attrs"], data["bias"], list(data.get("nodes", [])))
+                   data["attrs"], data["bias"], list(data.get("nodes", [])), list(data.get("activation", [])))
 
 
 def _attr(node: onnx.NodeProto, name: str, default=None):
@@ -141,7 +154,15 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
         if untuned is not None:
             untuned.append((node.name, node.op_type, why))
 
-    for node in model.proto.graph.node:
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(model.proto.graph.node):
+        for name in node.input:
+            consumers.setdefault(name, []).append(index)
+
+    def epilogue(index: int) -> list:
+        return activations.find_epilogue(model, index, consumers)[0]
+
+    for index, node in enumerate(model.proto.graph.node):
         if node.op_type in NOT_YET_TUNED:
             skip(node, NOT_YET_TUNED[node.op_type])
             continue
@@ -166,7 +187,7 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
             dilations = list(_attr(node, "dilations", [1, 1]))
             attrs = {"kernel": w[2:], "strides": strides, "pads": explicit_pads(node, x, w[2:], strides, dilations),
                      "dilations": dilations, "group": int(_attr(node, "group", 1))}
-            ops.append(Op(name, "conv", x, w, y, attrs, len(node.input) > 2 and node.input[2] != ""))
+            ops.append(Op(name, "conv", x, w, y, attrs, len(node.input) > 2 and node.input[2] != "", epilogue(index)))
         else:
             weight_name = node.input[1]
             if weight_name not in model.initializers:
@@ -192,7 +213,7 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
             else:
                 n_k, has_bias, attrs = [w[1], w[0]], False, {"alpha": 1.0, "beta": 1.0, "transB": 0}
             y = _shape(model, node.output[0], node)
-            ops.append(Op(name, "fc", a, n_k, y, attrs, has_bias))
+            ops.append(Op(name, "fc", a, n_k, y, attrs, has_bias, epilogue(index)))
     return ops
 
 
@@ -207,7 +228,7 @@ def extract_tasks(model: Model) -> list[Task]:
         key = task_key(op.signature())
         if key not in tasks:
             tasks[key] = Task(f"T{len(tasks) + 1:02d}", key, op.kind, op.input_shape, op.weight_shape,
-                              op.output_shape, op.attrs, op.has_bias)
+                              op.output_shape, op.attrs, op.has_bias, epilogue=op.epilogue)
         tasks[key].nodes.append(op.node)
     if not tasks:
         untuned: list = []

@@ -37,6 +37,15 @@ def test_a_nan_or_infinite_output_never_matches():
     assert compare_outputs(reference, []) == float("inf")
 
 
+def test_an_output_saturated_near_zero_is_compared_to_a_magnitude_floor():
+    """PP-OCRv5's probability map on random input: every value near 1e-5, float32 rounding 2e-7."""
+    rng = np.random.default_rng(0)
+    reference = [rng.uniform(1e-6, 2e-5, (1, 1, 64, 64))]
+    rounded = reference[0] + rng.uniform(-2e-7, 2e-7, reference[0].shape)
+    assert compare_outputs(reference, [rounded]) < 1e-3
+    assert compare_outputs(reference, [2 * reference[0]]) > 1e-2  # a wrong plan still fails
+
+
 @pytest.mark.parametrize("option, value, says", [
     ("--min-time", "-1", "must be above 0"), ("--min-repeats", "0", "must be at least 1"),
     ("--early-stop", "-1", "must be at least 1"), ("--timeout", "0", "must be above 0"),

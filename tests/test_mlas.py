@@ -39,7 +39,7 @@ def test_every_layout_measures_and_matches_the_reference(small):
     _, tasks = small
     library, device = plugins.get_library("mlas"), this_device()
     with MeasureWorker("mlas", FAST) as worker:
-        for nodes in [("block.conv1", "block.conv2"), ("down",), ("dw",), ("pw",), ("fc",)]:
+        for nodes in [("block.conv1",), ("block.conv2",), ("down",), ("dw",), ("pw",), ("fc",)]:
             task = tasks[nodes]
             for config in library.space(task, device).enumerate()[:4]:
                 result = worker.measure(task, config)
@@ -57,7 +57,7 @@ class TransposedWeightsMlas(MlasLibrary):
 
 def test_a_wrong_output_is_invalid_and_never_planned(small):
     _, tasks = small
-    task = tasks[("block.conv1", "block.conv2")]
+    task = tasks[("block.conv1",)]
     library = TransposedWeightsMlas()
     config = library.default_config(task, this_device())
     result = measure_in_this_process(library, task, config, FAST, {})
@@ -287,7 +287,7 @@ def test_ctrl_c_stops_a_tune_cleanly_and_keeps_records(small_model_path, tmp_pat
 
 def test_early_stop_ends_a_task_after_samples_without_improvement(small, tmp_path):
     _, tasks = small
-    task = tasks[("block.conv1", "block.conv2")]
+    task = tasks[("block.conv1",)]
     library, device = plugins.get_library("mlas"), this_device()
     options = TuneOptions("random", budget=8, early_stop=1, settings=FAST)
     outcome = tune([task], library, device, RecordDB(tmp_path / "r.db"), options)[0]

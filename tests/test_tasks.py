@@ -16,10 +16,13 @@ def test_resnet101_has_104_convs_in_23_tasks():
     assert len(conv) == 23
 
 
-def test_identical_ops_share_a_task(small_model_path):
+def test_identical_ops_share_a_task_and_an_activation_makes_another_op(small_model_path):
+    tasks = extract_tasks(load_model("resnet18"))
+    assert [len(t.nodes) for t in tasks if t.describe_attrs() == "k3x3 s1 p1"] == [2, 2, 2, 2]
     tasks = extract_tasks(load_model(str(small_model_path)))
     by_nodes = {tuple(t.nodes): t for t in tasks}
-    assert ("block.conv1", "block.conv2") in by_nodes  # same shapes and attributes
+    # same shapes and attributes, but the first conv's Relu is part of its op
+    assert by_nodes[("block.conv1",)].activation == "relu" and by_nodes[("block.conv2",)].activation == ""
     assert [t.kind for t in tasks].count("fc") == 1
     down = next(t for t in tasks if t.nodes == ["down"])
     assert down.attrs["pads"] == [1, 1, 2, 2] and down.output_shape == [1, 32, 16, 16]

@@ -34,6 +34,27 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+
+def runner_activation(op: str, alpha: float = 0.01, low: float = -math.inf, high: float = math.inf) -> dict | None:
+    """The runner's fused activation ("act") for an ONNX activation: ``op`` one of ACTIVATIONS,
+    ``alpha`` LeakyRelu's slope, ``low`` / ``high`` Clip's bounds. None: nothing to do (a Clip
+    without bounds)."""
+    if op == "Relu":
+        return {"fn": "RELU"}
+    if op == "LeakyRelu":
+        return {"fn": "LEAKY_RELU", "a": alpha}
+    if op == "Sigmoid":
+        return {"fn": "LOGISTIC"}
+    if op == "Tanh":
+        return {"fn": "TANH", "a": 1.0, "b": 1.0}
+    if op == "Clip":
+        if low == -math.inf and high == math.inf:
+            return None
+        if low == 0.0 and high == math.inf:
+            return {"fn": "RELU"}
+        return {"fn": "LU_BOUNDED_RELU", "a": min(high, FLOAT_MAX), "b": max(low, -FLOAT_MAX)}
+    raise ValueError(f"no ACL activation for {op}")
+
 class _Lowering:
     def __init__(self, model: Model, configs: dict[str, dict], weights_dir: Path):
         self.model = model
@@ -81,18 +102,9 @@ class _Lowering:
 
     def activation(self, node) -> dict | None:
         """The runner's activation for an activation node; None for a Clip without bounds."""
-        op = node.op_type
-        if op == "Relu":
-            return {"fn": "RELU"}
-        if op == "LeakyRelu":
-            return {"fn": "LEAKY_RELU", "a": float(_attr(node, "alpha", 0.01))}
-        if op == "Sigmoid":
-            return {"fn": "LOGISTIC"}
-        if op == "Tanh":
-            return {"fn": "TANH", "a": 1.0, "b": 1.0}
-        if op == "Clip":
-            low, high = _attr(node, "min", -math.inf), _attr(node, "max", math.inf)
-            for position, default in ((1, None), (2, None)):
+        low, high = _attr(node, "min", -math.inf), _attr(node, "max", math.inf)
+        if node.op_type == "Clip":
+            for position in (1, 2):
                 if len(node.input) > position and node.input[position]:
                     value = self.constant(node.input[position])
                     if value is None:
@@ -101,12 +113,7 @@ class _Lowering:
                         low = float(value)
                     else:
                         high = float(value)
-            if low == -math.inf and high == math.inf:
-                return None
-            if low == 0.0 and high == math.inf:
-                return {"fn": "RELU"}
-            return {"fn": "LU_BOUNDED_RELU", "a": min(high, FLOAT_MAX), "b": max(low, -FLOAT_MAX)}
-        return None
+        return runner_activation(node.op_type, float(_attr(node, "alpha", 0.01)), low, high)
 
     def fusable_activation(self, index: int, output: str):
         """The activation node that is the only consumer of ``output`` (not a graph output)."""

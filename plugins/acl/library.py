@@ -9,6 +9,7 @@ this plugin produces is an emulated time, never Arm performance.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kselect.core.activations import clamp_range
 from kselect.core.conversions import boundary_label
 from kselect.core.device import Device, this_device
 from kselect.core.errors import KselectError
@@ -161,12 +163,30 @@ class AclLibrary(Library):
 
     # -- what ACL accepts ---------------------------------------------------------------------------
     @staticmethod
-    def op_spec(task: Task) -> dict:
+    def fused_activation(task: Task) -> tuple[bool, dict | None]:
+        """(whether ACL runs the task's epilogue, the runner's "act" for it): ACL fuses one
+        activation of engine.ACTIVATIONS into a conv or fc; other epilogues are not ACL ops."""
+        from kselect.plugins.acl.engine import ACTIVATIONS, runner_activation
+
+        if not task.epilogue:
+            return True, None
+        if len(task.epilogue) != 1 or task.epilogue[0][0] not in ACTIVATIONS:
+            return False, None
+        op, inputs, attrs = task.epilogue[0]
+        low, high = clamp_range(task.epilogue) if op == "Clip" else (-math.inf, math.inf)
+        act = runner_activation(op, attrs.get("alpha", 0.01), low, high)
+        if task.kind == "fc" and act not in (None, {"fn": "RELU"}):
+            return False, None  # the runner's single fc takes a fused Relu only
+        return True, act
+
+    @classmethod
+    def op_spec(cls, task: Task) -> dict:
+        act = cls.fused_activation(task)[1]
         if task.kind == "fc":
-            return {"input": task.input_shape, "weights": task.weight_shape, "bias": task.has_bias}
+            return {"input": task.input_shape, "weights": task.weight_shape, "bias": task.has_bias, "relu": act is not None}
         a = task.attrs
         return {"input": task.input_shape, "weights": task.weight_shape, "stride": a["strides"], "pads": a["pads"],
-                "dilation": a["dilations"], "group": a["group"], "bias": task.has_bias, "relu": False}
+                "dilation": a["dilations"], "group": a["group"], "bias": task.has_bias, "act": act}
 
     def _cache_path(self, task: Task, threads: int) -> Path:
         forcing = "-noforce" if os.environ.get("KSELECT_ACL_NO_GEMM_FORCING") else ""
@@ -228,6 +248,8 @@ class AclLibrary(Library):
         return self.validation(task, device)["acl_pick"][layout]["fast_math_false"]
 
     def supports(self, task: Task) -> bool:
+        if not self.fused_activation(task)[0]:
+            return False
         if task.kind == "conv":
             if task.attrs["group"] != 1 and not task.is_depthwise:
                 return False  # ACL 20.08 NEON runs no grouped conv except depthwise

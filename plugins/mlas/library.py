@@ -175,12 +175,18 @@ class MlasLibrary(Library):
 
         from kselect.plugins.mlas import nchwc
 
+        epilogue = task.epilogue
         if task.kind == "conv":
             block, a = self._block(), task.attrs
             attrs = {"kernel_shape": a["kernel"], "strides": a["strides"], "pads": a["pads"],
                      "dilations": a["dilations"], "group": a["group"]}
+            fused = {}
+            if config["layout"] == "NCHWc" and fused_by_mlas(epilogue):
+                # as the whole-model rewrite does: the activation reading only the conv becomes its attribute
+                fused = {"activation": epilogue[0][0], "activation_params": mlas_activation_params(epilogue[0])}
+                epilogue = epilogue[1:]
             model, _, _ = nchwc.single_conv_model(attrs, task.input_shape, inputs["w"], inputs.get("b"),
-                                                          config["layout"], block)
+                                                  config["layout"], block, **fused)
             x, unblock = inputs["x"], (lambda y: y)
             if config["layout"] == "NCHWc":
                 if nchwc.conv_takes_blocked_input(task.input_shape[1], a["group"], block):
@@ -190,6 +196,8 @@ class MlasLibrary(Library):
         else:
             model = fc_model(task, inputs)
             x, unblock = inputs["x"], (lambda y: y)
+        if epilogue:
+            with_epilogue(model, epilogue)
         session = ort.InferenceSession(model.SerializeToString(), session_options(config),
                                        providers=["CPUExecutionProvider"])
         return OrtCandidate(session, {session.get_inputs()[0].name: x}, unblock)
@@ -270,3 +278,46 @@ def fc_model(task: Task, inputs: dict[str, np.ndarray]):
     graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, task.input_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, task.output_shape)], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+# The activations an NCHWc conv takes as its ``activation`` attribute (MLAS_ACTIVATION_KIND).
+MLAS_ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid")
+
+
+def fused_by_mlas(epilogue: list) -> bool:
+    """Whether the epilogue's first step is an activation MLAS fuses and reads the conv alone
+    (nchwc.py's rewrite fuses it then; a second reader keeps the conv's output)."""
+    if not epilogue or epilogue[0][0] not in MLAS_ACTIVATIONS:
+        return False
+    return not any("x" in step[1] for step in epilogue[1:])
+
+
+def mlas_activation_params(step: list) -> list[float]:
+    from kselect.core.activations import clamp_range
+
+    op, _, attrs = step
+    if op == "Clip":
+        low, high = clamp_range([step])
+        limit = float(np.finfo(np.float32).max)
+        return [max(low, -limit), min(high, limit)]
+    if op == "LeakyRelu":
+        return [attrs["alpha"]]
+    if op == "HardSigmoid":
+        return [attrs["alpha"], attrs["beta"]]
+    return []
+
+
+def with_epilogue(model, epilogue: list) -> None:
+    """Appends the epilogue's nodes to a single-op model: they read its output (NCHW, or
+    blocked, where they run blocked as in the whole-model rewrite) and write the model's output."""
+    from kselect.core.activations import onnx_nodes
+
+    graph = model.graph
+    output = graph.output[0].name
+    for node in graph.node:
+        for k, name in enumerate(node.output):
+            if name == output:
+                node.output[k] = "op_out"
+    nodes, initializers = onnx_nodes(epilogue, "op_out", output)
+    graph.node.extend(nodes)
+    graph.initializer.extend(initializers)

@@ -70,6 +70,10 @@ kselect extensions beyond ORT's transformer (all verified against the NCHW refer
 * Depthwise convs whose channel count is not a block multiple use ``group = Cp`` and zero-padded
   weights (as ORT does for BatchNormalization->depthwise conv).
 * Inputs with ``C % 4 != 0`` that must be reordered get the channel ``Pad`` described above.
+* HardSwish on a blocked tensor, and Add / Sub / Mul / Div of a blocked tensor and a scalar
+  constant, stay blocked (elementwise, so the layout does not matter; the padded channels hold
+  values no consumer reads). ORT reorders to NCHW for these: the ``x * Clip(x + 3, 0, 6) / 6``
+  HardSwish that Paddle exports cost a ReorderOutput and a ReorderInput per conv.
 
 Reorders: one ``ReorderInput`` (node ``<tensor>.reorder_in``, output ``<tensor>.nchwc``) per NCHW
 tensor read blocked, one ``ReorderOutput`` (node ``<tensor>.reorder_out``, output ``<tensor>``,
@@ -793,6 +797,13 @@ class _Rewriter:
     def binary(self, node: onnx.NodeProto) -> None:
         ins = list(node.input)
         blks = [self.blk.get(i) for i in ins]
+        scalars = [b is None and self.consts.get(i) is not None and self.consts[i].size == 1 for b, i in zip(blks, ins)]
+        if len(ins) == 2 and sum(b is not None for b in blks) == 1 and any(scalars):
+            # a blocked tensor and a scalar constant: elementwise whatever the layout
+            blocked = next(b for b in blks if b is not None)
+            return self.emit_blocked(node, [b.name if b is not None else i for b, i in zip(blks, ins)], blocked.channels)
+        if node.op_type in ("Sub", "Div"):
+            return self.passthrough(node)
         if (len(ins) < 2 or any(b is None for b in blks) or len({b.channels for b in blks}) != 1
                 or not self.same_shape(ins)):
             return self.passthrough(node)
@@ -851,9 +862,9 @@ class _Rewriter:
             op = node.op_type
             if (std and op == "Conv") or (node.domain == "com.microsoft" and op == "FusedConv"):
                 self.conv(node)
-            elif std and op in _UNARY_ACTIVATIONS:
+            elif std and op in _UNARY_ACTIVATIONS + ("HardSwish",):  # HardSwish: blocked, never fused
                 self.activation(node)
-            elif std and op in ("Add", "Sum", "Mul"):
+            elif std and op in ("Add", "Sum", "Mul", "Sub", "Div"):
                 self.binary(node)
             elif std and op == "Concat":
                 self.concat(node)

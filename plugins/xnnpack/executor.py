@@ -69,8 +69,9 @@ class _Storage:
 class Executor:
     """``Executor(library, model, plan)(feeds) -> [outputs]``; ``plan`` None = XNNPack defaults."""
 
-    def __init__(self, library, model, plan=None, release_at_end: bool = False):
+    def __init__(self, library, model, plan=None, release_at_end: bool = False, unsafe: bool = False):
         self.model = model
+        self.unsafe = unsafe  # overrides that can abort allowed (only in the measuring child)
         self.library = library
         self.plan = plan
         self.device = this_device()
@@ -257,7 +258,7 @@ class Executor:
         config = self._config(node)
         y = self._new_tensor(out_name, y_shape, i)
         spec = configured.OpSpec(task)
-        built = configured.build(spec, config, w, b, x.array, y.array, act[0], act[1], unsafe=False,
+        built = configured.build(spec, config, w, b, x.array, y.array, act[0], act[1], unsafe=self.unsafe,
                                  check_kernels=True)
         self._built.append(built)
         self.steps.extend(built.steps)
@@ -646,22 +647,26 @@ class Executor:
 
     # -- running ----------------------------------------------------------------------------
     def __call__(self, feeds: dict) -> list[np.ndarray]:
-        self._load_inputs(feeds)
+        self.load_inputs(feeds)
+        self.run_loaded()
+        return self.read_outputs()
+
+    def run_loaded(self) -> None:
+        """One inference on the inputs loaded last, outputs left in place (a measured op)."""
         for fn, a, b in self.steps:
             status = fn(a, b)
             if status:
                 raise xa.XNNPackError(status, "xnn_run_operator")
         for release, pool in self._release:
             release(pool)
-        return self._outputs()
 
-    def _load_inputs(self, feeds: dict) -> None:
+    def load_inputs(self, feeds: dict) -> None:
         if self._set_flags is not None:
             self._set_flags(self.flags)
         for name, tensor in self.inputs:
             np.copyto(tensor.array, feeds[name].transpose(0, 2, 3, 1) if tensor.nhwc else feeds[name])
 
-    def _outputs(self) -> list[np.ndarray]:
+    def read_outputs(self) -> list[np.ndarray]:
         return [np.ascontiguousarray(t.array.transpose(0, 3, 1, 2)) if t.nhwc else t.array.copy()
                 for t in self.outputs]
 
@@ -674,7 +679,7 @@ class Executor:
         clock = time.perf_counter_ns
         for _ in range(runs):
             start = clock()
-            self._load_inputs(feeds)
+            self.load_inputs(feeds)
             edge_ns = clock() - start
             node_ns: dict[str, int] = {}
             for (fn, a, b), (node, _) in zip(self.steps, self.step_nodes):
@@ -686,7 +691,7 @@ class Executor:
             for release, pool in self._release:
                 release(pool)
             output_start = clock()
-            self._outputs()
+            self.read_outputs()
             end = clock()
             whole.append((end - start) / 1000)
             edges.append((edge_ns + end - output_start) / 1000)
@@ -718,8 +723,8 @@ class Executor:
         feeds = {name: np.zeros(t.shape, np.float32) for name, t in self.inputs}
 
         def edges():
-            self._load_inputs(feeds)
-            self._outputs()
+            self.load_inputs(feeds)
+            self.read_outputs()
 
         def best(fn):
             fn()

@@ -44,6 +44,18 @@ class XnnCandidate(Candidate):
             shim.set_flags(0)
 
 
+class ExecutorCandidate(Candidate):
+    def __init__(self, executor):
+        self.executor = executor
+        self.run = executor.run_loaded
+
+    def output(self) -> np.ndarray:
+        return self.executor.read_outputs()[0]
+
+    def close(self) -> None:
+        self.executor.close()
+
+
 @functools.lru_cache(maxsize=None)
 def _loaded_file_sha256() -> str:
     from kselect.plugins.xnnpack import ukernels as uk
@@ -100,6 +112,8 @@ class XnnpackLibrary(Library):
         return f"{xa.DEBIAN_PACKAGE} {xa.library_version() or 'unknown'} ({_loaded_file_sha256()[:12]})"
 
     def supports(self, task: Task) -> bool:
+        if not all(self.runs_op(step[0]) for step in task.epilogue):
+            return False
         if task.kind == "fc":
             return True
         if task.kind != "conv" or len(task.input_shape) != 4:
@@ -197,6 +211,8 @@ class XnnpackLibrary(Library):
             shim.clear()  # one candidate at a time in the child: no rule of an earlier one survives
         if kernels.override_status()[0]:
             configured.check_table_pristine()
+        if task.epilogue:
+            return self._prepare_in_executor(task, config, inputs)
         w, b = inputs["w"], inputs.get("b")
         if task.kind == "conv":
             x = configured.buffer([task.input_shape[i] for i in (0, 2, 3, 1)])
@@ -212,6 +228,21 @@ class XnnpackLibrary(Library):
         flags = configured.pool_flags(config)
         built = configured.build(spec, config, w, b, x, y, unsafe=configured.in_measuring_child())
         return XnnCandidate(built, task.kind == "conv", flags)
+
+    def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        """An op with its activation, run as the executor runs it in a whole model: the clamps
+        fused into the operator, other activations as operators of their own."""
+        from kselect.core.measure import task_model
+        from kselect.core.model import model_from_proto
+        from kselect.core.plan import Plan
+        from kselect.plugins.xnnpack.executor import Executor
+
+        model = model_from_proto(f"{task.id}", task_model(task, inputs))
+        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[],
+                    plan_level={"spinning": config.get("spinning", 1)}, nodes={"op": {"config": config}})
+        executor = Executor(self, model, plan, unsafe=configured.in_measuring_child())
+        executor.load_inputs({"x": inputs["x"]})
+        return ExecutorCandidate(executor)
 
     # -- layouts, for plans that mix libraries ------------------------------------------------
     def layout_label(self, config: dict) -> str:
