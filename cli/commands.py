@@ -186,6 +186,7 @@ def cmd_tune(args) -> None:
     libraries = plugins.select_libraries(args.library)
     plugins.get_searcher(args.search)
     model = load_model(args.model, args.input_shape)
+    extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
     names = "+".join(library.name for library in libraries)
     plan_path = Path(args.output or f"{model.name}.{names}.plan.json")
     if plan_path.is_dir():

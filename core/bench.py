@@ -306,24 +306,39 @@ def _relative_iqr(samples: list[float]) -> float:
 
 
 def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.99, rounds: int = 6,
-                  runs_per_round: int = 3, on_result=None):
-    """The first plan of ``variants`` ([(name, plan)], best first) that is not slower than the
-    library default end to end (whole model, interleaved), or, if its threads sleep between
-    parallel loops, faster by the margin (``switching_margin``); the last variant is taken if
-    none is. The measurements are kept in ``plan.extra["verified"]``."""
+                  runs_per_round: int = 3, on_result=None, max_error: float = 1e-3):
+    """The first plan of ``variants`` ([(name, plan)], best first) whose outputs match the library
+    default's (``compare_outputs`` at most ``max_error``) and that is not slower than it end to end
+    (whole model, interleaved), or, if its threads sleep between parallel loops, faster by the
+    margin (``switching_margin``); the last matching variant if none is. A variant computing
+    something else is never taken; none matching is an error. The measurements are kept in
+    ``plan.extra["verified"]``."""
     default_runners = fresh_runners(library, model, None)
-    tried = []
-    for index, (name, plan) in enumerate(variants):
+    tried, matching = [], []
+
+    def chosen(name, plan):
+        plan.extra["verified"] = {"chosen": name, "min_speedup": min_speedup, "emulated": library.emulated,
+                                  "tried": tried}
+        return plan
+
+    for name, plan in variants:
         result = bench(default_runners, fresh_runners(library, model, plan), model, rounds, runs_per_round, attempts=3)
         tried.append({"variant": name, **result})
         if on_result:
             on_result(name, result)
+        if not result["max_relative_output_error"] <= max_error:
+            continue
+        matching.append((name, plan))
         needed = 1 + switching_margin(result) if sleeping_threads(plan) else min_speedup
-        if result["speedup"] >= needed or index == len(variants) - 1:
-            plan.extra["verified"] = {"chosen": name, "min_speedup": min_speedup, "emulated": library.emulated,
-                                      "tried": tried}
-            return plan
-    raise ValueError("no plan variants to verify")
+        if result["speedup"] >= needed:
+            return chosen(name, plan)
+    if not variants:
+        raise ValueError("no plan variants to verify")
+    if not matching:
+        worst = min(t["max_relative_output_error"] for t in tried)
+        raise KselectError(f"no plan of {library.name} computes what its default does on {model.name} "
+                           f"(smallest output error {worst:.1e} > {max_error:g})")
+    return chosen(*matching[-1])
 
 
 BASELINE = "onnxruntime default"

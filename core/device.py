@@ -88,3 +88,20 @@ def this_device() -> Device:
         model, features = _cpuinfo()
         _DEVICE = Device(platform.machine(), model, features, len(cpus), clusters_of(cpus))
     return _DEVICE
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable); None if unknown."""
+    return proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def proc_bytes(path: str, field: str) -> int | None:
+    """A ``<field>: <n> kB`` line of a /proc file, in bytes; None where there is none (not Linux)."""
+    try:
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

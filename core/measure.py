@@ -8,6 +8,7 @@ reference; a wrong output makes the candidate invalid, never selectable.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +31,9 @@ class MeasureSettings:
     max_repeats: int = 2000
     stable_within: float = 0.03  # median of the first half vs the second half
     timeout_s: float = 120.0  # per candidate, in the child
+    # what a candidate may allocate beyond what the measuring child holds before building it
+    # (core/worker.memory_cap); None: three quarters of the memory available when the child starts
+    candidate_memory_mb: int | None = None
 
 
 # -- data and reference -------------------------------------------------------------------
@@ -162,14 +166,20 @@ class Result:
         return asdict(self)
 
 
-def measure_in_this_process(library, task: Task, config: dict, settings: MeasureSettings, cache: dict) -> Result:
+def measure_in_this_process(library, task: Task, config: dict, settings: MeasureSettings, cache: dict,
+                            limits=contextlib.nullcontext) -> Result:
+    """Measure one candidate here; ``limits()`` is entered around the candidate alone (not the
+    task's data and reference, shared by its candidates)."""
     if task.key not in cache:
         cache.clear()  # keep one task's data at a time
         inputs = task_inputs(task)
         cache[task.key] = (inputs, reference_output(task, inputs))
     inputs, reference = cache[task.key]
     try:
-        measured = library.measure(task, config, inputs, settings)
+        with limits():
+            measured = library.measure(task, config, inputs, settings)
+    except MemoryError:
+        return Result("failed", reason="out of memory: the candidate allocated past its memory cap")
     except Exception as exc:
         return Result("failed", reason=one_line(exc)[:300])
     error = relative_error(measured["output"], reference)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import shape_inference
 
+from kselect.core.device import available_memory
 from kselect.core.errors import KselectError
 
 
@@ -221,17 +222,6 @@ def model_from_proto(name: str, proto: onnx.ModelProto, source: str = "in memory
     return Model(name, inferred, source, resolved, shapes, initializers)
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 # Measuring one op holds its input, output and weights, a float64 reference and a library's
 # workspace (an im2col buffer for a GEMM convolution): a few times the op's own tensors.
 MEASURING_OVERHEAD = 4
@@ -240,7 +230,7 @@ MEASURING_OVERHEAD = 4
 def check_memory(name: str, proto: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
     """Refuses, before anything runs, a model whose largest op would not fit in this machine's
     available memory (a 1x3x20000x20000 input sent the measuring child past 16 GB)."""
-    available = _available_bytes()
+    available = available_memory()
     if available is None:
         return
     worst, worst_node = 0, None

@@ -154,9 +154,7 @@ def build_plan(model: Model, device: Device, library, library_version: str, task
     task_entries, nodes = [], {}
     for choice in choices:
         task = choice.task
-        entry = {"id": task.id, "key": task.key, "kind": task.kind, "input": task.input_shape,
-                 "weight": task.weight_shape, "output": task.output_shape, "attrs": task.attrs,
-                 "bias": task.has_bias, "nodes": task.nodes, "library": library.name, "config": choice.config,
+        entry = {**task.to_json(), "library": library.name, "config": choice.config,
                  "time_us": round(choice.time_us, 3), "default_config": choice.default_config,
                  "default_us": round(choice.default_us, 3) if choice.default_us else None,
                  "samples": choice.samples, "emulated": choice.emulated}

@@ -78,8 +78,11 @@ def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, opti
     from kselect.core import plugins
 
     tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search))
-    with MeasureWorker(library.name, options.settings) as tuner.worker:
-        return [tuner.tune_task(task) for task in tasks]
+    try:
+        with MeasureWorker(library.name, options.settings) as tuner.worker:
+            return [tuner.tune_task(task) for task in tasks]
+    finally:
+        db.release_claims()
 
 
 class _Tuner:
@@ -89,6 +92,7 @@ class _Tuner:
         self.searcher_class = searcher_class
         self.version = library.version()
         self.deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
+        self.started = time.time()
         self.worker: MeasureWorker | None = None
         db.add_device(device.fingerprint, device.to_json())
 
@@ -97,8 +101,16 @@ class _Tuner:
 
     def measure(self, task: Task, config: dict, outcome: TaskOutcome, is_default: bool = False) -> Result:
         self.db.check_writable()  # nothing is measured that could not be stored
+        key = config_key(config)
+        stale_after_s = 2 * self.options.settings.timeout_s + 30  # a claim outlives no measurement
+        result = self.db.claim(self.device.fingerprint, self.library.name, self.version, task.key, key, stale_after_s,
+                               newer_than=self.started)
+        if result is not None:  # another tune sharing the database measured it meanwhile
+            self.count(outcome, config, result)
+            self.reporter.measured(task, config, result, outcome)
+            return result
         result = self.worker.measure(task, config)
-        self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), config_key(config), result,
+        self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), key, result,
                     self.library.emulated, is_default)
         outcome.measured_now += 1
         self.count(outcome, config, result)

@@ -8,8 +8,10 @@ whatever a native library prints cannot corrupt the protocol.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import traceback
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
+from kselect.core.device import available_memory, proc_bytes
 from kselect.core.measure import MeasureSettings, Result, measure_in_this_process
 from kselect.core.tasks import Task
 
@@ -30,6 +33,31 @@ def signal_name(returncode: int | None) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
+
+
+@contextlib.contextmanager
+def memory_cap(allowance: int | None):
+    """While inside, this process may allocate ``allowance`` bytes beyond what it holds now: past
+    that an allocation fails (MemoryError, std::bad_alloc), so a candidate that asks for too much
+    fails alone instead of swapping the machine or waking the OOM killer."""
+    in_use = proc_bytes("/proc/self/status", "VmData")  # what RLIMIT_DATA counts: heap, private writable maps
+    if allowance is None or in_use is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = in_use + allowance if hard == resource.RLIM_INFINITY else min(in_use + allowance, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def candidate_allowance(settings: MeasureSettings) -> int | None:
+    if settings.candidate_memory_mb is not None:
+        return int(settings.candidate_memory_mb) << 20
+    available = available_memory()
+    return None if available is None else available * 3 // 4
 
 
 def die_with_parent() -> None:
@@ -115,6 +143,7 @@ def child_main(read_fd: int, write_fd: int, library_name: str, settings_json: st
     incoming, outgoing = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     library = plugins.libraries()[library_name]
     settings = MeasureSettings(**json.loads(settings_json))
+    allowance = candidate_allowance(settings)
     cache: dict = {}
     while True:
         try:
@@ -125,7 +154,8 @@ def child_main(read_fd: int, write_fd: int, library_name: str, settings_json: st
             return
         task_json, config = message
         try:
-            result = measure_in_this_process(library, Task.from_json(task_json), config, settings, cache)
+            result = measure_in_this_process(library, Task.from_json(task_json), config, settings, cache,
+                                             limits=lambda: memory_cap(allowance))
         except Exception:
             result = Result("failed", reason="internal error: " + traceback.format_exc().strip().splitlines()[-1])
         try:

@@ -18,7 +18,10 @@ import pytest
 from conftest import REPO, run_kselect
 
 from kselect.core.bench import compare_outputs
+from kselect.core.measure import MeasureSettings
 from kselect.core.plan import write_atomically
+from kselect.core.tasks import Task, task_key
+from kselect.core.worker import MeasureWorker
 
 
 def _statuses(db) -> dict[str, int]:
@@ -331,3 +334,167 @@ def test_kill_9_at_seeded_random_moments_loses_nothing_and_resuming_measures_not
     with sqlite3.connect(db) as connection:
         total, distinct = connection.execute("SELECT COUNT(*), COUNT(DISTINCT task || config) FROM records").fetchone()
     assert total == distinct and plan.exists()
+
+
+def _pointwise(channels: int, size: int) -> Task:
+    attrs = {"kernel": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+    shape, weight = [1, channels, size, size], [channels, channels, 1, 1]
+    signature = {"kind": "conv", "input": shape, "weight": weight, "output": shape, "attrs": attrs, "bias": False}
+    return Task(f"T{size}", task_key(signature), "conv", shape, weight, shape, attrs, False, ["conv"])
+
+
+def test_a_candidate_that_allocates_past_its_memory_cap_fails_alone():
+    """A 1x1 conv on 1x16x1024x1024 (its output alone 64 MiB) may allocate 32 MiB beyond what the
+    child holds: ONNX Runtime cannot allocate the output, the candidate is recorded failed, and
+    the same child goes on measuring a small op."""
+    settings = MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.01, max_time_s=0.05, candidate_memory_mb=32)
+    config = {"layout": "NCHW", "threads": 1, "spinning": 0}
+    small, big = _pointwise(16, 32), _pointwise(16, 1024)
+    with MeasureWorker("mlas", settings) as worker:
+        assert worker.measure(small, config).status == "ok"
+        child = worker.process.pid
+        failed = worker.measure(big, config)
+        assert failed.status == "failed" and ("memory" in failed.reason or "bad_alloc" in failed.reason), failed
+        assert worker.measure(small, config).status == "ok"
+        assert worker.process.pid == child  # contained: an allocation failed, nothing crashed
+
+
+def test_a_plan_computing_something_else_is_never_kept(monkeypatch, small_model_path):
+    """The single-library end-to-end check compares outputs as well as speed: an MLAS plan whose
+    runner returns values 1% off is refused in one line, and the same plan computing the right
+    values is kept."""
+    from kselect.core import plugins
+    from kselect.core.bench import verified_plan
+    from kselect.core.device import this_device
+    from kselect.core.errors import KselectError
+    from kselect.core.model import load_model
+    from kselect.core.plan import Plan
+    from kselect.core.tasks import extract_tasks
+    from kselect.plugins.mlas.library import MlasLibrary
+
+    model, library, device = load_model(str(small_model_path)), plugins.get_library("mlas"), this_device()
+    library.prepare_model(model)
+    tasks = extract_tasks(model)
+    configs = {t.id: library.default_config(t, device) for t in tasks}
+    plan_level = {k: v for c in configs.values() for k, v in c.items() if k in library.plan_level_dims}
+    plan = Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
+                device=device.to_json(), libraries={"mlas": library.version()}, emulated=False, plan_level=plan_level,
+                tasks=[{**t.to_json(), "library": "mlas", "config": configs[t.id]} for t in tasks],
+                nodes={n: {"task": t.id, "library": "mlas", "config": configs[t.id]} for t in tasks for n in t.nodes})
+    assert verified_plan(library, model, [("tuned", plan)], rounds=2, runs_per_round=1).extra["verified"]["chosen"] == "tuned"
+
+    honest = MlasLibrary.model_runner
+
+    def off_by_one_percent(self, model, plan, in_mixed_plan=False):
+        run = honest(self, model, plan, in_mixed_plan)
+        return run if plan is None else (lambda feeds: [output * 1.01 for output in run(feeds)])
+
+    monkeypatch.setattr(MlasLibrary, "model_runner", off_by_one_percent)
+    with pytest.raises(KselectError, match="no plan of mlas computes what its default does"):
+        verified_plan(library, model, [("tuned", plan)], rounds=2, runs_per_round=1)
+
+
+def test_claims_keep_tunes_sharing_a_database_from_measuring_a_config_twice(tmp_path):
+    """Another tune (another machine of this device, sharing the database) has claimed the default
+    config: this tune waits for its record and takes it instead of measuring. Configs claimed by a
+    process that died on this host are taken over at once. No claim is left behind."""
+    import socket
+    import threading
+
+    from kselect.core import plugins
+    from kselect.core.device import this_device
+    from kselect.core.measure import Result
+    from kselect.core.records import RecordDB
+    from kselect.core.space import config_key
+    from kselect.core.tune import TuneOptions, tune
+
+    library, device = plugins.get_library("mlas"), this_device()
+    task, path = _pointwise(16, 32), tmp_path / "shared.db"
+    space = library.space(task, device)
+    default = config_key(space.normalise(library.default_config(task, device)))
+    other = RecordDB(path)
+    key = (device.fingerprint, "mlas", library.version(), task.key)
+    assert other.claim(*key, default, 600, 0, owner="otherhost:4242:0") is None
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = f"{socket.gethostname()}:{gone.pid}:0"
+    for config in space.enumerate():
+        if config_key(config) != default:
+            assert other.claim(*key, config_key(config), 600, 0, owner=dead) is None
+
+    def other_tune_stores_its_measurement():
+        RecordDB(path).add(*key[:3], task.to_json(), default, Result("ok", 123.0, 0.01, 10, 0.0), False, True)
+
+    threading.Timer(1.0, other_tune_stores_its_measurement).start()
+    settings = MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.01, max_time_s=0.05)
+    db = RecordDB(path)
+    started = time.monotonic()
+    outcome, = tune([task], library, device, db, TuneOptions("exhaustive", 2, settings=settings))
+    assert time.monotonic() - started < 60  # the dead process's claims did not hold it up
+    stored = {r.config_key: r.result for r in db.records(*key)}
+    assert stored[default].median_us == 123.0 and len(stored) == 2  # the default was not measured again
+    assert outcome.measured_now == 1 and outcome.samples == 2
+    owners = [row[0] for row in db.connection.execute("SELECT owner FROM claims")]
+    assert owners == [dead] * (len(space) - 2)  # only the dead process's claims on configs nobody needed
+
+
+# -- the rest of the probe's bad inputs: each one line, a non-zero exit, nothing measured ----------
+def _bad_inputs(tmp_path, small_model_path, small_plan) -> dict:
+    """name -> (arguments, what the error says)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(small_model_path.read_bytes()[:300])
+    no_float_input = tmp_path / "ints.onnx"
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), no_float_input)
+    plan_folder = tmp_path / "a-folder.plan.json"
+    plan_folder.mkdir()
+    _, plan = small_plan
+    tune = ("tune", small_model_path, "--library", "mlas")
+    return {
+        "a directory as model": (("tasks", tmp_path), "is a directory, not an ONNX model"),
+        "an empty file": (("tasks", empty), "is not"),
+        "a truncated ONNX file": (("tasks", truncated), "is not a readable ONNX model"),
+        "a model without a tunable op": (("tune", no_float_input, "--library", "mlas"), "nothing to tune"),
+        "an empty library list": ((*tune[:3], ""), "library"),
+        "one unknown library among known": ((*tune[:3], "mlas,nosuchlib"), "unknown library 'nosuchlib'"),
+        "a zero dim": ((*tune, "--input-shape", "input=1,3,0,32"), "bad --input-shape"),
+        "a negative dim": ((*tune, "--input-shape", "input=-1,3,32,32"), "bad --input-shape"),
+        "a shape without a name": ((*tune, "--input-shape", "=1,3,32,32"), "bad --input-shape"),
+        "a shape of another rank": ((*tune, "--input-shape", "input=1,3,32"), "has 3 dims"),
+        "a directory as database": ((*tune, "--db", tmp_path), "is a directory, not a database file"),
+        "a directory as plan output": ((*tune, "-o", tmp_path), "is a directory, not a plan file"),
+        "an unknown task": (("space", small_model_path, "--library", "mlas", "--task", "T99"), "no task 'T99'"),
+        "a directory as plan": (("bench", small_model_path, "--plan", plan_folder), "plan"),
+        "a plan for another model": (("bench", "resnet18", "--plan", plan, "--rounds", "1"), "resnet18"),
+        "no model": (("tune",), "model"),
+        "an unknown command": (("tuen", small_model_path), "tuen"),
+        "an unknown option": ((*tune, "--budjet", "3"), "--budjet"),
+    }
+
+
+BAD_INPUTS = ["a directory as model", "an empty file", "a truncated ONNX file", "a model without a tunable op",
+              "an empty library list", "one unknown library among known", "a zero dim", "a negative dim",
+              "a shape without a name", "a shape of another rank", "a directory as database",
+              "a directory as plan output", "an unknown task", "a directory as plan", "a plan for another model",
+              "no model", "an unknown command", "an unknown option"]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_and_a_non_zero_exit_before_measuring(tmp_path, small_model_path, small_plan, case):
+    args, says = _bad_inputs(tmp_path, small_model_path, small_plan)[case]
+    db = tmp_path / "probe.db"
+    if "--db" not in args:
+        args = (*args, "--db", db) if args and args[0] == "tune" and len(args) > 1 else args
+    result = run_kselect(*args, timeout=120)
+    assert result.returncode != 0, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not db.exists()  # nothing measured, nothing stored

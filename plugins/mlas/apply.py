@@ -26,10 +26,16 @@ from kselect.plugins.mlas.library import add_config_entries, session_config_entr
 
 
 def layouts_are_onnxruntimes(model, plan) -> bool:
-    """Whether the plan puts exactly the convs in NCHWc that ORT's own transformer would: then the
-    original model is kept and ORT converts it itself (the baseline's graph, bit for bit)."""
+    """Whether the plan puts exactly the convs in NCHWc that ORT's own transformer would, and
+    kselect's rewrite would block no node that ORT's reorders around (HardSwish, arithmetic with a
+    scalar: the ops were measured blocked): then the original model is kept and ORT converts it
+    itself (the baseline's graph, bit for bit)."""
     chosen = {node for node, entry in plan.nodes.items() if entry["config"].get("layout") == "NCHWc"}
-    return chosen == nchwc.ort_nchwc_convs(model.proto)
+    if chosen != nchwc.ort_nchwc_convs(model.proto):
+        return False
+    info: dict = {}
+    nchwc.rewrite_model(model.proto, dict.fromkeys(chosen, "NCHWc"), nchwc.nchwc_block_size(), info=info)
+    return not info["beyond_ort"]
 
 
 def original_model(model, segment: bool = False) -> onnx.ModelProto:

@@ -474,6 +474,7 @@ class RewriteInfo:
     reorder_inputs: list[str] = field(default_factory=list)  # tensors reordered NCHW -> NCHWc
     reorder_outputs: list[str] = field(default_factory=list)  # tensors reordered NCHWc -> NCHW
     channel_pads: list[str] = field(default_factory=list)  # tensors padded to C % 4 == 0 first
+    beyond_ort: list[str] = field(default_factory=list)  # nodes blocked where ORT's transformer reorders
 
 
 def _subgraph_implicit_inputs(node: onnx.NodeProto) -> set[str]:
@@ -792,6 +793,8 @@ class _Rewriter:
             self.info.fused.setdefault(conv.name, []).append(node.name or node.output[0])
             return
         inputs = [xb.name] + [self.nchw(i) if i else i for i in node.input[1:]]
+        if node.op_type not in _UNARY_ACTIVATIONS:
+            self.info.beyond_ort.append(node.name or node.output[0])
         self.emit_blocked(node, inputs, xb.channels)
 
     def binary(self, node: onnx.NodeProto) -> None:
@@ -801,6 +804,7 @@ class _Rewriter:
         if len(ins) == 2 and sum(b is not None for b in blks) == 1 and any(scalars):
             # a blocked tensor and a scalar constant: elementwise whatever the layout
             blocked = next(b for b in blks if b is not None)
+            self.info.beyond_ort.append(node.name or node.output[0])
             return self.emit_blocked(node, [b.name if b is not None else i for b, i in zip(blks, ins)], blocked.channels)
         if node.op_type in ("Sub", "Div"):
             return self.passthrough(node)
