@@ -44,9 +44,8 @@ def _scalar(initializers: dict, name: str):
     return float(value.reshape(()))
 
 
-def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> tuple[list, list[str], str]:
-    """The activation steps after node ``node_index`` of the model's graph, the names of the
-    nodes they come from, and the tensor that leaves (the op's output when there is none).
+def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> list:
+    """The activation steps after node ``node_index`` of the model's graph (empty when none).
 
     Nodes are taken in graph order while every input they read is the op's output, an earlier
     step's output or a scalar constant; the longest such run whose intermediate tensors are read
@@ -56,7 +55,7 @@ def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> tu
     start = nodes[node_index].output[0]
     refs = {start: "x"}
     steps, taken, outputs = [], [], [start]
-    best = ([], [], start)
+    best: list = []
     for index in range(node_index + 1, len(nodes)):
         node = nodes[index]
         if not any(i in refs for i in node.input):
@@ -70,7 +69,7 @@ def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> tu
         outputs.append(node.output[0])
         read_inside = all(set(consumers.get(t, [])) <= set(taken) for t in outputs[:-1])
         if read_inside and not graph_outputs & set(outputs[:-1]):
-            best = (list(steps), [nodes[i].name or nodes[i].output[0] for i in taken], outputs[-1])
+            best = list(steps)
     return best
 
 

@@ -335,9 +335,9 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
     if not variants:
         raise ValueError("no plan variants to verify")
     if not matching:
-        worst = min(t["max_relative_output_error"] for t in tried)
+        smallest = min(t["max_relative_output_error"] for t in tried)
         raise KselectError(f"no plan of {library.name} computes what its default does on {model.name} "
-                           f"(smallest output error {worst:.1e} > {max_error:g})")
+                           f"(smallest output error {smallest:.1e} > {max_error:g})")
     return chosen(*matching[-1])
 
 

@@ -79,8 +79,9 @@ class Task:
 
     def describe_attrs(self) -> str:
         a = self.attrs
+        suffix = f" +{self.activation}" if self.epilogue else ""
         if self.kind == "fc":
-            return f"+{self.activation}" if self.epilogue else ""
+            return suffix.lstrip()
         pads = a["pads"]
         pad_text = str(pads[0]) if len(set(pads)) == 1 else ",".join(map(str, pads))
         stride_text = str(a["strides"][0]) if a["strides"][0] == a["strides"][1] else f"{a['strides'][0]}x{a['strides'][1]}"
@@ -89,7 +90,7 @@ class Task:
             text += f" d{a['dilations'][0]}x{a['dilations'][1]}"
         if a["group"] > 1:
             text += f" g{a['group']}"
-        return text + (f" +{self.activation}" if self.epilogue else "")
+        return text + suffix
 
     def to_json(self) -> dict:
         data = {"id": self.id, "key": self.key, "kind": self.kind, "input": self.input_shape,
@@ -160,7 +161,7 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
             consumers.setdefault(name, []).append(index)
 
     def epilogue(index: int) -> list:
-        return activations.find_epilogue(model, index, consumers)[0]
+        return activations.find_epilogue(model, index, consumers)
 
     for index, node in enumerate(model.proto.graph.node):
         if node.op_type in NOT_YET_TUNED:

@@ -34,7 +34,6 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-
 def runner_activation(op: str, alpha: float = 0.01, low: float = -math.inf, high: float = math.inf) -> dict | None:
     """The runner's fused activation ("act") for an ONNX activation: ``op`` one of ACTIVATIONS,
     ``alpha`` LeakyRelu's slope, ``low`` / ``high`` Clip's bounds. None: nothing to do (a Clip
@@ -54,6 +53,7 @@ def runner_activation(op: str, alpha: float = 0.01, low: float = -math.inf, high
             return {"fn": "RELU"}
         return {"fn": "LU_BOUNDED_RELU", "a": min(high, FLOAT_MAX), "b": max(low, -FLOAT_MAX)}
     raise ValueError(f"no ACL activation for {op}")
+
 
 class _Lowering:
     def __init__(self, model: Model, configs: dict[str, dict], weights_dir: Path):

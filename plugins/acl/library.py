@@ -172,7 +172,7 @@ class AclLibrary(Library):
             return True, None
         if len(task.epilogue) != 1 or task.epilogue[0][0] not in ACTIVATIONS:
             return False, None
-        op, inputs, attrs = task.epilogue[0]
+        op, _, attrs = task.epilogue[0]
         low, high = clamp_range(task.epilogue) if op == "Clip" else (-math.inf, math.inf)
         act = runner_activation(op, attrs.get("alpha", 0.01), low, high)
         if task.kind == "fc" and act not in (None, {"fn": "RELU"}):
