@@ -84,7 +84,7 @@ def cmd_tasks(args) -> None:
         table.add_row(task.id, _op(task), _shape(task.input_shape), _shape(task.weight_shape), _shape(task.output_shape),
                       str(len(task.nodes)), f"{task.macs * len(task.nodes) / 1e6:,.1f}")
     console.print(table)
-    for kind in ("conv", "fc"):
+    for kind in ("conv", "deconv", "fc"):
         kind_tasks = [t for t in tasks if t.kind == kind]
         if kind_tasks:
             ops = sum(len(t.nodes) for t in kind_tasks)

@@ -45,13 +45,21 @@ def task_inputs(task: Task) -> dict[str, np.ndarray]:
         return {"x": rng.standard_normal(task.input_shape, dtype=np.float32)}
     weight_shape = task.weight_shape
     fan_in = int(np.prod(weight_shape[1:]))
+    if task.kind == "deconv":  # an output pixel sums over C_in / stride^2 of the kernel's taps
+        fan_in = max(1, int(np.prod(weight_shape)) // output_channels(task) // int(np.prod(task.attrs["strides"])))
     inputs = {
         "x": rng.standard_normal(task.input_shape, dtype=np.float32),
         "w": (rng.standard_normal(weight_shape, dtype=np.float32) * np.sqrt(2.0 / fan_in)).astype(np.float32),
     }
     if task.has_bias:
-        inputs["b"] = (rng.standard_normal(weight_shape[0], dtype=np.float32) * 0.1).astype(np.float32)
+        inputs["b"] = (rng.standard_normal(output_channels(task), dtype=np.float32) * 0.1).astype(np.float32)
     return inputs
+
+
+def output_channels(task: Task) -> int:
+    if task.kind == "deconv":
+        return task.weight_shape[1] * task.attrs["group"]
+    return task.weight_shape[0]
 
 
 def conv_reference(x, w, b, strides, pads, dilations, group) -> np.ndarray:
@@ -71,12 +79,37 @@ def conv_reference(x, w, b, strides, pads, dilations, group) -> np.ndarray:
     return y
 
 
+def deconv_reference(x, w, b, strides, pads, dilations, group, output_padding) -> np.ndarray:
+    """Transposed convolution in float64 (NCHW; weights [C_in, C_out / group, kH, kW] as ONNX
+    has them): each input pixel adds its kernel-sized patch, then the pads are cropped."""
+    n, cin, h, wd = x.shape
+    _, cog, kh, kw = w.shape
+    full_h = (h - 1) * strides[0] + (kh - 1) * dilations[0] + 1 + output_padding[0]
+    full_w = (wd - 1) * strides[1] + (kw - 1) * dilations[1] + 1 + output_padding[1]
+    full = np.zeros((n, group, cog, full_h, full_w))
+    xg = x.astype(np.float64).reshape(n, group, cin // group, h, wd)
+    wg = w.astype(np.float64).reshape(group, cin // group, cog, kh, kw)
+    for i in range(kh):
+        for j in range(kw):
+            top, left = i * dilations[0], j * dilations[1]
+            full[:, :, :, top:top + (h - 1) * strides[0] + 1:strides[0], left:left + (wd - 1) * strides[1] + 1:strides[1]] += \
+                np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j], optimize=True)
+    y = full.reshape(n, group * cog, full_h, full_w)[:, :, pads[0]:full_h - pads[2], pads[1]:full_w - pads[3]]
+    if b is not None:
+        y = y + b.astype(np.float64).reshape(1, -1, 1, 1)
+    return y
+
+
 def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
     if task.kind == "convert":  # a conversion changes the layout, never the values
         return inputs["x"].astype(np.float64)
     if task.kind == "conv":
         a = task.attrs
         y = conv_reference(inputs["x"], inputs["w"], inputs.get("b"), a["strides"], a["pads"], a["dilations"], a["group"])
+    elif task.kind == "deconv":
+        a = task.attrs
+        y = deconv_reference(inputs["x"], inputs["w"], inputs.get("b"), a["strides"], a["pads"], a["dilations"],
+                             a["group"], a["output_padding"])
     else:
         y = task.attrs["alpha"] * (inputs["x"].astype(np.float64) @ inputs["w"].astype(np.float64).T)
         if "b" in inputs:
@@ -85,7 +118,7 @@ def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The task as a one-op ONNX model (Conv, or Gemm with transB, then its epilogue) on the
+    """The task as a one-op ONNX model (Conv, ConvTranspose, or Gemm with transB, then its epilogue) on the
     task's weights: for a library whose runner takes graphs. Node "op" reads "x", writes "y"."""
     initializers = [numpy_helper.from_array(inputs["w"], "w")]
     node_inputs = ["x", "w"] + (["b"] if "b" in inputs else [])
@@ -96,6 +129,10 @@ def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
     if task.kind == "conv":
         node = helper.make_node("Conv", node_inputs, [out], name="op", kernel_shape=a["kernel"], strides=a["strides"],
                                 pads=a["pads"], dilations=a["dilations"], group=a["group"])
+    elif task.kind == "deconv":
+        node = helper.make_node("ConvTranspose", node_inputs, [out], name="op", kernel_shape=a["kernel"],
+                                strides=a["strides"], pads=a["pads"], dilations=a["dilations"], group=a["group"],
+                                output_padding=a["output_padding"])
     else:
         node = helper.make_node("Gemm", node_inputs, [out], name="op", transB=1, alpha=a["alpha"], beta=a["beta"])
     nodes, constants = activations.onnx_nodes(task.epilogue, out, "y")

@@ -13,7 +13,7 @@ from kselect.core import activations
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
 
-TUNABLE_OPS = ("Conv", "Gemm", "MatMul")
+TUNABLE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 @dataclass
@@ -21,9 +21,9 @@ class Op:
     """One tunable node, described by what a kernel needs to know."""
 
     node: str
-    kind: str  # "conv" or "fc"
+    kind: str  # "conv", "deconv" (ConvTranspose) or "fc"
     input_shape: list[int]
-    weight_shape: list[int]  # conv: OIHW; fc: [N, K] (output features, input features)
+    weight_shape: list[int]  # conv: OIHW; deconv: ONNX's [C_in, C_out / group, kH, kW]; fc: [N, K]
     output_shape: list[int]
     attrs: dict
     has_bias: bool
@@ -42,6 +42,10 @@ class Op:
             n, cout, oh, ow = self.output_shape
             _, cin_per_group, kh, kw = self.weight_shape
             return n * cout * oh * ow * cin_per_group * kh * kw
+        if self.kind == "deconv":  # every input pixel scatters a kernel-sized patch per output channel
+            n, cin, h, w = self.input_shape
+            _, cout_per_group, kh, kw = self.weight_shape
+            return n * cin * h * w * cout_per_group * kh * kw
         m = self.input_shape[0]
         n, k = self.weight_shape
         return m * n * k
@@ -90,6 +94,8 @@ class Task:
             text += f" d{a['dilations'][0]}x{a['dilations'][1]}"
         if a["group"] > 1:
             text += f" g{a['group']}"
+        if any(a.get("output_padding", [0, 0])):
+            text += f" op{a['output_padding'][0]}x{a['output_padding'][1]}"
         return text + suffix
 
     def to_json(self) -> dict:
@@ -141,9 +147,30 @@ def _shape(model: Model, name: str, node: onnx.NodeProto) -> list[int]:
     return model.shapes[name]
 
 
-# Ops a kernel library could run with a configuration of its own, but kselect does not tune yet:
-# they run as each library's runner runs them by default (ONNX Runtime where the runner has none).
-NOT_YET_TUNED = {"ConvTranspose": "transposed convolution: not tuned yet (runs with each library's default)"}
+def _conv_attrs(node, x: list[int], kernel: list[int]) -> dict:
+    strides = list(_attr(node, "strides", [1, 1]))
+    dilations = list(_attr(node, "dilations", [1, 1]))
+    return {"kernel": kernel, "strides": strides, "pads": explicit_pads(node, x, kernel, strides, dilations),
+            "dilations": dilations, "group": int(_attr(node, "group", 1))}
+
+
+def _deconv_attrs(node, x: list[int], w: list[int], y: list[int]) -> tuple[dict | None, str]:
+    """A ConvTranspose's attributes with its pads explicit, or (None, why) where the output
+    size is not given by pads alone (auto_pad, or an output_shape the pads must be derived from)."""
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "") or _attr(node, "output_shape") is not None:
+        return None, "ConvTranspose with auto_pad or output_shape: only explicit pads are tuned"
+    attrs = {"kernel": w[2:], "strides": list(_attr(node, "strides", [1, 1])),
+             "pads": list(_attr(node, "pads", [0, 0, 0, 0])), "dilations": list(_attr(node, "dilations", [1, 1])),
+             "group": int(_attr(node, "group", 1)), "output_padding": list(_attr(node, "output_padding", [0, 0]))}
+    for axis in range(2):
+        span = (attrs["kernel"][axis] - 1) * attrs["dilations"][axis] + 1
+        size = (attrs["strides"][axis] * (x[2 + axis] - 1) + attrs["output_padding"][axis] + span
+                - attrs["pads"][axis] - attrs["pads"][2 + axis])
+        if size != y[2 + axis]:
+            return None, f"ConvTranspose output {y} does not follow from its attributes"
+    return attrs, ""
 
 
 def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
@@ -164,13 +191,10 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
         return activations.find_epilogue(model, index, consumers)
 
     for index, node in enumerate(model.proto.graph.node):
-        if node.op_type in NOT_YET_TUNED:
-            skip(node, NOT_YET_TUNED[node.op_type])
-            continue
         if node.op_type not in TUNABLE_OPS:
             continue
         name = node.name
-        if node.op_type == "Conv":
+        if node.op_type in ("Conv", "ConvTranspose"):
             if node.input[1] not in model.initializers:
                 skip(node, "weights computed at run time: no fixed kernel to select")
                 continue
@@ -184,11 +208,15 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
                 skip(node, f"{len(x) - 2}-D convolution: only 2-D convolutions are tuned yet")
                 continue
             y = _shape(model, node.output[0], node)
-            strides = list(_attr(node, "strides", [1, 1]))
-            dilations = list(_attr(node, "dilations", [1, 1]))
-            attrs = {"kernel": w[2:], "strides": strides, "pads": explicit_pads(node, x, w[2:], strides, dilations),
-                     "dilations": dilations, "group": int(_attr(node, "group", 1))}
-            ops.append(Op(name, "conv", x, w, y, attrs, len(node.input) > 2 and node.input[2] != "", epilogue(index)))
+            has_bias = len(node.input) > 2 and node.input[2] != ""
+            if node.op_type == "Conv":
+                ops.append(Op(name, "conv", x, w, y, _conv_attrs(node, x, w[2:]), has_bias, epilogue(index)))
+                continue
+            attrs, why = _deconv_attrs(node, x, w, y)
+            if attrs is None:
+                skip(node, why)
+                continue
+            ops.append(Op(name, "deconv", x, w, y, attrs, has_bias, epilogue(index)))
         else:
             weight_name = node.input[1]
             if weight_name not in model.initializers:
@@ -235,7 +263,8 @@ def extract_tasks(model: Model) -> list[Task]:
         untuned: list = []
         find_ops(model, untuned)
         why = f"; untuned: {untuned[0][1]} {untuned[0][0]!r} ({untuned[0][2]})" if untuned else ""
-        raise KselectError(f"{model.name} has nothing to tune (no 2-D Conv, Gemm or MatMul with constant weights){why}")
+        raise KselectError(f"{model.name} has nothing to tune (no 2-D Conv, ConvTranspose, Gemm or MatMul with "
+                           f"constant weights){why}")
     return list(tasks.values())
 
 

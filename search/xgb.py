@@ -48,7 +48,7 @@ PAPER_PARAMS = {
 }
 ROUNDS = 100
 
-TASK_FEATURES = ("fc", "batch", "in_w", "in_h", "in_c", "w_n", "w_w", "w_h",
+TASK_FEATURES = ("fc", "deconv", "batch", "in_w", "in_h", "in_c", "w_n", "w_w", "w_h",
                  "pad_top", "pad_left", "pad_bottom", "pad_right", "stride_h", "stride_w", "groups", "log2_macs")
 
 
@@ -56,14 +56,15 @@ def task_features(task: Task) -> list[float]:
     """The op's shape as numbers (``TASK_FEATURES``); a fully connected layer is a 1x1 conv
     on a 1x1 image with the batch as M."""
     log_macs = math.log2(max(task.macs, 1))
-    if task.kind == "conv":
+    if task.kind in ("conv", "deconv"):
         n, c, h, w = task.input_shape
-        out_c, _, kh, kw = task.weight_shape
+        kh, kw = task.attrs["kernel"]
         a = task.attrs
-        return [0.0, n, w, h, c, out_c, kw, kh, *a["pads"], *a["strides"], a["group"], log_macs]
+        return [0.0, float(task.kind == "deconv"), n, w, h, c, task.output_shape[1], kw, kh, *a["pads"], *a["strides"],
+                a["group"], log_macs]
     m, k = task.input_shape
     out_n = task.weight_shape[0]
-    return [1.0, m, 1, 1, k, out_n, 1, 1, 0, 0, 0, 0, 1, 1, 1, log_macs]
+    return [1.0, 0.0, m, 1, 1, k, out_n, 1, 1, 0, 0, 0, 0, 1, 1, 1, log_macs]
 
 
 def feature_names(space: Space) -> list[str]:

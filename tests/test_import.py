@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from kselect.core import plugins
 from kselect.core.bench import compare_outputs, random_feeds
-from kselect.core.model import load_model
+from kselect.core.model import load_model, model_from_proto
 from kselect.core.runtime import library_runner
 from kselect.core.tasks import extract_tasks, untuned_ops
 
@@ -138,13 +138,56 @@ def test_shape_subgraphs_fold_once_input_dims_are_fixed(tmp_path):
     assert result.returncode == 2 and "input 'x' dim 0 ('N') is unknown: pass --input-shape x=N,3,N,N" in result.stderr
 
 
-def test_conv_transpose_and_1d_convs_are_listed_as_untuned_with_the_reason(tmp_path):
+def test_conv_transpose_is_a_task_that_xnnpack_runs_itself(tmp_path):
+    """A ConvTranspose with explicit pads, output_padding and groups is a "deconv" task with its
+    Relu; XNNPack's whole-model runner runs it as its own deconvolution operator, no ONNX Runtime
+    segment, and matches ONNX Runtime."""
+    inits = [numpy_helper.from_array(_weights(8, 3, 3, 3), "w"), numpy_helper.from_array(_weights(8, 3, 3, 3), "wt"),
+             numpy_helper.from_array(_weights(6), "bt")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["c", "wt", "bt"], ["d"], name="deconv", strides=[2, 2], group=2,
+                              pads=[1, 0, 1, 2], output_padding=[1, 1]),
+             helper.make_node("Relu", ["d"], ["y"], name="relu")]
+    model = load_model(str(_save(tmp_path, _model(nodes, inits))))
+    conv, deconv = extract_tasks(model)
+    assert (deconv.kind, deconv.nodes, deconv.activation) == ("deconv", ["deconv"], "relu")
+    assert deconv.output_shape == [1, 6, 32, 32] and deconv.describe_attrs() == "k3x3 s2 p1,0,1,2 g2 op1x1 +relu"
+    assert untuned_ops(model) == []
+    runner = library_runner(plugins.get_library("xnnpack"), model)
+    assert [s.library for s in runner.segments] == ["xnnpack"] and runner.refused == []
+    assert _matches_onnxruntime(model)["xnnpack"] < 1e-4
+
+
+@pytest.mark.parametrize("library_name", ["mlas", "xnnpack"])
+def test_every_config_of_a_conv_transpose_matches_the_reference(library_name):
+    """waifu2x's 4x4/s2 deconvolution to 3 channels, and CenterFace's 2x2/s2 one with its Relu,
+    measured in-process on real kernels in every config of the library's space."""
+    from kselect.core.device import this_device
+    from kselect.core.measure import MeasureSettings, measure_in_this_process
+
+    library = plugins.get_library(library_name)
+    cases = [([numpy_helper.from_array(_weights(16, 3, 4, 4), "wt"), numpy_helper.from_array(_weights(3), "bt")],
+              [helper.make_node("ConvTranspose", ["x", "wt", "bt"], ["y"], name="deconv", strides=[2, 2], pads=[3, 3, 3, 3])]),
+             ([numpy_helper.from_array(_weights(16, 24, 2, 2), "wt")],
+              [helper.make_node("ConvTranspose", ["x", "wt"], ["d"], name="deconv", strides=[2, 2]),
+               helper.make_node("LeakyRelu", ["d"], ["y"], name="act", alpha=0.1)])]
+    quick = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.05)
+    for inits, nodes in cases:
+        task, = extract_tasks(model_from_proto("deconv", _model(nodes, inits, input_shape=(1, 16, 12, 12))))
+        configs = list(library.space(task, this_device()).enumerate())
+        assert library.default_config(task, this_device()) in configs and len(configs) >= 3
+        for config in configs:
+            result = measure_in_this_process(library, task, config, quick, {})
+            assert result.status == "ok" and result.error < 1e-4, (config, result.reason)
+
+
+def test_conv_transposes_without_explicit_pads_and_1d_convs_are_listed_as_untuned_with_the_reason(tmp_path):
     inits = [numpy_helper.from_array(_weights(8, 3, 3, 3), "w"), numpy_helper.from_array(_weights(8, 4, 2, 2), "wt")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("ConvTranspose", ["c", "wt"], ["y"], name="deconv", strides=[2, 2])]
+             helper.make_node("ConvTranspose", ["c", "wt"], ["y"], name="deconv", strides=[2, 2], auto_pad="SAME_UPPER")]
     model = load_model(str(_save(tmp_path, _model(nodes, inits))))
     assert untuned_ops(model) == [("deconv", "ConvTranspose",
-                                   "transposed convolution: not tuned yet (runs with each library's default)")]
+                                   "ConvTranspose with auto_pad or output_shape: only explicit pads are tuned")]
     assert _matches_onnxruntime(model)["xnnpack"] < 1e-4
 
     inits = [numpy_helper.from_array(_weights(8, 3, 5), "w")]

@@ -100,7 +100,7 @@ class MlasLibrary(Library):
         self.ort_nchwc_nodes = nchwc.ort_nchwc_convs(model.proto)
 
     def supports(self, task: Task) -> bool:
-        return task.kind in ("conv", "fc")
+        return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
         # every MLAS path is an exact fp32 algorithm (no Winograd/FFT): only summation order differs
@@ -193,8 +193,10 @@ class MlasLibrary(Library):
                     x = nchwc.nchwc_feed(inputs["x"], block)
                 channels = task.output_shape[1]
                 unblock = lambda y: nchwc.from_blocked(y, channels, block)  # noqa: E731
-        else:
-            model = fc_model(task, inputs)
+        else:  # a Gemm, or ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im), with the epilogue
+            from kselect.core.measure import task_model
+
+            model, epilogue = task_model(task, inputs), []
             x, unblock = inputs["x"], (lambda y: y)
         if epilogue:
             with_epilogue(model, epilogue)
@@ -262,22 +264,6 @@ class MlasLibrary(Library):
             session = plan_session(model, plan, stop, segment=in_mixed_plan)
         names = [o.name for o in session.get_outputs()]
         return lambda feeds: session.run(names, feeds)
-
-
-def fc_model(task: Task, inputs: dict[str, np.ndarray]):
-    """A single Gemm (y = alpha * x @ w.T + beta * b) with constant weights."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    initializers = [numpy_helper.from_array(inputs["w"], "w")]
-    node_inputs = ["x", "w"]
-    if "b" in inputs:
-        initializers.append(numpy_helper.from_array(inputs["b"], "b"))
-        node_inputs.append("b")
-    node = helper.make_node("Gemm", node_inputs, ["y"], name="fc", transB=1,
-                            alpha=task.attrs["alpha"], beta=task.attrs["beta"])
-    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, task.input_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, task.output_shape)], initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 # The activations an NCHWc conv takes as its ``activation`` attribute (MLAS_ACTIVATION_KIND).

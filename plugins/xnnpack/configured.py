@@ -126,6 +126,10 @@ class OpSpec:
             self.taps = task.attrs["kernel"][0] * task.attrs["kernel"][1]
             self.output_channels = task.weight_shape[0]
             self.groups = task.attrs["group"]
+        elif task.kind == "deconv":
+            self.taps = task.attrs["kernel"][0] * task.attrs["kernel"][1]
+            self.output_channels = task.weight_shape[1] * task.attrs["group"]
+            self.groups = task.attrs["group"]
         else:
             self.taps = None
             self.output_channels = task.weight_shape[0]
@@ -134,7 +138,7 @@ class OpSpec:
     def nchw_path(self) -> tuple[bool, str]:
         """Whether XNNPack's NCHW operator takes this conv; the path name (xnnpack_api)."""
         if self.kind != "conv":
-            return False, "fully connected has no NCHW operator"
+            return False, f"no NCHW operator for a {self.kind} op"
         a, t = self.task.attrs, self.task
         for input_nhwc in (False, True):
             ok, path = xa.nchw_convolution_supported(a["kernel"], a["strides"], a["dilations"], a["pads"], a["group"],
@@ -246,7 +250,7 @@ def build(spec: OpSpec, config: dict, w: np.ndarray, b: np.ndarray | None, x: np
           output_min: float = -math.inf, output_max: float = math.inf, *, unsafe: bool | None = None,
           check_kernels: bool = True) -> Built:
     """Creates the operator for ``config`` reading ``x`` and writing ``y`` (conv: NHWC arrays,
-    weights OIHW; fc: (M, K) -> (M, N), weights (N, K)). ``unsafe`` allows overrides that can
+    weights OIHW; deconv: NHWC arrays, ONNX's weights; fc: (M, K) -> (M, N), weights (N, K)). ``unsafe`` allows overrides that can
     abort (only ever true in the measuring child)."""
     if unsafe is None:
         unsafe = False
@@ -263,6 +267,10 @@ def build(spec: OpSpec, config: dict, w: np.ndarray, b: np.ndarray | None, x: np
     with _forced(choice):
         if spec.kind == "fc":
             op = xa.FullyConnected(w, b, output_min=output_min, output_max=output_max, threadpool=pool)
+        elif spec.kind == "deconv":
+            op = xa.Deconvolution2DNHWC(w, b, stride=a["strides"], dilation=a["dilations"], padding=a["pads"],
+                                        groups=a["group"], adjustment=a["output_padding"], output_min=output_min,
+                                        output_max=output_max, threadpool=pool)
         else:
             op = xa.Convolution2DNHWC(w, b, stride=a["strides"], dilation=a["dilations"], padding=a["pads"],
                                       groups=a["group"], output_min=output_min, output_max=output_max, threadpool=pool)

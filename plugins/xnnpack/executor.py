@@ -7,7 +7,7 @@ an inference is the input layout conversion, one ``xnn_run_operator`` per operat
 copies. Activations stay NHWC between operators: the model's NCHW inputs are converted once at
 the start and 4-D outputs converted back at the end (both part of the measured latency).
 
-Graph rewrites (the same with and without a plan): Relu / Clip after a Conv, Gemm, MatMul or Add
+Graph rewrites (the same with and without a plan): Relu / Clip after a Conv, ConvTranspose, Gemm, MatMul or Add
 fold into that operator's output range; a Flatten of an NHWC tensor feeding fully connected ops
 folds into the FC weights (columns permuted to NHWC order) instead of a transpose.
 
@@ -181,7 +181,8 @@ class Executor:
 
         fused_into: dict[int, int] = {}  # activation node index -> producer index
         for i, node in enumerate(nodes):
-            if node.op_type in ("Conv", "Gemm", "MatMul", "Add", "Mul", "Sub", "Div") and len(node.output) == 1:
+            if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Sub", "Div") \
+                    and len(node.output) == 1:
                 out = node.output[0]
                 uses = consumers.get(out, [])
                 if len(uses) == 1 and out not in self.graph_outputs:
@@ -254,8 +255,8 @@ class Executor:
         return config
 
     def _build_configured(self, node, i, out_name, act, w, b, x: _Tensor, y_shape):
-        task = self._tasks[node.name]
         config = self._config(node)
+        task = self._tasks[node.name]
         y = self._new_tensor(out_name, y_shape, i)
         spec = configured.OpSpec(task)
         built = configured.build(spec, config, w, b, x.array, y.array, act[0], act[1], unsafe=self.unsafe,
@@ -268,10 +269,12 @@ class Executor:
     def _op_Conv(self, node, i, out_name, act):
         x = self._input(node)
         if not x.nhwc:
-            raise UnsupportedOp(f"xnnpack executor: Conv {node.name!r} needs a 4-D input", node.name)
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input", node.name)
         w = self._const(node.input[1])
         b = self._const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         self._build_configured(node, i, out_name, act, w, b, x, self._shape(node.output[0]))
+
+    _op_ConvTranspose = _op_Conv  # the task (find_ops) says which operator it is
 
     def _op_Gemm(self, node, i, out_name, act):
         x = self._input(node)

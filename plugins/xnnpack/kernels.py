@@ -93,9 +93,12 @@ def table_defaults() -> dict:
 def op_class(task) -> str:
     """XNNPack's micro-kernel family for this task's NHWC operator (convolution-nhwc.c at
     ae108ef): "vmulcaddc" (1x1 depthwise), "dwconv" (depthwise, multiplier 1, kh*kw one of the
-    table's tiles), "gemm" (1x1 stride-1 unpadded, and fully connected), else "igemm"."""
+    table's tiles), "gemm" (1x1 stride-1 unpadded, and fully connected), "deconv" (transposed
+    convolution: its own operator, no micro-kernel choice offered), else "igemm"."""
     if task.kind == "fc":
         return "gemm"
+    if task.kind == "deconv":
+        return "deconv"
     a = task.attrs
     groups = a["group"]
     cin_g, cout_g = task.input_shape[1] // groups, task.weight_shape[0] // groups
@@ -112,9 +115,12 @@ def op_class(task) -> str:
 
 
 def gemm_rows(task) -> int:
-    """Rows of the GEMM (output pixels times batch, or the fc batch)."""
+    """Rows of the GEMM (output pixels times batch, input pixels for a deconv, or the fc batch)."""
     if task.kind == "fc":
         return int(task.input_shape[0])
+    if task.kind == "deconv":
+        n, _, h, w = task.input_shape
+        return int(n * h * w)
     n, _, oh, ow = task.output_shape
     return int(n * oh * ow)
 

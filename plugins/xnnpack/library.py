@@ -20,9 +20,9 @@ TILE_QUANTUM = 16  # tile_n values are multiples of 16: a multiple of every nr o
 
 
 class XnnCandidate(Candidate):
-    def __init__(self, built: configured.Built, conv: bool, flags: int = 0):
+    def __init__(self, built: configured.Built, nhwc: bool, flags: int = 0):
         self.built = built
-        self.conv = conv
+        self.nhwc = nhwc
         self.flags = flags
         shim = tileshim.shim()
         if shim is not None:
@@ -33,7 +33,7 @@ class XnnCandidate(Candidate):
         y = getattr(self.built, "y_nchw", None)
         if y is not None:
             return y.copy()
-        if self.conv:
+        if self.nhwc:
             return np.ascontiguousarray(self.built.y.transpose(0, 3, 1, 2))
         return self.built.y.copy()
 
@@ -116,10 +116,10 @@ class XnnpackLibrary(Library):
             return False
         if task.kind == "fc":
             return True
-        if task.kind != "conv" or len(task.input_shape) != 4:
+        if task.kind not in ("conv", "deconv") or len(task.input_shape) != 4:
             return False
         groups = task.attrs["group"]
-        return task.input_shape[1] % groups == 0 and task.weight_shape[0] % groups == 0
+        return task.input_shape[1] % groups == 0 and configured.OpSpec(task).output_channels % groups == 0
 
     # -- spaces -----------------------------------------------------------------------------
     @staticmethod
@@ -214,7 +214,7 @@ class XnnpackLibrary(Library):
         if task.epilogue:
             return self._prepare_in_executor(task, config, inputs)
         w, b = inputs["w"], inputs.get("b")
-        if task.kind == "conv":
+        if task.kind != "fc":
             x = configured.buffer([task.input_shape[i] for i in (0, 2, 3, 1)])
             np.copyto(x, inputs["x"].transpose(0, 2, 3, 1))
             n, c, oh, ow = task.output_shape
@@ -227,7 +227,7 @@ class XnnpackLibrary(Library):
             b = None if b is None else (b * np.float32(task.attrs["beta"])).astype(np.float32)
         flags = configured.pool_flags(config)
         built = configured.build(spec, config, w, b, x, y, unsafe=configured.in_measuring_child())
-        return XnnCandidate(built, task.kind == "conv", flags)
+        return XnnCandidate(built, task.kind != "fc", flags)
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         """An op with its activation, run as the executor runs it in a whole model: the clamps

@@ -127,6 +127,8 @@ _UNARY = {"sigmoid": [], "hardswish": [], "leaky_relu": [_f32], "elu": [_f32]}  
 for _kind, _extra in _UNARY.items():
     _PROTOS[f"xnn_create_{_kind}_nc_f32"] = [_sz] * 3 + _extra + [_u32, _op_out]
     _PROTOS[f"xnn_setup_{_kind}_nc_f32"] = [_vp, _sz, _vp, _vp, _vp]
+_PROTOS["xnn_create_deconvolution2d_nhwc_f32"] = [_u32] * 11 + [_sz] * 4 + [_vp, _vp, _f32, _f32, _u32, _op_out]
+_PROTOS["xnn_setup_deconvolution2d_nhwc_f32"] = [_vp, _sz, _sz, _sz, _u32, _u32, _vp, _vp, _vp]
 _PROTOS["xnn_create_prelu_nc_f32"] = [_sz] * 3 + [_vp, _u32, _op_out]
 _PROTOS["xnn_setup_prelu_nc_f32"] = [_vp, _sz, _vp, _vp, _vp]
 _PROTOS["xnn_create_resize_bilinear2d_nhwc_f32"] = [_sz] * 3 + [_u32, _op_out]
@@ -622,6 +624,59 @@ class Convolution2DNCHW(_Conv2DBase):
         out = _out(out, self.output_shape(x.shape))
         _check(self._setup_fn(self.handle, n, h, w, _ptr(x), _ptr(out), self._pool(threadpool)),
                self._setup_name)
+        return out
+
+
+class Deconvolution2DNHWC(Operator):
+    """``xnn_create_deconvolution2d_nhwc_f32``: ONNX's ConvTranspose in NHWC.
+
+    ``weights``: ONNX's (C_in, C_out / groups, kh, kw); ``padding``: ONNX's pads (top, left,
+    bottom, right), cropped from the output; ``adjustment``: ONNX's output_padding (h, w).
+    Input (N, H, W, C_in) -> output (N, OH, OW, C_out).
+    """
+
+    def __init__(self, weights, bias=None, *, stride=1, dilation=1, padding=0, groups=1, adjustment=(0, 0),
+                 output_min: float = -math.inf, output_max: float = math.inf, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        w = np.asarray(weights, dtype=np.float32)
+        if w.ndim != 4:
+            raise ValueError("weights must be 4-D (C_in, C_out / groups, kh, kw)")
+        cin, cout_g, kh, kw = w.shape
+        groups = int(groups)
+        if groups < 1 or cin % groups:
+            raise ValueError(f"input channels {cin} not divisible by groups {groups}")
+        self.groups, self.input_channels, self.output_channels = groups, cin, cout_g * groups
+        self.kernel, self.stride, self.dilation = (kh, kw), _pair(stride, "stride"), _pair(dilation, "dilation")
+        self.padding = _pads(padding)
+        self.adjustment = _pair(adjustment, "adjustment")
+        # XNNPack's layout: [groups][C_out / groups][kh][kw][C_in / groups]
+        kernel = np.ascontiguousarray(w.reshape(groups, cin // groups, cout_g, kh, kw).transpose(0, 2, 3, 4, 1))
+        b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        if b is not None and b.size != self.output_channels:
+            raise ValueError(f"bias has {b.size} elements, expected {self.output_channels}")
+        t, l, bottom, r = self.padding
+        self._create("xnn_create_deconvolution2d_nhwc_f32", t, r, bottom, l, kh, kw, self.stride[0], self.stride[1],
+                     self.dilation[0], self.dilation[1], groups, cin // groups, cout_g, cin, self.output_channels,
+                     _ptr(kernel), None if b is None else _ptr(b), float(output_min), float(output_max), 0)
+
+    def _describe(self) -> str:
+        return (f"{type(self).__name__} k={self.kernel} s={self.stride} d={self.dilation} pad(t,l,b,r)={self.padding} "
+                f"groups={self.groups} adjustment={self.adjustment}")
+
+    def output_shape(self, input_shape) -> tuple:
+        n, h, w, _ = input_shape
+        t, l, b, r = self.padding
+        size = [self.stride[axis] * (hw - 1) + self.adjustment[axis] + (self.kernel[axis] - 1) * self.dilation[axis] + 1
+                for axis, hw in enumerate((h, w))]
+        return (n, size[0] - t - b, size[1] - l - r, self.output_channels)
+
+    def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
+        x = _as_f32(x, "x")
+        if x.ndim != 4 or x.shape[3] != self.input_channels:
+            raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
+        out = _out(out, self.output_shape(x.shape))
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], self.adjustment[0], self.adjustment[1],
+                              _ptr(x), _ptr(out), self._pool(threadpool)), self._setup_name)
         return out
 
 
