@@ -39,6 +39,15 @@ def conv_task(c, o, hw, k, stride=1, pad=None, group=1, bias=True, dilation=1) -
     return Task("T", task_key(signature), "conv", [1, c, hw, hw], [o, c // group, k, k], [1, o, oh, ow], attrs, bias, ["n"])
 
 
+def deconv_task(c, o, hw, k, stride, pad, bias=True, group=1) -> Task:
+    out = stride * (hw - 1) + k - 2 * pad
+    attrs = {"kernel": [k, k], "strides": [stride, stride], "pads": [pad] * 4, "dilations": [1, 1], "group": group,
+             "output_padding": [0, 0]}
+    signature = {"kind": "deconv", "input": [1, c, hw, hw], "weight": [c, o // group, k, k], "output": [1, o, out, out],
+                 "attrs": attrs, "bias": bias}
+    return Task("D", task_key(signature), "deconv", [1, c, hw, hw], [c, o // group, k, k], [1, o, out, out], attrs, bias, ["d"])
+
+
 def fc_task(m, k, n, bias=True) -> Task:
     attrs = {"alpha": 1.0, "beta": 1.0, "transB": 1}
     signature = {"kind": "fc", "input": [m, k], "weight": [n, k], "output": [m, n], "attrs": attrs, "bias": bias}
@@ -163,6 +172,24 @@ def test_every_method_and_layout_gives_a_correct_result(acl, device):
             seen.add((config["method"], config.get("fast_math", False), config["layout"]))
     assert {m for m, _, _ in seen} == {"GEMM", "WINOGRAD", "DIRECT", "FFT", "DEPTHWISE"}
     assert ("WINOGRAD", True, "NHWC") in seen and ("WINOGRAD", False, "NCHW") in seen
+
+
+def test_a_transposed_convolution_runs_as_ne_deconvolution_layer_in_every_layout(acl, device):
+    """waifu2x's 4x4/s2 deconvolution to 3 channels and the 2x2/s2 one of CenterFace and the
+    PP-OCR detectors; a grouped one is not ACL's (20.08 has no grouped deconvolution)."""
+    assert not acl.supports(deconv_task(8, 8, 6, 2, 2, 0, group=2))
+    for task in (deconv_task(16, 3, 10, 4, 2, 3), deconv_task(8, 8, 6, 2, 2, 0, bias=False)):
+        assert acl.supports(task)
+        assert acl.default_config(task, device) == {"layout": "NCHW", "threads": armnn_threads(device),
+                                                    **({"scheduler": "acl"} if armnn_threads(device) > 1 else {})}
+        layouts = set()
+        for config in acl.space(task, device).enumerate():
+            if config.get("split", (0.5,)) not in ((0.5, 0.5), (0.5,)):
+                continue
+            result = measure(acl, task, config)
+            assert result.status == "ok" and result.error < 1e-4, (config, result)
+            layouts.add(config["layout"])
+        assert layouts == {"NCHW", "NHWC"}
 
 
 def test_every_listed_gemm_kernel_gives_a_correct_result(acl, device):

@@ -18,12 +18,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import run_kselect, small_cnn
+from kselect.core import plugins
 from kselect.core.bench import bench, compare_outputs, random_feeds
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
 from kselect.core.model import load_model
 from kselect.core.plan import load_plan_file
 from kselect.core.records import RecordDB
+from kselect.core.runtime import library_runner, load_plan
 from kselect.core.tasks import extract_tasks
 from kselect.core.zoo import build_model
 from kselect.plugins.acl import build
@@ -221,6 +223,39 @@ def test_cli_tune_and_bench_under_emulation(acl, tmp_path):
     assert result["max_relative_output_error"] < 1e-3
     if acl.emulated:
         assert "EMULATED" in benched.stdout
+
+
+def test_an_op_acl_does_not_tune_between_tuned_ones_runs_with_acls_own_choice(acl, tmp_path):
+    """A ConvTranspose followed by a Relu is no ACL task (NEDeconvolutionLayer fuses no
+    activation): the tune plans the convs around it, and its plan runs it in the runner as
+    NEDeconvolutionLayer, the Relu as a step of its own, matching ONNX Runtime."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
+             for n, s in (("w", (8, 3, 3, 3)), ("wt", (8, 4, 2, 2)), ("w2", (3, 4, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("ConvTranspose", ["r", "wt"], ["d"], name="deconv", strides=[2, 2]),
+             helper.make_node("Relu", ["d"], ["e"], name="relu2"),
+             helper.make_node("Conv", ["e", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model_path = tmp_path / "deconv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model_path)
+    plan_path = tmp_path / "deconv.acl.plan.json"
+    tuned = run_kselect("tune", model_path, "--library", "acl", "--budget", "1", "--min-time", "0.005",
+                        "--db", tmp_path / "records.db", "-o", plan_path, "--no-verify")
+    assert tuned.returncode == 0, tuned.stderr
+    plan = load_plan_file(plan_path)
+    assert set(plan.nodes) == {"conv", "conv2"}
+    model = load_model(model_path)
+    runner = load_plan(plan, model)
+    try:
+        assert [s.library for s in runner.segments] == ["acl"]
+        feeds = random_feeds(model)
+        reference = library_runner(plugins.get_library("mlas"), model)(feeds)
+        assert compare_outputs(reference, runner(feeds)) < 1e-4
+    finally:
+        runner.close()
 
 
 def test_applied_bundle_runs_in_the_runner(acl, tmp_path):

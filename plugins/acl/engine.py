@@ -3,7 +3,9 @@ the graph description the runner's ``model_load`` action executes with ACL funct
 (PROTOCOL.md, "Whole models"), and ``AclModelRunner`` runs it for ``kselect bench``.
 
 Lowering: Conv -> ``conv`` (per-node config: method, layout, GEMM kernel, CPU model, threads,
-scheduler), Gemm / MatMul with constant weights -> ``fc`` (alpha and beta folded into the weights
+scheduler; a conv kselect does not tune on ACL runs with ACL's own choice), ConvTranspose ->
+``deconv`` (NEDeconvolutionLayer: square kernels, no groups, dilation or output padding; config:
+layout and schedule), Gemm / MatMul with constant weights -> ``fc`` (alpha and beta folded into the weights
 and bias), a Relu / Clip / LeakyRelu / Sigmoid / Tanh that is the only consumer of a conv or fc is
 fused into it (as ArmNN does), MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool -> ``pool``,
 Add, Concat (channels), Flatten (and a Reshape that flattens), Softmax (2-D, last axis), other
@@ -129,10 +131,9 @@ class _Lowering:
         return users[0], node, act
 
     def config(self, node) -> dict:
-        if node.name not in self.configs:
-            raise KselectError(f"ACL engine: no configuration for {node.op_type} node {node.name!r} "
-                               "(the plan or the defaults do not cover it)")
-        return self.configs[node.name]
+        """The node's runner config; none for an op ACL does not tune (its activation is not one
+        ACL fuses): ACL's own choice then, on the graph's default schedule."""
+        return self.configs.get(node.name, {})
 
     # -- ops ------------------------------------------------------------------------------------
     def lower(self) -> dict:
@@ -189,6 +190,33 @@ class _Lowering:
         if act:
             fields["act"] = act
         self._emit(node, "conv", [x], output, **fields)
+
+    def op_ConvTranspose(self, index, node):
+        x, w = node.input[0], self.constant(node.input[1])
+        if w is None:
+            self.refuse(node, "weights computed at run time")
+        x_shape = self.shape(x, node)
+        kernel = list(w.shape)[2:]
+        if len(x_shape) != 4 or kernel[0] != kernel[1]:
+            self.refuse(node, "NEDeconvolutionLayer takes 2-D transposed convolutions with square kernels")
+        auto_pad = _text(_attr(node, "auto_pad", b"NOTSET"))
+        if int(_attr(node, "group", 1)) != 1 or list(_attr(node, "dilations", [1, 1])) != [1, 1] \
+                or any(_attr(node, "output_padding", [0, 0])) or auto_pad not in ("NOTSET", "") \
+                or _attr(node, "output_shape") is not None:
+            self.refuse(node, "NEDeconvolutionLayer has no groups, dilation, output padding or auto_pad")
+        b = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if len(node.input) > 2 and node.input[2] and b is None:
+            self.refuse(node, "bias computed at run time")
+        weights = np.ascontiguousarray(w.transpose(1, 0, 2, 3))  # ONNX's [C_in, C_out, ..] -> ACL's [OFM, IFM, ..]
+        output, act = self._output_with_activation(index, node)
+        fields = {"input": x_shape, "weights": list(weights.shape), "stride": list(_attr(node, "strides", [1, 1])),
+                  "pads": list(_attr(node, "pads", [0, 0, 0, 0])), "bias": b is not None,
+                  "weights_path": self.write("w", weights), "config": self.config(node)}
+        if b is not None:
+            fields["bias_path"] = self.write("b", b)
+        if act:
+            fields["act"] = act
+        self._emit(node, "deconv", [x], output, **fields)
 
     def _fc(self, index, node, a: str, weights_nk: np.ndarray, bias: np.ndarray | None):
         a_shape = self.shape(a, node)
@@ -360,7 +388,11 @@ class AclModelRunner:
             raise KselectError(f"ACL engine: the runner failed while loading the model: {exc}") from None
         if not self.load_info.get("ok"):
             self.close()
-            raise KselectError(f"ACL engine: {self.load_info.get('error_kind')}: {self.load_info.get('error')}")
+            message = f"ACL engine: {self.load_info.get('error_kind')}: {self.load_info.get('error')}"
+            node = str(self.load_info.get("error", "")).split(": ", 1)[0]
+            if self.load_info.get("error_kind") == "unsupported" and node in {n["name"] for n in graph["nodes"]}:
+                raise UnsupportedOp(message, node)  # ACL's validate() refused it: ONNX Runtime runs it
+            raise KselectError(message)
         for path in self.work_dir.glob("*.f32"):
             path.unlink()  # the runner holds the weights now
         self._fed: dict[str, np.ndarray] = {}

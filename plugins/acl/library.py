@@ -185,6 +185,10 @@ class AclLibrary(Library):
         if task.kind == "fc":
             return {"input": task.input_shape, "weights": task.weight_shape, "bias": task.has_bias, "relu": act is not None}
         a = task.attrs
+        if task.kind == "deconv":  # weights in ACL's [OFM, IFM, kh, kw] order (``measure`` transposes them)
+            cin, cout, kh, kw = task.weight_shape
+            return {"input": task.input_shape, "weights": [cout, cin, kh, kw], "stride": a["strides"], "pads": a["pads"],
+                    "bias": task.has_bias}
         return {"input": task.input_shape, "weights": task.weight_shape, "stride": a["strides"], "pads": a["pads"],
                 "dilation": a["dilations"], "group": a["group"], "bias": task.has_bias, "act": act}
 
@@ -257,6 +261,12 @@ class AclLibrary(Library):
             return info["pick"].get("NCHW", {}).get("fast_math_false", "NONE") != "NONE" and bool(info["valid"])
         if task.kind == "fc":
             return bool(self._analyse(task, this_device())["valid"])
+        if task.kind == "deconv":  # NEDeconvolutionLayer: square kernels, no groups, dilation, output padding or activation
+            a = task.attrs
+            if task.epilogue or a["group"] != 1 or a["dilations"] != [1, 1] or any(a["output_padding"]) \
+                    or a["kernel"][0] != a["kernel"][1]:
+                return False
+            return bool(self._analyse(task, this_device())["valid"])
         return False
 
     # -- spaces and defaults ------------------------------------------------------------------------
@@ -309,6 +319,11 @@ class AclLibrary(Library):
             space.add(Categorical("cpu_model", self._cpu_models(self._detected_models())))
             self._schedule_dims(space, device)
             return space
+        if task.kind == "deconv":  # ACL picks the convolution inside NEDeconvolutionLayer itself
+            space.add(Categorical("layout", tuple(layout for layout in ("NCHW", "NHWC") if ("DECONV", layout, False) in valid),
+                                  role="layout"))
+            self._schedule_dims(space, device)
+            return space
 
         methods = self._methods(info)
         if not methods:
@@ -358,6 +373,8 @@ class AclLibrary(Library):
             if method in GEMM_METHODS:
                 config["gemm_kernel"] = "default"  # dropped by normalise() when the space has no kernels
                 config["cpu_model"] = "detected"
+        elif task.kind == "deconv":
+            config["layout"] = "NCHW"
         else:
             config["gemm_kernel"] = "default"
             config["cpu_model"] = "detected"
@@ -371,8 +388,9 @@ class AclLibrary(Library):
         return f"acl:{config.get('layout', 'NCHW')}"
 
     def tolerance(self, task: Task, config: dict) -> float:
-        # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md).
-        if config.get("method") in ("WINOGRAD", "FFT", "AUTO"):
+        # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md); a
+        # deconvolution's inner convolution is ACL's own pick.
+        if task.kind == "deconv" or config.get("method") in ("WINOGRAD", "FFT", "AUTO"):
             return 1e-3
         return 1e-4
 
@@ -393,6 +411,8 @@ class AclLibrary(Library):
         arrays = {"input": inputs["x"], "weights": inputs["w"]}
         if "b" in inputs:
             arrays["bias"] = inputs["b"]
+        if task.kind == "deconv":
+            arrays["weights"] = inputs["w"].transpose(1, 0, 2, 3)
         if task.kind == "fc":  # y = alpha * x @ w.T + beta * b, folded into the weights and bias
             arrays["weights"] = inputs["w"] * np.float32(task.attrs["alpha"])
             if "b" in inputs:

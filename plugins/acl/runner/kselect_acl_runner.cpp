@@ -22,6 +22,7 @@
 #include "arm_compute/runtime/Scheduler.h"
 #include "arm_compute/runtime/Tensor.h"
 #include "arm_compute/runtime/NEON/functions/NEConvolutionLayer.h"
+#include "arm_compute/runtime/NEON/functions/NEDeconvolutionLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEDepthwiseConvolutionLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEDirectConvolutionLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEFFTConvolutionLayer.h"
@@ -2214,6 +2215,161 @@ std::string fc_request(const JVal &req, bool run)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Transposed convolution (ONNX ConvTranspose) with NEDeconvolutionLayer: "input" [N,C,H,W],
+// "weights" [O,C,KH,KW] in ACL's [OFM, IFM] order (the caller transposes ONNX's [C, O, KH, KW]),
+// "stride", "pads" [top, left, bottom, right] cropped from the output as in ONNX, "bias".
+// ACL 20.08 takes square kernels, no groups, no dilation and no output padding; it picks the
+// convolution method itself, so a config is a layout and a schedule.
+// ---------------------------------------------------------------------------------------------
+struct DeconvSpec
+{
+    size_t N, C, H, W, O, KH, KW, sh, sw, pt, pl, pb, pr, OH, OW;
+    bool   has_bias;
+
+    PadStrideInfo pad_stride() const
+    {
+        return PadStrideInfo(static_cast<unsigned>(sw), static_cast<unsigned>(sh), static_cast<unsigned>(pl), static_cast<unsigned>(pr), static_cast<unsigned>(pt), static_cast<unsigned>(pb),
+                             DimensionRoundingType::FLOOR);
+    }
+    std::vector<size_t> in_dims() const { return { N, C, H, W }; }
+    std::vector<size_t> w_dims() const { return { O, C, KH, KW }; }
+    std::vector<size_t> out_dims() const { return { N, O, OH, OW }; }
+};
+
+DeconvSpec parse_deconv(const JVal &req)
+{
+    auto in = int_list(req, "input", 4, {});
+    auto w  = int_list(req, "weights", 4, {});
+    if(in.empty() || w.empty())
+        throw BadRequest("deconv needs 'input' [N,C,H,W] and 'weights' [O,C,KH,KW]");
+    for(auto v : in)
+        if(v <= 0)
+            throw BadRequest("input dims must be positive");
+    for(auto v : w)
+        if(v <= 0)
+            throw BadRequest("weights dims must be positive");
+    if(w[1] != in[1])
+        throw BadRequest("deconv: weights [O,C,KH,KW] must have the input's C (ACL runs no grouped deconvolution)");
+    auto st = int_list(req, "stride", 2, { 1, 1 });
+    auto pd = int_list(req, "pads", 4, { 0, 0, 0, 0 });
+    if(st[0] <= 0 || st[1] <= 0)
+        throw BadRequest("stride must be positive");
+    for(auto p : pd)
+        if(p < 0)
+            throw BadRequest("pads must be >= 0");
+    DeconvSpec s{};
+    s.N = in[0], s.C = in[1], s.H = in[2], s.W = in[3];
+    s.O = w[0], s.KH = w[2], s.KW = w[3];
+    s.sh = st[0], s.sw = st[1];
+    s.pt = pd[0], s.pl = pd[1], s.pb = pd[2], s.pr = pd[3];
+    s.has_bias = opt_bool(req, "bias", true);
+    long long oh = static_cast<long long>(s.sh * (s.H - 1) + s.KH) - static_cast<long long>(s.pt + s.pb);
+    long long ow = static_cast<long long>(s.sw * (s.W - 1) + s.KW) - static_cast<long long>(s.pl + s.pr);
+    if(oh <= 0 || ow <= 0)
+        throw BadRequest("deconv: pads larger than the output");
+    s.OH = static_cast<size_t>(oh);
+    s.OW = static_cast<size_t>(ow);
+    return s;
+}
+
+ConvTensors deconv_infos(const DeconvSpec &s, DataLayout layout)
+{
+    ConvTensors t{ map4(s.in_dims(), layout), map4(s.w_dims(), layout), map1(s.O), map4(s.out_dims(), layout), {}, {}, {}, {} };
+    t.in_i  = TensorInfo(t.in_m.acl_shape(), 1, DataType::F32, layout);
+    t.w_i   = TensorInfo(t.w_m.acl_shape(), 1, DataType::F32, layout);
+    t.b_i   = TensorInfo(t.b_m.acl_shape(), 1, DataType::F32, layout);
+    t.out_i = TensorInfo(t.out_m.acl_shape(), 1, DataType::F32, layout);
+    return t;
+}
+
+Status validate_deconv(const DeconvSpec &s, DataLayout layout)
+{
+    try
+    {
+        ConvTensors t = deconv_infos(s, layout);
+        return NEDeconvolutionLayer::validate(&t.in_i, &t.w_i, s.has_bias ? &t.b_i : nullptr, &t.out_i, s.pad_stride());
+    }
+    catch(const std::exception &e)
+    {
+        return Status(ErrorCode::RUNTIME_ERROR, std::string("validate threw: ") + e.what());
+    }
+}
+
+std::string deconv_request(const JVal &req, bool run)
+{
+    DeconvSpec s = parse_deconv(req);
+    if(!run)
+    {
+        std::string cands = "[";
+        for(DataLayout layout : { DataLayout::NCHW, DataLayout::NHWC })
+        {
+            Status st = validate_deconv(s, layout);
+            Obj    o;
+            o.str("method", "DECONV").str("layout", layout_name(layout)).boolean("fast_math", false).boolean("ok", bool(st));
+            if(!bool(st))
+                o.str("reason", st.error_description());
+            cands += std::string(layout == DataLayout::NCHW ? "" : ",") + o.done();
+        }
+        Obj out;
+        out.boolean("ok", true).str("action", "validate").str("op", "deconv").raw("output", jints(s.out_dims())).boolean("depthwise", false).raw("candidates", cands + "]");
+        return out.done();
+    }
+    const JVal *cfgp    = req.get("config");
+    JVal        empty;
+    empty.type          = JVal::OBJ;
+    const JVal &cfg     = cfgp ? *cfgp : empty;
+    DataLayout  layout  = parse_layout(opt_str(cfg, "layout", "NCHW"));
+    int         threads = 0;
+    apply_cpu_config(cfg, &threads);
+    Status st = validate_deconv(s, layout);
+    if(!bool(st))
+    {
+        Obj o;
+        o.boolean("ok", false).str("action", "run").str("error_kind", "unsupported").str("error", "NEDeconvolutionLayer/" + layout_name(layout) + " rejected by validate(): " + st.error_description());
+        return o.done();
+    }
+    ConvTensors ti = deconv_infos(s, layout);
+    Tensor      in, w, b, out;
+    in.allocator()->init(ti.in_i);
+    w.allocator()->init(ti.w_i);
+    b.allocator()->init(ti.b_i);
+    out.allocator()->init(ti.out_i);
+    Timing tm;
+    ext::begin_configure(cfg);
+    auto                 t0 = Clock::now();
+    NEDeconvolutionLayer fn;
+    fn.configure(&in, &w, s.has_bias ? &b : nullptr, &out, s.pad_stride());
+    tm.configure_us = us_since(t0);
+    std::string error;
+    std::string configure_ext = ext::end_configure(cfg, &error);
+    in.allocator()->allocate();
+    w.allocator()->allocate();
+    b.allocator()->allocate();
+    out.allocator()->allocate();
+    const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
+    std::vector<float> vin  = load_or_random(req, "input_path", ti.in_m.count(), seed);
+    std::vector<float> vw   = load_or_random(req, "weights_path", ti.w_m.count(), seed + 1);
+    copy_logical<true>(in, ti.in_m, vin.data());
+    copy_logical<true>(w, ti.w_m, vw.data());
+    if(s.has_bias)
+    {
+        std::vector<float> vb = load_or_random(req, "bias_path", s.O, seed + 2);
+        copy_logical<true>(b, ti.b_m, vb.data());
+    }
+    time_function(fn, req, tm);
+    save_output(req, out, ti.out_m);
+    Obj o;
+    o.boolean("ok", true).str("action", "run").str("op", "deconv").str("method", "DECONV").str("effective_method", "DECONV").str("layout", layout_name(layout)).integer("threads", threads).raw("cpu_models", cpu_models_json()).raw("output", jints(s.out_dims()));
+    add_timing(o, tm);
+    if(!configure_ext.empty())
+        o.raw("gemm", configure_ext);
+    std::string sched = ext::scheduler_report();
+    if(!sched.empty())
+        o.raw("scheduler", sched);
+    return o.done();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Whole-model engine (actions model_load / model_run / model_free; see PROTOCOL.md). A graph
 // description written by kselect (nodes in topological order, shapes, weight files, one config per
 // conv / fc) becomes a list of configured ACL functions that stays alive between runs. Each conv
@@ -2669,6 +2825,44 @@ void add_conv(Net &n, const JVal &node, const std::string &name, const std::stri
         add_act(n, name + "#act", yt, out, act, ctx);
 }
 
+void add_deconv(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
+{
+    DeconvSpec          s      = parse_deconv(node);
+    const JVal         &cfg    = obj_or_empty(node, "config");
+    DataLayout          layout = parse_layout(opt_str(cfg, "layout", "NCHW"));
+    const size_t        ctx    = n.ctx_of(cfg, 0);
+    ActivationLayerInfo act    = parse_act(node, false); // NEDeconvolutionLayer fuses none: a step of its own
+    Status              st     = validate_deconv(s, layout);
+    if(!bool(st))
+        throw Unsupported(name + ": NEDeconvolutionLayer/" + layout_name(layout) + " rejected by validate(): " + st.error_description());
+    MT &x = n.get(in, layout, ctx);
+    if(x.dims != s.in_dims())
+        throw BadRequest(name + ": input " + in + " is " + dims_str(x.dims) + ", the deconv expects " + dims_str(s.in_dims()));
+    ConvTensors ti = deconv_infos(s, layout);
+    MT         &w  = n.add_const(name + "#weights", s.w_dims(), ti.w_m, layout, n.resolve(opt_str(node, "weights_path", "")), 2);
+    MT         *b  = s.has_bias ? &n.add_const(name + "#bias", { s.O }, ti.b_m, layout, n.resolve(opt_str(node, "bias_path", "")), 3) : nullptr;
+    MT         &y  = n.add_tensor(act.enabled() ? out + "#deconv" : out, s.out_dims(), ti.out_m, layout);
+    n.activate(ctx);
+    std::string error;
+    ext::begin_configure(cfg);
+    auto fn = std::make_unique<NEDeconvolutionLayer>();
+    try
+    {
+        fn->configure(x.t.get(), w.t.get(), b ? b->t.get() : nullptr, y.t.get(), s.pad_stride());
+    }
+    catch(...)
+    {
+        ext::end_configure(cfg, &error);
+        throw;
+    }
+    ext::end_configure(cfg, &error);
+    Obj o;
+    o.str("node", name).str("op", "deconv").str("method", "DECONV").str("layout", layout_name(layout)).raw("schedule", n.ctx_json(ctx));
+    add_step(n, name, "deconv", std::move(fn), ctx, o.done());
+    if(act.enabled())
+        add_act(n, name + "#act", y, out, act, ctx);
+}
+
 void add_fc(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
 {
     FcSpec      s   = parse_fc(node);
@@ -2754,6 +2948,8 @@ void build_node(Net &n, const JVal &node)
         throw BadRequest(name + ": a node needs 'inputs' and 'output'");
     if(op == "conv")
         return add_conv(n, node, name, ins[0], out);
+    if(op == "deconv")
+        return add_deconv(n, node, name, ins[0], out);
     if(op == "fc")
         return add_fc(n, node, name, ins[0], out);
     if(op == "pool" || op == "global_pool")
@@ -3164,6 +3360,8 @@ std::string handle(const std::string &line)
         return action == "validate" ? conv_validate(req) : conv_run(req);
     if(op == "fc")
         return fc_request(req, action == "run");
+    if(op == "deconv")
+        return deconv_request(req, action == "run");
     if(op == "permute" && action == "run")
         return permute_run(req);
     throw BadRequest("unknown op '" + op + "' (conv, fc; permute for run)");
