@@ -119,7 +119,10 @@ def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The task as a one-op ONNX model (Conv, ConvTranspose, or Gemm with transB, then its epilogue) on the
-    task's weights: for a library whose runner takes graphs. Node "op" reads "x", writes "y"."""
+    task's weights: for a library whose runner takes graphs. Node "op" reads "x", writes "y";
+    a 1-D conv's "x" and "y" are 3-D, as in the model."""
+    if task.conv1d:
+        return _conv1d_model(task, inputs)
     initializers = [numpy_helper.from_array(inputs["w"], "w")]
     node_inputs = ["x", "w"] + (["b"] if "b" in inputs else [])
     if "b" in inputs:
@@ -140,6 +143,29 @@ def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, task.output_shape)],
                               initializers + constants)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _conv1d_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A 1-D conv task as the model has it: 3-D input, weights and output ([N, C, W]); its data
+    is the task's height-1 form reshaped (``as_conv1d``)."""
+    a = task.attrs
+    initializers = [numpy_helper.from_array(inputs["w"][:, :, 0, :], "w")]
+    if "b" in inputs:
+        initializers.append(numpy_helper.from_array(inputs["b"], "b"))
+    out = "op_out" if task.epilogue else "y"
+    node = helper.make_node("Conv", ["x", "w"] + (["b"] if "b" in inputs else []), [out], name="op",
+                            kernel_shape=a["kernel"][1:], strides=a["strides"][1:], pads=[a["pads"][1], a["pads"][3]],
+                            dilations=a["dilations"][1:], group=a["group"])
+    nodes, constants = activations.onnx_nodes(task.epilogue, out, "y")
+    graph = helper.make_graph([node, *nodes], "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, as_conv1d(task.input_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, as_conv1d(task.output_shape))],
+                              initializers + constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def as_conv1d(shape: list[int]) -> list[int]:
+    """[N, C, 1, W] -> [N, C, W]."""
+    return [shape[0], shape[1], shape[3]]
 
 
 def relative_error(output: np.ndarray, reference: np.ndarray) -> float:

@@ -73,6 +73,11 @@ class Task:
         return Op("", self.kind, self.input_shape, self.weight_shape, self.output_shape, self.attrs, self.has_bias).macs
 
     @property
+    def conv1d(self) -> bool:
+        """A 1-D conv, held as a 2-D conv of height 1 (shapes [N, C, 1, W])."""
+        return bool(self.attrs.get("conv1d"))
+
+    @property
     def is_depthwise(self) -> bool:
         return self.kind == "conv" and self.attrs["group"] > 1 and self.attrs["group"] == self.input_shape[1] \
             and self.weight_shape[1] == 1
@@ -86,6 +91,11 @@ class Task:
         suffix = f" +{self.activation}" if self.epilogue else ""
         if self.kind == "fc":
             return suffix.lstrip()
+        if a.get("conv1d"):
+            pads = a["pads"][1] if a["pads"][1] == a["pads"][3] else f"{a['pads'][1]},{a['pads'][3]}"
+            text = f"1-D k{a['kernel'][1]} s{a['strides'][1]} p{pads}"
+            text += f" d{a['dilations'][1]}" if a["dilations"][1] != 1 else ""
+            return text + (f" g{a['group']}" if a["group"] > 1 else "") + suffix
         pads = a["pads"]
         pad_text = str(pads[0]) if len(set(pads)) == 1 else ",".join(map(str, pads))
         stride_text = str(a["strides"][0]) if a["strides"][0] == a["strides"][1] else f"{a['strides'][0]}x{a['strides'][1]}"
@@ -154,6 +164,26 @@ def _conv_attrs(node, x: list[int], kernel: list[int]) -> dict:
             "dilations": dilations, "group": int(_attr(node, "group", 1))}
 
 
+def _as_2d(x: list[int], w: list[int], y: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """A 1-D conv's shapes as a 2-D conv's of height 1 (the task's form; attrs["conv1d"] says so)."""
+    return [x[0], x[1], 1, x[2]], [w[0], w[1], 1, w[2]], [y[0], y[1], 1, y[2]]
+
+
+def _conv1d_attrs(node, x: list[int], w: list[int]) -> dict:
+    """A 1-D conv's attributes in the 2-D form of height 1."""
+    x2, w2, _ = _as_2d(x, w, x)
+    strides = [1, *_attr(node, "strides", [1])]
+    dilations = [1, *_attr(node, "dilations", [1])]
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    if (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) in ("NOTSET", ""):
+        begin, end = _attr(node, "pads", [0, 0])
+        pads = [0, begin, 0, end]
+    else:
+        pads = explicit_pads(node, x2, w2[2:], strides, dilations)
+    return {"kernel": w2[2:], "strides": strides, "pads": pads, "dilations": dilations,
+            "group": int(_attr(node, "group", 1)), "conv1d": True}
+
+
 def _deconv_attrs(node, x: list[int], w: list[int], y: list[int]) -> tuple[dict | None, str]:
     """A ConvTranspose's attributes with its pads explicit, or (None, why) where the output
     size is not given by pads alone (auto_pad, or an output_shape the pads must be derived from)."""
@@ -204,11 +234,15 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
                 kind = onnx.helper.tensor_dtype_to_np_dtype(model.initializers[node.input[1]].data_type).name
                 skip(node, f"{kind} weights: only float32 ops are tuned")
                 continue
-            if len(x) != 4:
-                skip(node, f"{len(x) - 2}-D convolution: only 2-D convolutions are tuned yet")
-                continue
             y = _shape(model, node.output[0], node)
             has_bias = len(node.input) > 2 and node.input[2] != ""
+            if node.op_type == "Conv" and len(x) == 3:
+                ops.append(Op(name, "conv", *_as_2d(x, w, y), _conv1d_attrs(node, x, w), has_bias, epilogue(index)))
+                continue
+            if len(x) != 4:
+                skip(node, f"{len(x) - 2}-D {node.op_type}: only 1-D and 2-D convolutions and 2-D transposed "
+                           "convolutions are tuned")
+                continue
             if node.op_type == "Conv":
                 ops.append(Op(name, "conv", x, w, y, _conv_attrs(node, x, w[2:]), has_bias, epilogue(index)))
                 continue

@@ -181,7 +181,41 @@ def test_every_config_of_a_conv_transpose_matches_the_reference(library_name):
             assert result.status == "ok" and result.error < 1e-4, (config, result.reason)
 
 
-def test_conv_transposes_without_explicit_pads_and_1d_convs_are_listed_as_untuned_with_the_reason(tmp_path):
+def test_1d_convs_are_tuned_as_2d_convs_of_height_one(tmp_path):
+    """Conv1d (audio CNNs, sequence heads): a 1-D conv, a strided depthwise one with SiLU and a
+    pointwise one are tasks of height 1; MLAS and XNNPack measure every config of them against the
+    reference, XNNPack runs the model alone (its tensors copied into height-1 NHWC buffers around
+    each conv), and ACL, which has no 1-D conv, leaves them to its defaults."""
+    from kselect.core.device import this_device
+    from kselect.core.measure import MeasureSettings, measure_in_this_process
+
+    inits = [numpy_helper.from_array(_weights(16, 4, 5), "w1"), numpy_helper.from_array(_weights(16), "b1"),
+             numpy_helper.from_array(_weights(16, 1, 3), "w2"), numpy_helper.from_array(_weights(8, 16, 1), "w3")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv", pads=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="depthwise", pads=[1, 1], group=16, strides=[2]),
+             helper.make_node("Sigmoid", ["c2"], ["s"], name="sigmoid"),
+             helper.make_node("Mul", ["c2", "s"], ["m"], name="mul"),
+             helper.make_node("Conv", ["m", "w3"], ["y"], name="pointwise")]
+    model = load_model(str(_save(tmp_path, _model(nodes, inits, input_shape=(1, 4, 64)))))
+    tasks = extract_tasks(model)
+    assert [(t.input_shape, t.describe_attrs()) for t in tasks] == [
+        ([1, 4, 1, 64], "1-D k5 s1 p2 +relu"), ([1, 16, 1, 64], "1-D k3 s2 p1 g16 +silu"), ([1, 16, 1, 32], "1-D k1 s1 p0")]
+    assert untuned_ops(model) == []
+    quick = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.05)
+    for name in ("mlas", "xnnpack"):
+        library = plugins.get_library(name)
+        for task in tasks:
+            for config in library.space(task, this_device()).enumerate():
+                result = measure_in_this_process(library, task, config, quick, {})
+                assert result.status == "ok" and result.error < 1e-4, (name, task.id, config, result.reason)
+    assert not any(plugins.get_library("acl").supports(task) for task in tasks)
+    runner = library_runner(plugins.get_library("xnnpack"), model)
+    assert [s.library for s in runner.segments] == ["xnnpack"]
+    assert _matches_onnxruntime(model)["xnnpack"] < 1e-4
+
+
+def test_3d_convs_and_conv_transposes_without_explicit_pads_are_listed_as_untuned_with_the_reason(tmp_path):
     inits = [numpy_helper.from_array(_weights(8, 3, 3, 3), "w"), numpy_helper.from_array(_weights(8, 4, 2, 2), "wt")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("ConvTranspose", ["c", "wt"], ["y"], name="deconv", strides=[2, 2], auto_pad="SAME_UPPER")]
@@ -190,12 +224,12 @@ def test_conv_transposes_without_explicit_pads_and_1d_convs_are_listed_as_untune
                                    "ConvTranspose with auto_pad or output_shape: only explicit pads are tuned")]
     assert _matches_onnxruntime(model)["xnnpack"] < 1e-4
 
-    inits = [numpy_helper.from_array(_weights(8, 3, 5), "w")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv1d", pads=[2, 2])]
-    path = _save(tmp_path, _model(nodes, inits, input_shape=(1, 3, 64)), "conv1d.onnx")
+    inits = [numpy_helper.from_array(_weights(8, 3, 3, 3, 3), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv3d", pads=[1, 1, 1, 1, 1, 1])]
+    path = _save(tmp_path, _model(nodes, inits, input_shape=(1, 3, 8, 8, 8)), "conv3d.onnx")
     result = run_kselect("tasks", path)
     assert result.returncode == 2
-    assert "nothing to tune" in result.stderr and "1-D convolution" in result.stderr
+    assert "nothing to tune" in result.stderr and "3-D Conv" in result.stderr
 
 
 def test_an_op_onnxruntime_cannot_run_is_refused_before_anything_is_measured(tmp_path):

@@ -255,6 +255,8 @@ class AclLibrary(Library):
         if not self.fused_activation(task)[0]:
             return False
         if task.kind == "conv":
+            if task.conv1d:
+                return False  # ACL has no 1-D conv, and its engine holds no 3-D tensors to run one as 2-D
             if task.attrs["group"] != 1 and not task.is_depthwise:
                 return False  # ACL 20.08 NEON runs no grouped conv except depthwise
             info = self._analyse(task, this_device())

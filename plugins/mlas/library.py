@@ -112,10 +112,10 @@ class MlasLibrary(Library):
         return nchwc.nchwc_block_size()
 
     def nchwc_possible(self, task: Task) -> bool:
-        """Whether kselect can write this conv as an NCHWc node."""
+        """Whether kselect can write this conv as an NCHWc node (a 2-D conv only, as in ORT)."""
         from kselect.plugins.mlas import nchwc
 
-        return nchwc.conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
+        return not task.conv1d and nchwc.conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
 
     def ort_converts(self, task: Task) -> bool:
         """Whether ONNX Runtime's default session runs this task's convs as NCHWc. Known exactly
@@ -176,7 +176,7 @@ class MlasLibrary(Library):
         from kselect.plugins.mlas import nchwc
 
         epilogue = task.epilogue
-        if task.kind == "conv":
+        if task.kind == "conv" and not task.conv1d:
             block, a = self._block(), task.attrs
             attrs = {"kernel_shape": a["kernel"], "strides": a["strides"], "pads": a["pads"],
                      "dilations": a["dilations"], "group": a["group"]}
@@ -193,11 +193,14 @@ class MlasLibrary(Library):
                     x = nchwc.nchwc_feed(inputs["x"], block)
                 channels = task.output_shape[1]
                 unblock = lambda y: nchwc.from_blocked(y, channels, block)  # noqa: E731
-        else:  # a Gemm, or ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im), with the epilogue
-            from kselect.core.measure import task_model
+        else:  # a Gemm, ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im) or 1-D Conv, with the epilogue
+            from kselect.core.measure import as_conv1d, task_model
 
             model, epilogue = task_model(task, inputs), []
             x, unblock = inputs["x"], (lambda y: y)
+            if task.conv1d:
+                x, shape = inputs["x"].reshape(as_conv1d(task.input_shape)), task.output_shape
+                unblock = lambda y: y.reshape(shape)  # noqa: E731
         if epilogue:
             with_epilogue(model, epilogue)
         session = ort.InferenceSession(model.SerializeToString(), session_options(config),

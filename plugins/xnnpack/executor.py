@@ -46,6 +46,11 @@ def _attr(node, name, default=None):
     return default
 
 
+def _copy_step(destination, source) -> int:
+    np.copyto(destination, source)
+    return 0
+
+
 class _Tensor:
     """A tensor as the executor stores it: NHWC for 4-D activations, else as in ONNX."""
 
@@ -255,24 +260,40 @@ class Executor:
         return config
 
     def _build_configured(self, node, i, out_name, act, w, b, x: _Tensor, y_shape):
-        config = self._config(node)
-        task = self._tasks[node.name]
         y = self._new_tensor(out_name, y_shape, i)
-        spec = configured.OpSpec(task)
-        built = configured.build(spec, config, w, b, x.array, y.array, act[0], act[1], unsafe=self.unsafe,
-                                 check_kernels=True)
+        y.threads = self._build_operator(node, act, w, b, x.array, y.array)
+
+    def _build_operator(self, node, act, w, b, x_array, y_array) -> int:
+        """The conv / fc operator as the node's config says, on these buffers; its thread count."""
+        config = self._config(node)
+        built = configured.build(configured.OpSpec(self._tasks[node.name]), config, w, b, x_array, y_array,
+                                 act[0], act[1], unsafe=self.unsafe, check_kernels=True)
         self._built.append(built)
         self.steps.extend(built.steps)
-        y.threads = int(config.get("threads", self.default_threads))
+        return int(config.get("threads", self.default_threads))
 
     # -- ops --------------------------------------------------------------------------------
     def _op_Conv(self, node, i, out_name, act):
         x = self._input(node)
-        if not x.nhwc:
-            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input", node.name)
         w = self._const(node.input[1])
         b = self._const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if node.op_type == "Conv" and len(x.shape) == 3:
+            return self._conv1d(node, i, out_name, act, x, w, b)
+        if not x.nhwc:
+            raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input", node.name)
         self._build_configured(node, i, out_name, act, w, b, x, self._shape(node.output[0]))
+
+    def _conv1d(self, node, i, out_name, act, x: _Tensor, w, b):
+        """A 1-D conv as XNNPack's 2-D one of height 1: its [N, C, W] input is copied into an NHWC
+        buffer of height 1 and the result copied back to [N, C, W] (XNNPack has no 1-D conv)."""
+        n, c, width = x.shape
+        y_shape = self._shape(node.output[0])
+        x_nhwc, y_nhwc = configured.buffer((n, 1, width, c)), configured.buffer((n, 1, y_shape[2], y_shape[1]))
+        self._consts += [x_nhwc, y_nhwc]  # kept alive while the operator reads and writes them
+        self.steps.append((_copy_step, x_nhwc[:, 0], x.array.transpose(0, 2, 1)))
+        y = self._new_tensor(out_name, y_shape, i)
+        y.threads = self._build_operator(node, act, w[:, :, None, :], b, x_nhwc, y_nhwc)
+        self.steps.append((_copy_step, y.array, y_nhwc[:, 0].transpose(0, 2, 1)))
 
     _op_ConvTranspose = _op_Conv  # the task (find_ops) says which operator it is
 

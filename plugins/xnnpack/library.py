@@ -45,12 +45,13 @@ class XnnCandidate(Candidate):
 
 
 class ExecutorCandidate(Candidate):
-    def __init__(self, executor):
+    def __init__(self, executor, output_shape: list[int]):
         self.executor = executor
+        self.output_shape = output_shape  # the task's (a 1-D conv's output is 3-D in the executor)
         self.run = executor.run_loaded
 
     def output(self) -> np.ndarray:
-        return self.executor.read_outputs()[0]
+        return self.executor.read_outputs()[0].reshape(self.output_shape)
 
     def close(self) -> None:
         self.executor.close()
@@ -211,7 +212,7 @@ class XnnpackLibrary(Library):
             shim.clear()  # one candidate at a time in the child: no rule of an earlier one survives
         if kernels.override_status()[0]:
             configured.check_table_pristine()
-        if task.epilogue:
+        if task.epilogue or task.conv1d:
             return self._prepare_in_executor(task, config, inputs)
         w, b = inputs["w"], inputs.get("b")
         if task.kind != "fc":
@@ -230,9 +231,10 @@ class XnnpackLibrary(Library):
         return XnnCandidate(built, task.kind != "fc", flags)
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        """An op with its activation, run as the executor runs it in a whole model: the clamps
-        fused into the operator, other activations as operators of their own."""
-        from kselect.core.measure import task_model
+        """An op with its activation, or a 1-D conv, run as the executor runs it in a whole model:
+        the clamps fused into the operator, other activations as operators of their own; a 1-D
+        conv's [N, C, W] tensors copied into and out of the NHWC operator's height-1 buffers."""
+        from kselect.core.measure import as_conv1d, task_model
         from kselect.core.model import model_from_proto
         from kselect.core.plan import Plan
         from kselect.plugins.xnnpack.executor import Executor
@@ -241,8 +243,9 @@ class XnnpackLibrary(Library):
         plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[],
                     plan_level={"spinning": config.get("spinning", 1)}, nodes={"op": {"config": config}})
         executor = Executor(self, model, plan, unsafe=configured.in_measuring_child())
-        executor.load_inputs({"x": inputs["x"]})
-        return ExecutorCandidate(executor)
+        x = inputs["x"].reshape(as_conv1d(task.input_shape)) if task.conv1d else inputs["x"]
+        executor.load_inputs({"x": x})
+        return ExecutorCandidate(executor, task.output_shape)
 
     # -- layouts, for plans that mix libraries ------------------------------------------------
     def layout_label(self, config: dict) -> str:
