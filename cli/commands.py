@@ -323,8 +323,10 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
                       + (f" (in this plan {spinner}'s workers spin)" if plan.cross_library and spinner else ""))
     reentries = summary.get("reentries", {})
     if reentries.get("tensors") or reentries.get("segments_moved"):
-        console.print(f"{len(reentries['tensors'])} tensors wait across another library's segment and re-enter their "
-                      f"own: {reentries['us'] / 1000:.3f} ms, counted with the conversions; "
+        through = [r for r in reentries["tensors"] if r.get("fallback")]
+        console.print(f"{len(reentries['tensors']) - len(through)} tensors wait across another library's segment and "
+                      f"re-enter their own, {len(through)} cross to ONNX Runtime and back for ops their library lacks: "
+                      f"{reentries['us'] / 1000:.3f} ms, counted with the conversions; "
                       f"{reentries['segments_moved']} segments that did not pay for theirs went back to the main library")
     if not args.verify:
         return plan

@@ -9,10 +9,12 @@ tuned node's data input, each further input of an untuned op (an Add or Concat c
 first input's label) and each model output to that label source. planner.py finds the cheapest
 labelling exactly, and what greedy per-op choice and each library alone would have given.
 
-One cost is not between neighbours: a tensor that waits across another library's segment (a
-residual branch around an op moved to another library) leaves its runner and enters it again
-(``CrossProblem.reentries``). It is charged on the labelling as a whole, and a segment that does
-not pay for it goes back to the plan's main library (``_without_unpaid_islands``).
+Two costs are not between neighbours, since an untuned op passes its input's label on: a tensor
+that waits across another library's segment (a residual branch around an op moved to another
+library) leaves its runner and enters it again, and a tensor sent through an untuned op its
+library's runner lacks goes out to ONNX Runtime and back (a fallback segment, core/runtime.py).
+Both are charged on the labelling as a whole (``CrossProblem.reentries``), and a segment that does
+not pay for what it costs goes back to the plan's main library (``_without_unpaid_islands``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from kselect.core.conversions import (GRAPH_LABEL, ConversionTable, boundary_lab
 from kselect.core.model import Model
 from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
-from kselect.core.runtime import plan_segments
+from kselect.core.runtime import FALLBACK_LIBRARY, plan_segments
 from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
 
@@ -148,7 +150,8 @@ class CrossProblem:
         tuned = {node: label for node, label in labels.items() if node in self.options
                  and library_of(label) != library_of(GRAPH_LABEL)}
         chosen = {node: library_of(label) for node, label in tuned.items()}
-        if self.model is None or len(set(chosen.values())) < 2:
+        fallbacks_paid = FALLBACK_LIBRARY in self.libraries()  # its sides can be measured with the rest
+        if self.model is None or (len(set(chosen.values())) < 2 and not fallbacks_paid):
             return []
         segments = plan_segments(self.model, chosen, self.runs_op)
         source = _label_sources(self.model, set(tuned))
@@ -157,7 +160,18 @@ class CrossProblem:
             for tensor in segment.inputs:
                 readers.setdefault(tensor, []).append(index)
         found = []
+
+        def charge(tensor: str, label: str, sides: list, **where) -> None:
+            if missing is not None:
+                missing.update(side for side in sides if side not in table.times_us)
+            found.append({"tensor": tensor, "label": label, **where,
+                          "time_us": round(sum(table.times_us.get(side, 0.0) for side in sides), 3)})
+
         for index, segment in enumerate(segments):
+            tuned_here = any(chosen.get(node) == segment.library for node in segment.nodes)
+            if fallbacks_paid and segment.library == FALLBACK_LIBRARY and not tuned_here:
+                self._fallback_crossings(segment, index, segments, readers, source, tuned, labels, charge)
+                continue
             for tensor in segment.outputs:
                 label = tuned.get(source(tensor))
                 if label is None or library_of(label) != segment.library:
@@ -169,12 +183,36 @@ class CrossProblem:
                 shape = tuple(self.model.shapes[tensor])
                 sides = ([] if leaves_anyway else self._reentry_sides(label, shape, "out"))
                 sides += len(own) * self._reentry_sides(label, shape, "in")
-                if missing is not None:
-                    missing.update(side for side in sides if side not in table.times_us)
-                found.append({"tensor": tensor, "label": label, "from_segment": index + 1,
-                              "to_segments": [j + 1 for j in own],
-                              "time_us": round(sum(table.times_us.get(side, 0.0) for side in sides), 3)})
+                charge(tensor, label, sides, from_segment=index + 1, to_segments=[j + 1 for j in own])
         return found
+
+    def _fallback_crossings(self, segment, index: int, segments: list, readers: dict, source, tuned: dict,
+                            labels: dict, charge) -> None:
+        """A segment of untuned ops that ONNX Runtime runs because the library of their label
+        source lacks them: each tensor entering it leaves its library's runner (unless an edge to
+        another library pays that already) and enters ONNX Runtime; each tensor it sends back
+        enters that library's runner again, once per later segment of it reading the tensor."""
+        fallback_label = f"{FALLBACK_LIBRARY}:NCHW"
+        for tensor in segment.inputs:
+            label = tuned.get(source(tensor))
+            if label is None or library_of(label) == FALLBACK_LIBRARY:
+                continue
+            shape = tuple(self.model.shapes[tensor])
+            paid = any(edge.tensor == tensor and library_of(labels.get(edge.consumer, GRAPH_LABEL)) != library_of(label)
+                       for edge in self.edges)
+            sides = ([] if paid else self._reentry_sides(label, shape, "out"))
+            sides += self._reentry_sides(fallback_label, shape, "in")
+            origin = next((j + 1 for j, other in enumerate(segments) if tensor in other.outputs), None)
+            charge(tensor, label, sides, from_segment=origin, to_segments=[index + 1], fallback=True)
+        for tensor in segment.outputs:
+            label = tuned.get(source(tensor))
+            if label is None or library_of(label) == FALLBACK_LIBRARY:
+                continue
+            back = [j for j in readers.get(tensor, []) if segments[j].library == library_of(label)]
+            if back:
+                shape = tuple(self.model.shapes[tensor])
+                charge(tensor, label, len(back) * self._reentry_sides(label, shape, "in"), from_segment=index + 1,
+                       to_segments=[j + 1 for j in back], fallback=True)
 
     def reentries_us(self, table: ConversionTable, assignment: dict, missing: set | None = None) -> float:
         labels = {node: option.label for node, option in assignment.items()}
@@ -429,8 +467,8 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     for name in libraries:
         restricted = problem.graph(table, {name})
         if all(restricted.options.values()):  # the library runs every tuned node
-            alone_assignments[name] = _solve(restricted)[0]
-            alone[name] = _summary(graph, alone_assignments[name])
+            own = alone_assignments[name] = _solve(restricted)[0]
+            alone[name] = _summary(graph, own, problem.reentries_us(table, own, missing))
     spinners = [name for name in libraries if any(dim in plan_level[name] for dim in SHARED_CORE_DIMS)]
     assignment, spinner, method, islands_moved = in_place_labelling(
         problem, table, spinners, [greedy_assignment, *alone_assignments.values()], alone_assignments, missing)

@@ -626,3 +626,53 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
     assert (label, moved) == ("y:NHWC", 0)
     assert [(r["tensor"], r["from_segment"], r["to_segments"], r["time_us"]) for r in reentries] == [("tr", 1, [3], 10.0)]
     assert total == pytest.approx(330.0 + into_and_out_of_the_model + 40.0 + 10.0)
+
+
+def test_a_tensor_sent_through_an_op_its_library_lacks_pays_the_way_to_onnxruntime_and_back():
+    """input -> a -> tanh -> b -> output, with a Tanh that library 'xnnpack' does not run: with a
+    and b on it, the model runs in three segments (xnnpack: a | mlas: tanh | xnnpack: b) though
+    no edge changes a label. The tensor into the Tanh leaves XNNPack (10 us) and enters ONNX
+    Runtime (5 us); its result enters XNNPack again (10 us). At 30 us saved per op that is worth
+    it; at 10 us it is not, and the plan stays on ONNX Runtime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.crossplan import Choice, _data_edges, in_place_labelling
+    from kselect.core.model import model_from_proto
+
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),
+             helper.make_node("Tanh", ["ta"], ["tt"], name="tanh"),
+             helper.make_node("Conv", ["tt", "wb"], ["y"], name="b", **conv)]
+    weights = [numpy_helper.from_array(np.ones((4, 4, 3, 3), np.float32), name) for name in ("wa", "wb")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    model = model_from_proto("tanh", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    shape = (1, 4, 8, 8)
+    table = ConversionTable({("xnnpack:NHWC", "in", shape): 10.0, ("xnnpack:NHWC", "out", shape): 10.0,
+                             ("mlas:NCHW", "in", shape): 5.0, ("mlas:NCHW", "out", shape): 0.0})
+
+    def planned(saved_us: float):
+        problem = CrossProblem(model=model, runs_op=lambda library, op_type: library == "mlas" or op_type != "Tanh")
+        problem.options = {node: [Option("mlas:NCHW", 100.0, Choice("mlas", None, None, False)),
+                                  Option("xnnpack:NHWC", 100.0 - saved_us, Choice("xnnpack", None, None, False))]
+                           for node in ("a", "b")}
+        problem.options.update({"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]})
+        problem.edges = _data_edges(model, {"a", "b"})
+        graph = problem.graph(table)
+        exact, _ = solve(graph)
+        assert exact["a"].label == exact["b"].label == "xnnpack:NHWC"  # between neighbours XNNPack always pays
+        alone = {name: solve(problem.graph(table, {name}))[0] for name in ("mlas", "xnnpack")}
+        missing = set()
+        assignment, *_ = in_place_labelling(problem, table, [], [exact], alone, missing)
+        assert not missing
+        labels = {node: option.label for node, option in assignment.items()}
+        return labels, problem.reentries(table, labels), problem.total_us(graph, table, assignment)
+
+    labels, crossings, total = planned(30.0)
+    assert labels["a"] == labels["b"] == "xnnpack:NHWC"
+    assert [(r["tensor"], r["from_segment"], r["to_segments"], r["time_us"], r["fallback"]) for r in crossings] == [
+        ("ta", 1, [2], 15.0, True), ("tt", 2, [3], 10.0, True)]
+    into_and_out_of_xnnpack = 20.0
+    assert total == pytest.approx(140.0 + into_and_out_of_xnnpack + 25.0)
+    labels, crossings, total = planned(10.0)
+    assert labels["a"] == labels["b"] == "mlas:NCHW" and crossings == []
