@@ -3,14 +3,16 @@
 A library that fuses an activation into its kernel (MLAS's activation kinds, XNNPack's output
 clamp, ACL's ActivationLayerInfo) does less work than one that runs it as a separate pass, so
 an op is measured with the nodes that follow it up to the point where the result leaves: Relu,
-Relu6 as Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, and the patterns exporters
-write for SiLU (``x * Sigmoid(x)``) and HardSwish (``x * HardSigmoid(x)``,
+Relu6 as Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, PRelu, and the patterns
+exporters write for SiLU (``x * Sigmoid(x)``) and HardSwish (``x * HardSigmoid(x)``,
 ``x * Clip(x + 3, 0, 6) / 6``).
 
 An epilogue is a list of steps ``[op_type, inputs, attrs]`` in the model's own order, where an
-input is ``"x"`` (the op's output), ``"t<k>"`` (step k's output), a number (a scalar constant)
-or None (an absent optional input). The steps are exactly the model's nodes, so every library
-runs the same work its whole-model runner runs.
+input is ``"x"`` (the op's output), ``"t<k>"`` (step k's output), a number (a scalar constant),
+``{"slope": shape}`` (PRelu's learned slope: its shape is the work, its values are not, so ops
+whose slopes differ share a task and are measured with ``slope_values``) or None (an absent
+optional input). The steps are the model's nodes, so every library runs the same work its
+whole-model runner runs.
 """
 
 from __future__ import annotations
@@ -73,11 +75,26 @@ def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> li
     return best
 
 
+def slope_values(shape: list[int]) -> np.ndarray:
+    """The PRelu slope a task is measured with: distinct per channel, so a kernel that mixes
+    channels up computes a wrong output."""
+    size = int(np.prod(shape)) if shape else 1
+    return np.linspace(0.05, 0.45, size, dtype=np.float32).reshape(shape)
+
+
 def _step(node: onnx.NodeProto, refs: dict, initializers: dict) -> list | None:
     """The node as an epilogue step, or None when it is not one (not elementwise, or it reads a
     tensor from outside the epilogue)."""
     if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
         return None
+    if node.op_type == "PRelu" and len(node.input) == 2 and node.input[0] in refs:
+        slope = initializers.get(node.input[1])
+        if slope is None or slope.data_type != onnx.TensorProto.FLOAT:
+            return None
+        dims = [1] * (4 - len(slope.dims)) + list(slope.dims)
+        if len(dims) != 4 or (int(np.prod(dims)) != 1 and dims[:1] + dims[2:] != [1, 1, 1]):
+            return None  # a slope neither scalar nor per channel
+        return ["PRelu", [refs[node.input[0]], {"slope": list(slope.dims)}], {}]
     if node.op_type in UNARY:
         if node.input[0] not in refs:
             return None
@@ -105,7 +122,7 @@ PATTERNS = {  # several steps with one name, as exporters write them
     ("Add", "Clip", "Mul", "Div"): "hard_swish",
     ("Add", "Clip", "Mul", "Mul"): "hard_swish",
 }
-SINGLE = {"LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid", "HardSwish": "hard_swish"}
+SINGLE = {"LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid", "HardSwish": "hard_swish", "PRelu": "prelu"}
 
 
 def name(epilogue: list) -> str:
@@ -155,6 +172,10 @@ def onnx_nodes(epilogue: list, source: str, output: str, prefix: str = "act") ->
                 node_inputs.append("")
             elif isinstance(value, str):
                 node_inputs.append(names[value])
+            elif isinstance(value, dict):
+                constant = f"{prefix}.{k}.slope"
+                initializers.append(numpy_helper.from_array(slope_values(value["slope"]), constant))
+                node_inputs.append(constant)
             else:
                 constant = f"{prefix}.{k}.c{position}"
                 initializers.append(numpy_helper.from_array(np.array(value, np.float32), constant))
@@ -170,6 +191,8 @@ def reference(epilogue: list, x: np.ndarray) -> np.ndarray:
     values = {"x": x}
 
     def operand(value):
+        if isinstance(value, dict):
+            return slope_values(value["slope"]).astype(np.float64)
         return values[value] if isinstance(value, str) else value
 
     for k, (op, inputs, attrs) in enumerate(epilogue):
@@ -188,6 +211,8 @@ def reference(epilogue: list, x: np.ndarray) -> np.ndarray:
             y = np.clip(attrs["alpha"] * a + attrs["beta"], 0.0, 1.0)
         elif op == "HardSwish":
             y = a * np.clip(a / 6.0 + 0.5, 0.0, 1.0)
+        elif op == "PRelu":
+            y = np.where(a >= 0, a, operand(inputs[1]) * a)
         else:
             b = operand(inputs[1])
             y = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op](a, b)

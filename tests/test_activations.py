@@ -50,6 +50,8 @@ PATTERNS = {
                                helper.make_node("Mul", ["c", "k"], ["m"]),
                                helper.make_node("Div", ["m", "six"], ["y"])],
                               [_scalar("three", 3.0), _scalar("lo", 0.0), _scalar("hi", 6.0), _scalar("six", 6.0)]),
+    "prelu": ([helper.make_node("PRelu", ["c", "slope"], ["y"])],
+              [numpy_helper.from_array(np.linspace(0.0, 0.3, 16, dtype=np.float32).reshape(16, 1, 1), "slope")]),
     # PP-LCNetV3's learnable affine (a scalar scale and shift) before its hard_swish
     "mul+add+hard_swish": ([helper.make_node("Mul", ["scale", "c"], ["m0"]), helper.make_node("Add", ["m0", "shift"], ["d"]),
                             helper.make_node("HardSwish", ["d"], ["y"])], [_scalar("scale", 1.3), _scalar("shift", -0.2)]),
@@ -90,7 +92,7 @@ def test_same_conv_with_and_without_activation_are_two_tasks():
 
 
 @pytest.mark.parametrize("library_name", ["mlas", "xnnpack"])
-@pytest.mark.parametrize("expected", ["silu", "hard_swish/decomposed", "mul+add+hard_swish", "relu6"])
+@pytest.mark.parametrize("expected", ["silu", "hard_swish/decomposed", "mul+add+hard_swish", "relu6", "prelu"])
 def test_every_config_of_an_op_with_its_activation_matches_the_reference(library_name, expected):
     """Measured in-process on real kernels, across the layouts / paths of the space."""
     library = plugins.get_library(library_name)
@@ -105,6 +107,30 @@ def test_every_config_of_an_op_with_its_activation_matches_the_reference(library
         result = measure_in_this_process(library, task, config, QUICK, {})
         assert result.status == "ok", (config, result.reason)
         assert result.error < 1e-4
+
+
+@pytest.mark.parametrize("library_name", ["mlas", "xnnpack"])
+def test_a_prelu_with_a_slope_per_channel_is_part_of_the_op_and_runs_as_in_the_whole_model(library_name):
+    """12 channels (not a multiple of MLAS's block): MLAS reorders an NCHWc conv's output before
+    the PRelu, as ORT and kselect's rewrite do; XNNPack runs its PReLU operator. Slopes differing
+    only in value give one task."""
+    slopes = [numpy_helper.from_array(np.linspace(0.0, top, 12, dtype=np.float32).reshape(1, 12, 1, 1), "slope")
+              for top in (0.3, 0.6)]
+    models = [_conv_then([helper.make_node("PRelu", ["c", "slope"], ["y"])], [slope], channels=12) for slope in slopes]
+    (task,), (other,) = extract_tasks(models[0]), extract_tasks(models[1])
+    assert task.key == other.key and task.activation == "prelu"
+    library, device = plugins.get_library(library_name), this_device()
+    for config in library.space(task, device).enumerate():
+        result = measure_in_this_process(library, task, config, QUICK, {})
+        assert result.status == "ok" and result.error < 1e-4, (config, result.reason)
+    feeds = random_feeds(models[0])
+    reference = library_runner(plugins.get_library("mlas"), models[0])(feeds)
+    config = {"layout": "NCHWc", "threads": 2, "spinning": 1} if library_name == "mlas" else library.default_config(task, device)
+    plan = Plan(model={"name": "act"}, device={}, libraries={library_name: ""}, emulated=False,
+                plan_level={k: v for k, v in config.items() if k in library.plan_level_dims},
+                tasks=[{**task.to_json(), "library": library_name}],
+                nodes={"conv": {"library": library_name, "task": task.id, "config": config}})
+    assert compare_outputs(reference, library_runner(library, models[0], plan)(feeds)) < 1e-4
 
 
 @pytest.mark.parametrize("expected", ["silu", "hard_swish/decomposed", "mul+add+hard_swish"])

@@ -192,7 +192,12 @@ class MlasLibrary(Library):
                 if nchwc.conv_takes_blocked_input(task.input_shape[1], a["group"], block):
                     x = nchwc.nchwc_feed(inputs["x"], block)
                 channels = task.output_shape[1]
-                unblock = lambda y: nchwc.from_blocked(y, channels, block)  # noqa: E731
+                if any(step[0] == "PRelu" for step in epilogue):
+                    # a PRelu reads NCHW (its slope is per channel): the conv's output is reordered first,
+                    # as ORT's transformer and kselect's rewrite do
+                    reordered_output(model, channels)
+                else:
+                    unblock = lambda y: nchwc.from_blocked(y, channels, block)  # noqa: E731
         else:  # a Gemm, ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im) or 1-D Conv, with the epilogue
             from kselect.core.measure import as_conv1d, task_model
 
@@ -294,6 +299,24 @@ def mlas_activation_params(step: list) -> list[float]:
     if op == "HardSigmoid":
         return [attrs["alpha"], attrs["beta"]]
     return []
+
+
+def reordered_output(model, channels: int) -> None:
+    """Makes a single NCHWc conv model write NCHW: a ReorderOutput after the conv."""
+    import onnx
+    from onnx import helper
+
+    from kselect.plugins.mlas import nchwc
+
+    graph = model.graph
+    output = graph.output[0].name
+    for node in graph.node:
+        for k, name in enumerate(node.output):
+            if name == output:
+                node.output[k] = "blocked_out"
+    graph.node.append(helper.make_node("ReorderOutput", ["blocked_out"], [output], name="reorder_out",
+                                       domain=nchwc.NCHWC_DOMAIN, channels=channels))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None))
 
 
 def with_epilogue(model, epilogue: list) -> None:
