@@ -92,8 +92,9 @@ def deconv_reference(x, w, b, strides, pads, dilations, group, output_padding) -
     for i in range(kh):
         for j in range(kw):
             top, left = i * dilations[0], j * dilations[1]
-            full[:, :, :, top:top + (h - 1) * strides[0] + 1:strides[0], left:left + (wd - 1) * strides[1] + 1:strides[1]] += \
-                np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j], optimize=True)
+            rows = slice(top, top + (h - 1) * strides[0] + 1, strides[0])
+            columns = slice(left, left + (wd - 1) * strides[1] + 1, strides[1])
+            full[:, :, :, rows, columns] += np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j], optimize=True)
     y = full.reshape(n, group * cog, full_h, full_w)[:, :, pads[0]:full_h - pads[2], pads[1]:full_w - pads[3]]
     if b is not None:
         y = y + b.astype(np.float64).reshape(1, -1, 1, 1)
@@ -118,18 +119,19 @@ def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The task as a one-op ONNX model (Conv, ConvTranspose, or Gemm with transB, then its epilogue) on the
-    task's weights: for a library whose runner takes graphs. Node "op" reads "x", writes "y";
-    a 1-D conv's "x" and "y" are 3-D, as in the model."""
-    if task.conv1d:
-        return _conv1d_model(task, inputs)
-    initializers = [numpy_helper.from_array(inputs["w"], "w")]
-    node_inputs = ["x", "w"] + (["b"] if "b" in inputs else [])
-    if "b" in inputs:
-        initializers.append(numpy_helper.from_array(inputs["b"], "b"))
-    out = "op_out" if task.epilogue else "y"
+    """The task as a one-op ONNX model (Conv, ConvTranspose, or Gemm with transB, then its
+    epilogue) on the task's weights: for a library whose runner takes graphs. Node "op" reads "x",
+    writes "y"; a 1-D conv's "x", "y" and weights are 3-D, as in the model."""
     a = task.attrs
-    if task.kind == "conv":
+    x_shape, y_shape, weights = task.input_shape, task.output_shape, inputs["w"]
+    node_inputs = ["x", "w"] + (["b"] if "b" in inputs else [])
+    out = "op_out" if task.epilogue else "y"
+    if task.conv1d:
+        x_shape, y_shape, weights = as_conv1d(x_shape), as_conv1d(y_shape), weights[:, :, 0, :]
+        node = helper.make_node("Conv", node_inputs, [out], name="op", kernel_shape=a["kernel"][1:],
+                                strides=a["strides"][1:], pads=[a["pads"][1], a["pads"][3]],
+                                dilations=a["dilations"][1:], group=a["group"])
+    elif task.kind == "conv":
         node = helper.make_node("Conv", node_inputs, [out], name="op", kernel_shape=a["kernel"], strides=a["strides"],
                                 pads=a["pads"], dilations=a["dilations"], group=a["group"])
     elif task.kind == "deconv":
@@ -138,33 +140,17 @@ def task_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
                                 output_padding=a["output_padding"])
     else:
         node = helper.make_node("Gemm", node_inputs, [out], name="op", transB=1, alpha=a["alpha"], beta=a["beta"])
-    nodes, constants = activations.onnx_nodes(task.epilogue, out, "y")
-    graph = helper.make_graph([node, *nodes], "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, task.input_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, task.output_shape)],
-                              initializers + constants)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-def _conv1d_model(task: Task, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """A 1-D conv task as the model has it: 3-D input, weights and output ([N, C, W]); its data
-    is the task's height-1 form reshaped (``as_conv1d``)."""
-    a = task.attrs
-    initializers = [numpy_helper.from_array(inputs["w"][:, :, 0, :], "w")]
+    initializers = [numpy_helper.from_array(weights, "w")]
     if "b" in inputs:
         initializers.append(numpy_helper.from_array(inputs["b"], "b"))
-    out = "op_out" if task.epilogue else "y"
-    node = helper.make_node("Conv", ["x", "w"] + (["b"] if "b" in inputs else []), [out], name="op",
-                            kernel_shape=a["kernel"][1:], strides=a["strides"][1:], pads=[a["pads"][1], a["pads"][3]],
-                            dilations=a["dilations"][1:], group=a["group"])
     nodes, constants = activations.onnx_nodes(task.epilogue, out, "y")
-    graph = helper.make_graph([node, *nodes], "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, as_conv1d(task.input_shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, as_conv1d(task.output_shape))],
-                              initializers + constants)
+    graph = helper.make_graph([node, *nodes], "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], initializers + constants)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def as_conv1d(shape: list[int]) -> list[int]:
-    """[N, C, 1, W] -> [N, C, W]."""
+    """A 1-D conv's tensor shape from its task's height-1 form: [N, C, 1, W] -> [N, C, W]."""
     return [shape[0], shape[1], shape[3]]
 
 

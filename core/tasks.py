@@ -171,34 +171,40 @@ def _as_2d(x: list[int], w: list[int], y: list[int]) -> tuple[list[int], list[in
 
 def _conv1d_attrs(node, x: list[int], w: list[int]) -> dict:
     """A 1-D conv's attributes in the 2-D form of height 1."""
-    x2, w2, _ = _as_2d(x, w, x)
-    strides = [1, *_attr(node, "strides", [1])]
-    dilations = [1, *_attr(node, "dilations", [1])]
+    kernel, strides, dilations = [1, w[2]], [1, *_attr(node, "strides", [1])], [1, *_attr(node, "dilations", [1])]
     auto_pad = _attr(node, "auto_pad", b"NOTSET")
     if (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) in ("NOTSET", ""):
         begin, end = _attr(node, "pads", [0, 0])
         pads = [0, begin, 0, end]
     else:
-        pads = explicit_pads(node, x2, w2[2:], strides, dilations)
-    return {"kernel": w2[2:], "strides": strides, "pads": pads, "dilations": dilations,
+        pads = explicit_pads(node, [x[0], x[1], 1, x[2]], kernel, strides, dilations)
+    return {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations,
             "group": int(_attr(node, "group", 1)), "conv1d": True}
 
 
-def _deconv_attrs(node, x: list[int], w: list[int], y: list[int]) -> tuple[dict | None, str]:
-    """A ConvTranspose's attributes with its pads explicit, or (None, why) where the output
-    size is not given by pads alone (auto_pad, or an output_shape the pads must be derived from)."""
+def deconv_attrs(node, x: list[int], w: list[int], y: list[int]) -> tuple[dict | None, str]:
+    """A ConvTranspose's attributes with its pads explicit, or (None, why). Where its output size
+    comes from auto_pad or output_shape, the pads are what ONNX Runtime crops to reach it: the
+    odd one at the end for SAME_UPPER, at the start otherwise (checked against ONNX Runtime in
+    tests/test_import.py)."""
     auto_pad = _attr(node, "auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad not in ("NOTSET", "") or _attr(node, "output_shape") is not None:
-        return None, "ConvTranspose with auto_pad or output_shape: only explicit pads are tuned"
     attrs = {"kernel": w[2:], "strides": list(_attr(node, "strides", [1, 1])),
              "pads": list(_attr(node, "pads", [0, 0, 0, 0])), "dilations": list(_attr(node, "dilations", [1, 1])),
              "group": int(_attr(node, "group", 1)), "output_padding": list(_attr(node, "output_padding", [0, 0]))}
+    derived = auto_pad not in ("NOTSET", "", "VALID") or _attr(node, "output_shape") is not None
+    if auto_pad == "VALID":
+        attrs["pads"] = [0, 0, 0, 0]
     for axis in range(2):
         span = (attrs["kernel"][axis] - 1) * attrs["dilations"][axis] + 1
-        size = (attrs["strides"][axis] * (x[2 + axis] - 1) + attrs["output_padding"][axis] + span
-                - attrs["pads"][axis] - attrs["pads"][2 + axis])
-        if size != y[2 + axis]:
+        full = attrs["strides"][axis] * (x[2 + axis] - 1) + attrs["output_padding"][axis] + span
+        if derived:
+            total = full - y[2 + axis]
+            if total < 0:
+                return None, f"ConvTranspose output {y} is larger than its input and kernel give"
+            start = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            attrs["pads"][axis], attrs["pads"][2 + axis] = start, total - start
+        elif full - attrs["pads"][axis] - attrs["pads"][2 + axis] != y[2 + axis]:
             return None, f"ConvTranspose output {y} does not follow from its attributes"
     return attrs, ""
 
@@ -246,7 +252,7 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
             if node.op_type == "Conv":
                 ops.append(Op(name, "conv", x, w, y, _conv_attrs(node, x, w[2:]), has_bias, epilogue(index)))
                 continue
-            attrs, why = _deconv_attrs(node, x, w, y)
+            attrs, why = deconv_attrs(node, x, w, y)
             if attrs is None:
                 skip(node, why)
                 continue

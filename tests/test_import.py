@@ -215,18 +215,25 @@ def test_1d_convs_are_tuned_as_2d_convs_of_height_one(tmp_path):
     assert _matches_onnxruntime(model)["xnnpack"] < 1e-4
 
 
-def test_3d_convs_and_conv_transposes_without_explicit_pads_are_listed_as_untuned_with_the_reason(tmp_path):
-    inits = [numpy_helper.from_array(_weights(8, 3, 3, 3), "w"), numpy_helper.from_array(_weights(8, 4, 2, 2), "wt")]
+@pytest.mark.parametrize("how", [{"auto_pad": "SAME_UPPER"}, {"auto_pad": "SAME_LOWER"}, {"output_shape": [31, 31]}])
+def test_a_conv_transpose_sized_by_auto_pad_or_output_shape_gets_the_pads_onnxruntime_crops(tmp_path, how):
+    """An odd total padding (3x3, stride 2, 16 -> 32 or 31): XNNPack runs the task's explicit pads
+    and matches ONNX Runtime, which runs the node as the model has it."""
+    inits = [numpy_helper.from_array(_weights(8, 3, 3, 3), "w"), numpy_helper.from_array(_weights(8, 4, 3, 3), "wt")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("ConvTranspose", ["c", "wt"], ["y"], name="deconv", strides=[2, 2], auto_pad="SAME_UPPER")]
+             helper.make_node("ConvTranspose", ["c", "wt"], ["y"], name="deconv", strides=[2, 2], **how)]
     model = load_model(str(_save(tmp_path, _model(nodes, inits))))
-    assert untuned_ops(model) == [("deconv", "ConvTranspose",
-                                   "ConvTranspose with auto_pad or output_shape: only explicit pads are tuned")]
+    deconv = next(t for t in extract_tasks(model) if t.kind == "deconv")
+    assert untuned_ops(model) == [] and deconv.output_shape[2:] == ([31, 31] if "output_shape" in how else [32, 32])
     assert _matches_onnxruntime(model)["xnnpack"] < 1e-4
 
+
+def test_3d_convs_are_listed_as_untuned_with_the_reason(tmp_path):
     inits = [numpy_helper.from_array(_weights(8, 3, 3, 3, 3), "w")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv3d", pads=[1, 1, 1, 1, 1, 1])]
     path = _save(tmp_path, _model(nodes, inits, input_shape=(1, 3, 8, 8, 8)), "conv3d.onnx")
+    assert untuned_ops(load_model(str(path))) == [("conv3d", "Conv", "3-D Conv: only 1-D and 2-D convolutions and "
+                                                   "2-D transposed convolutions are tuned")]
     result = run_kselect("tasks", path)
     assert result.returncode == 2
     assert "nothing to tune" in result.stderr and "3-D Conv" in result.stderr

@@ -26,7 +26,7 @@ from onnx import numpy_helper
 
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.model import Model
-from kselect.core.tasks import _attr, explicit_pads
+from kselect.core.tasks import _attr, deconv_attrs, explicit_pads
 
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")
 FLOAT_MAX = 3.4028234e38
@@ -196,21 +196,20 @@ class _Lowering:
         if w is None:
             self.refuse(node, "weights computed at run time")
         x_shape = self.shape(x, node)
-        kernel = list(w.shape)[2:]
-        if len(x_shape) != 4 or kernel[0] != kernel[1]:
+        if len(x_shape) != 4 or w.shape[2] != w.shape[3]:
             self.refuse(node, "NEDeconvolutionLayer takes 2-D transposed convolutions with square kernels")
-        auto_pad = _text(_attr(node, "auto_pad", b"NOTSET"))
-        if int(_attr(node, "group", 1)) != 1 or list(_attr(node, "dilations", [1, 1])) != [1, 1] \
-                or any(_attr(node, "output_padding", [0, 0])) or auto_pad not in ("NOTSET", "") \
-                or _attr(node, "output_shape") is not None:
-            self.refuse(node, "NEDeconvolutionLayer has no groups, dilation, output padding or auto_pad")
+        attrs, why = deconv_attrs(node, x_shape, list(w.shape), self.shape(node.output[0], node))
+        if attrs is None:
+            self.refuse(node, why)
+        if attrs["group"] != 1 or attrs["dilations"] != [1, 1] or any(attrs["output_padding"]):
+            self.refuse(node, "NEDeconvolutionLayer has no groups, dilation or output padding")
         b = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if len(node.input) > 2 and node.input[2] and b is None:
             self.refuse(node, "bias computed at run time")
         weights = np.ascontiguousarray(w.transpose(1, 0, 2, 3))  # ONNX's [C_in, C_out, ..] -> ACL's [OFM, IFM, ..]
         output, act = self._output_with_activation(index, node)
-        fields = {"input": x_shape, "weights": list(weights.shape), "stride": list(_attr(node, "strides", [1, 1])),
-                  "pads": list(_attr(node, "pads", [0, 0, 0, 0])), "bias": b is not None,
+        fields = {"input": x_shape, "weights": list(weights.shape), "stride": attrs["strides"], "pads": attrs["pads"],
+                  "bias": b is not None,
                   "weights_path": self.write("w", weights), "config": self.config(node)}
         if b is not None:
             fields["bias_path"] = self.write("b", b)
