@@ -166,6 +166,17 @@ class _Lowering:
         self.fused.add(act_index)
         return act_node.output[0], act
 
+    def _emit_weighted(self, index, node, op: str, x: str, weights: np.ndarray, bias: np.ndarray | None, **fields):
+        """A conv / deconv / fc node: its weight files, its config and the activation fused into it."""
+        output, act = self._output_with_activation(index, node)
+        fields.update(weights=list(weights.shape), bias=bias is not None, weights_path=self.write("w", weights),
+                      config=self.config(node))
+        if bias is not None:
+            fields["bias_path"] = self.write("b", bias)
+        if act:
+            fields["act"] = act
+        self._emit(node, op, [x], output, **fields)
+
     def op_Conv(self, index, node):
         x, w_name = node.input[0], node.input[1]
         w = self.constant(w_name)
@@ -181,15 +192,8 @@ class _Lowering:
         b = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if len(node.input) > 2 and node.input[2] and b is None:
             self.refuse(node, "bias computed at run time")
-        output, act = self._output_with_activation(index, node)
-        fields = {"input": x_shape, "weights": list(w.shape), "stride": strides, "pads": pads, "dilation": dilations,
-                  "group": group, "bias": b is not None, "weights_path": self.write("w", w),
-                  "config": self.config(node)}
-        if b is not None:
-            fields["bias_path"] = self.write("b", b)
-        if act:
-            fields["act"] = act
-        self._emit(node, "conv", [x], output, **fields)
+        self._emit_weighted(index, node, "conv", x, w, b, input=x_shape, stride=strides, pads=pads, dilation=dilations,
+                            group=group)
 
     def op_ConvTranspose(self, index, node):
         x, w = node.input[0], self.constant(node.input[1])
@@ -207,28 +211,14 @@ class _Lowering:
         if len(node.input) > 2 and node.input[2] and b is None:
             self.refuse(node, "bias computed at run time")
         weights = np.ascontiguousarray(w.transpose(1, 0, 2, 3))  # ONNX's [C_in, C_out, ..] -> ACL's [OFM, IFM, ..]
-        output, act = self._output_with_activation(index, node)
-        fields = {"input": x_shape, "weights": list(weights.shape), "stride": attrs["strides"], "pads": attrs["pads"],
-                  "bias": b is not None,
-                  "weights_path": self.write("w", weights), "config": self.config(node)}
-        if b is not None:
-            fields["bias_path"] = self.write("b", b)
-        if act:
-            fields["act"] = act
-        self._emit(node, "deconv", [x], output, **fields)
+        self._emit_weighted(index, node, "deconv", x, weights, b, input=x_shape, stride=attrs["strides"],
+                            pads=attrs["pads"])
 
     def _fc(self, index, node, a: str, weights_nk: np.ndarray, bias: np.ndarray | None):
         a_shape = self.shape(a, node)
         if len(a_shape) != 2:
             self.refuse(node, "only 2-D inputs (fully connected)")
-        output, act = self._output_with_activation(index, node)
-        fields = {"input": a_shape, "weights": list(weights_nk.shape), "bias": bias is not None,
-                  "weights_path": self.write("w", weights_nk), "config": self.config(node)}
-        if bias is not None:
-            fields["bias_path"] = self.write("b", bias)
-        if act:
-            fields["act"] = act
-        self._emit(node, "fc", [a], output, **fields)
+        self._emit_weighted(index, node, "fc", a, weights_nk, bias, input=a_shape)
 
     def op_Gemm(self, index, node):
         if _attr(node, "transA", 0):

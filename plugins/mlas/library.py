@@ -301,6 +301,17 @@ def mlas_activation_params(step: list) -> list[float]:
     return []
 
 
+def _divert_output(graph, name: str) -> str:
+    """Renames the graph output where its node writes it to ``name``; returns the output's name,
+    for the nodes appended after it."""
+    output = graph.output[0].name
+    for node in graph.node:
+        for k, written in enumerate(node.output):
+            if written == output:
+                node.output[k] = name
+    return output
+
+
 def reordered_output(model, channels: int) -> None:
     """Makes a single NCHWc conv model write NCHW: a ReorderOutput after the conv."""
     import onnx
@@ -309,11 +320,7 @@ def reordered_output(model, channels: int) -> None:
     from kselect.plugins.mlas import nchwc
 
     graph = model.graph
-    output = graph.output[0].name
-    for node in graph.node:
-        for k, name in enumerate(node.output):
-            if name == output:
-                node.output[k] = "blocked_out"
+    output = _divert_output(graph, "blocked_out")
     graph.node.append(helper.make_node("ReorderOutput", ["blocked_out"], [output], name="reorder_out",
                                        domain=nchwc.NCHWC_DOMAIN, channels=channels))
     graph.output[0].CopyFrom(helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None))
@@ -325,11 +332,7 @@ def with_epilogue(model, epilogue: list) -> None:
     from kselect.core.activations import onnx_nodes
 
     graph = model.graph
-    output = graph.output[0].name
-    for node in graph.node:
-        for k, name in enumerate(node.output):
-            if name == output:
-                node.output[k] = "op_out"
+    output = _divert_output(graph, "op_out")
     nodes, initializers = onnx_nodes(epilogue, "op_out", output)
     graph.node.extend(nodes)
     graph.initializer.extend(initializers)

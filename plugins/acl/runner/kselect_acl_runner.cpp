@@ -1621,14 +1621,20 @@ struct ConvTensors
     TensorInfo in_i, w_i, b_i, out_i;
 };
 
-ConvTensors conv_infos(const ConvSpec &s, DataLayout layout, bool depthwise_weights)
+ConvTensors tensor_infos(const Mapping &in, const Mapping &w, size_t channels, const Mapping &out, DataLayout layout)
 {
-    ConvTensors t{ map4(s.in_dims(), layout), depthwise_weights ? map_dw_weights(s.w_dims(), layout) : map4(s.w_dims(), layout), map1(s.O), map4(s.out_dims(), layout), {}, {}, {}, {} };
+    ConvTensors t{ in, w, map1(channels), out, {}, {}, {}, {} };
     t.in_i  = TensorInfo(t.in_m.acl_shape(), 1, DataType::F32, layout);
     t.w_i   = TensorInfo(t.w_m.acl_shape(), 1, DataType::F32, layout);
     t.b_i   = TensorInfo(t.b_m.acl_shape(), 1, DataType::F32, layout);
     t.out_i = TensorInfo(t.out_m.acl_shape(), 1, DataType::F32, layout);
     return t;
+}
+
+ConvTensors conv_infos(const ConvSpec &s, DataLayout layout, bool depthwise_weights)
+{
+    return tensor_infos(map4(s.in_dims(), layout), depthwise_weights ? map_dw_weights(s.w_dims(), layout) : map4(s.w_dims(), layout), s.O,
+                        map4(s.out_dims(), layout), layout);
 }
 
 const std::vector<std::string> &all_methods()
@@ -1932,6 +1938,29 @@ void add_timing(Obj &o, const Timing &tm)
         .num("min_us", sorted.empty() ? 0 : sorted.front());
 }
 
+// A configured conv-like function's tensors allocated and filled (files named by the request, else
+// seeded random data), the function timed, its output saved: the rest of a conv or deconv "run".
+void fill_time_and_save(IFunction &fn, const JVal &req, const ConvTensors &ti, Tensor &in, Tensor &w, Tensor *bias, Tensor &out, Timing &tm)
+{
+    in.allocator()->allocate();
+    w.allocator()->allocate();
+    if(bias != nullptr)
+        bias->allocator()->allocate();
+    out.allocator()->allocate();
+    const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
+    std::vector<float> vin  = load_or_random(req, "input_path", ti.in_m.count(), seed);
+    std::vector<float> vw   = load_or_random(req, "weights_path", ti.w_m.count(), seed + 1);
+    copy_logical<true>(in, ti.in_m, vin.data());
+    copy_logical<true>(w, ti.w_m, vw.data());
+    if(bias != nullptr)
+    {
+        std::vector<float> vb = load_or_random(req, "bias_path", ti.b_m.count(), seed + 2);
+        copy_logical<true>(*bias, ti.b_m, vb.data());
+    }
+    time_function(fn, req, tm);
+    save_output(req, out, ti.out_m);
+}
+
 std::string conv_run(const JVal &req)
 {
     ConvSpec    s      = parse_conv(req);
@@ -1980,25 +2009,7 @@ std::string conv_run(const JVal &req)
         return o.done();
     }
 
-    in.allocator()->allocate();
-    w.allocator()->allocate();
-    b.allocator()->allocate();
-    out.allocator()->allocate();
-
-    const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
-    std::vector<float> vin  = load_or_random(req, "input_path", ti.in_m.count(), seed);
-    std::vector<float> vw   = load_or_random(req, "weights_path", ti.w_m.count(), seed + 1);
-    copy_logical<true>(in, ti.in_m, vin.data());
-    copy_logical<true>(w, ti.w_m, vw.data());
-    if(s.has_bias)
-    {
-        std::vector<float> vb = load_or_random(req, "bias_path", s.O, seed + 2);
-        copy_logical<true>(b, ti.b_m, vb.data());
-    }
-
-    time_function(*fn, req, tm);
-
-    save_output(req, out, ti.out_m);
+    fill_time_and_save(*fn, req, ti, in, w, s.has_bias ? &b : nullptr, out, tm);
 
     Obj o;
     o.boolean("ok", true)
@@ -2274,12 +2285,7 @@ DeconvSpec parse_deconv(const JVal &req)
 
 ConvTensors deconv_infos(const DeconvSpec &s, DataLayout layout)
 {
-    ConvTensors t{ map4(s.in_dims(), layout), map4(s.w_dims(), layout), map1(s.O), map4(s.out_dims(), layout), {}, {}, {}, {} };
-    t.in_i  = TensorInfo(t.in_m.acl_shape(), 1, DataType::F32, layout);
-    t.w_i   = TensorInfo(t.w_m.acl_shape(), 1, DataType::F32, layout);
-    t.b_i   = TensorInfo(t.b_m.acl_shape(), 1, DataType::F32, layout);
-    t.out_i = TensorInfo(t.out_m.acl_shape(), 1, DataType::F32, layout);
-    return t;
+    return tensor_infos(map4(s.in_dims(), layout), map4(s.w_dims(), layout), s.O, map4(s.out_dims(), layout), layout);
 }
 
 Status validate_deconv(const DeconvSpec &s, DataLayout layout)
@@ -2342,22 +2348,7 @@ std::string deconv_request(const JVal &req, bool run)
     tm.configure_us = us_since(t0);
     std::string error;
     std::string configure_ext = ext::end_configure(cfg, &error);
-    in.allocator()->allocate();
-    w.allocator()->allocate();
-    b.allocator()->allocate();
-    out.allocator()->allocate();
-    const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
-    std::vector<float> vin  = load_or_random(req, "input_path", ti.in_m.count(), seed);
-    std::vector<float> vw   = load_or_random(req, "weights_path", ti.w_m.count(), seed + 1);
-    copy_logical<true>(in, ti.in_m, vin.data());
-    copy_logical<true>(w, ti.w_m, vw.data());
-    if(s.has_bias)
-    {
-        std::vector<float> vb = load_or_random(req, "bias_path", s.O, seed + 2);
-        copy_logical<true>(b, ti.b_m, vb.data());
-    }
-    time_function(fn, req, tm);
-    save_output(req, out, ti.out_m);
+    fill_time_and_save(fn, req, ti, in, w, s.has_bias ? &b : nullptr, out, tm);
     Obj o;
     o.boolean("ok", true).str("action", "run").str("op", "deconv").str("method", "DECONV").str("effective_method", "DECONV").str("layout", layout_name(layout)).integer("threads", threads).raw("cpu_models", cpu_models_json()).raw("output", jints(s.out_dims()));
     add_timing(o, tm);
