@@ -10,3 +10,18 @@ def load_plan(plan, model):
     from kselect.core.runtime import load_plan as load
 
     return load(plan, model)
+
+
+def tune(model, libraries="mlas", **options):
+    """Tunes ``model`` on ``libraries`` and returns a ``TuneResult`` whose ``plan`` is the one
+    kept; the options are ``kselect.core.api.tune``'s (budget, search, db, ...)."""
+    from kselect.core.api import tune as run
+
+    return run(model, libraries, **options)
+
+
+def bench(model, plan, **options):
+    """Times ``model`` with ``plan`` against its baseline (``kselect.core.api.bench``)."""
+    from kselect.core.api import bench as run
+
+    return run(model, plan, **options)

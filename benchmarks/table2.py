@@ -45,15 +45,16 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import compare_outputs, timed_alone, verified_across
-from kselect.core.crossplan import plan_across, spinning_variants
+from kselect.core.api import tune
+from kselect.core.bench import compare_outputs, timed_alone
+from kselect.core.crossplan import spinning_variants
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.records import RecordDB
 from kselect.core.runtime import plan_segments
 from kselect.core.space import config_key
-from kselect.core.tune import TuneOptions, library_tasks, onnxruntime_default_plan, tune, verified_library_plan
+from kselect.core.tune import TuneOptions
 
 console = Console(width=200)
 LIBRARIES = ("mlas", "xnnpack")
@@ -117,27 +118,20 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
               remeasure: bool = True) -> dict:
     device = this_device()
     model = load_model(name)
-    single, tuning = {}, {}
-    for library_name, library in libraries.items():
-        start = time.perf_counter()
-        tasks = library_tasks(model, library)
-        outcomes = tune(tasks, library, device, db, options)
-        single[library_name] = verified_library_plan(model, library, device, db, tasks, outcomes)
-        tuning[library_name] = {"tune_s": round(time.perf_counter() - start, 1),
-                                "samples": sum(o.samples for o in outcomes),
-                                "measured_now": sum(o.measured_now for o in outcomes),
-                                "plan_variant": single[library_name].extra["verified"]["chosen"]}
+    # what `kselect tune --library mlas,xnnpack` does, through the same call: one end-to-end run picks the plan kept
     start = time.perf_counter()
-    built = plan_across(model, device, db, libraries, single, options.settings, remeasure=remeasure)
-    tuning["cross"] = {"plan_s": round(time.perf_counter() - start, 1)}  # re-timing included
-    variants = spinning_variants(built)
-    # what `kselect tune --library mlas,xnnpack` does: one end-to-end run picks the plan it keeps
-    kept_plan, selection = verified_across(model, [(f"{n} plan", p) for n, p in single.items()] + variants,
-                                           fallback=onnxruntime_default_plan(model, device, db))
-    tuning["cross"]["plan_and_check_s"] = round(time.perf_counter() - start, 1)
-    cross_name, cross = min(((n, p) for n, p in variants), key=lambda v: next(
+    result = tune(model, list(libraries.values()), search=options.search, budget=options.budget,
+                  time_budget_s=options.time_budget_s, seed=options.seed, early_stop=options.early_stop, db=db,
+                  settings=options.settings, remeasure=remeasure)
+    single = {name: tuning.plan for name, tuning in result.tunings.items()}
+    tuning = {name: {"tune_s": round(t.tune_s, 1), "samples": sum(o.samples for o in t.outcomes),
+                     "measured_now": sum(o.measured_now for o in t.outcomes), "plan_variant": t.plan.extra["verified"]["chosen"]}
+              for name, t in result.tunings.items()}
+    tuning["cross"] = {"plan_and_check_s": round(time.perf_counter() - start - sum(t.tune_s for t in result.tunings.values()), 1)}
+    selection = result.checks
+    cross_name, cross = min(((n, p) for n, p in spinning_variants(result.cross_plan)), key=lambda v: next(
         r["plan_ms"] for r in selection if r["variant"] == v[0]))
-    kept = kept_plan.extra["verified"]["chosen"]
+    kept = result.kept
     kept = kept if not kept.startswith("cross-library plan") else "cross-library plan"
 
     # the figures reported: a second, fresh run, each runner alone in processes of its own

@@ -147,10 +147,35 @@ def cmd_plugins(args) -> None:
 
 
 # -- tune -----------------------------------------------------------------------------------
-class ProgressReporter:
-    def __init__(self, progress: Progress, total: int):
-        self.progress = progress
-        self.overall = progress.add_task("all tasks", total=total, best="")
+class CliTuneEvents:
+    """Renders what ``kselect.core.api.tune`` reports: progress bars while a library's tasks are
+    tuned, then its table; the cross-library planning and its end-to-end check."""
+
+    COLUMNS = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
+
+    def __init__(self):
+        self.progress: Progress | None = None
+        self.overall = self.current = None
+
+    def working(self, text: str):
+        return console.status(text)
+
+    def waiting_for_lock(self, holder: str) -> None:
+        console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
+                      "that neither times the other's load[/]")
+
+    # -- one library ----------------------------------------------------------------------
+    def library_started(self, model, library, tasks, options, device, db) -> None:
+        console.print(f"tuning {model.name} on {library.name} "
+                      f"({library.version()}), {len(tasks)} tasks, search {options.search}, budget {options.budget} "
+                      f"per task; device {device.summary()}; records in {db.path}")
+        if library.emulated:
+            console.print(EMULATED_NOTE)
+        total = sum(min(options.budget, len(library.space(t, device))) for t in tasks)
+        self.progress = Progress(*self.COLUMNS, console=console, transient=False)
+        self.progress.start()
+        self.overall = self.progress.add_task("all tasks", total=total, best="")
         self.current = None
 
     def task_started(self, task, outcome, budget) -> None:
@@ -174,88 +199,61 @@ class ProgressReporter:
     def task_finished(self, task, outcome) -> None:
         self.progress.update(self.current, completed=self.progress.tasks[-1].total)
 
+    def whole_model_checked(self, library, variant, result) -> None:
+        self._stop_progress()
+        console.print(f"whole model, {variant} plan: default {result['default_ms']:.3f} ms, plan {result['plan_ms']:.3f} ms "
+                      f"({result['speedup']:.3f}x)" + (" [EMULATED]" if library.emulated else ""))
+
+    def _stop_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def library_tuned(self, tuning) -> None:
+        self._stop_progress()
+        library, plan = tuning.library, tuning.plan
+        for outcome in tuning.outcomes:
+            if outcome.default is not None and outcome.default.status != "ok":
+                console.print(f"[yellow]warning:[/] {library.name}'s own config for {outcome.task.id} could not be "
+                              f"measured ({outcome.default.status}: {outcome.default.reason or 'wrong output'}); its "
+                              "speedup is unknown and the next tune measures it again")
+        if "verified" in plan.extra:
+            tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
+            if tried[0] != plan.extra["verified"]["chosen"]:
+                console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the "
+                              f"{plan.extra['verified']['chosen']} plan[/]")
+            elif tried[0] == "library default":
+                console.print("the best measured configs are the library's own: the plan is the library default")
+        _tune_table(tuning.outcomes, plan, library)
+        if "cross_library" in plan.extra:  # layouts planned per op
+            _layout_summary(plan, library)
+
+    # -- across libraries -------------------------------------------------------------------
+    def cross_planned(self, plan) -> None:
+        _cross_summary(plan)
+
+    def cross_checked(self, chosen, results) -> None:
+        _check_table(chosen, results)
+
 
 def cmd_tune(args) -> None:
+    from kselect.core import api
     from kselect.core.measure import MeasureSettings
-    from kselect.core.records import DEFAULT_DB, RecordDB
-    from kselect.core.tune import TuneOptions
-
-    from kselect.core.lock import measuring_lock
-    from kselect.core.paths import check_can_create
 
     libraries = plugins.select_libraries(args.library)
     plugins.get_searcher(args.search)
     model = load_model(args.model, args.input_shape)
     extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
     names = "+".join(library.name for library in libraries)
-    plan_path = Path(args.output or f"{model.name}.{names}.plan.json")
-    if plan_path.is_dir():
-        raise KselectError(f"-o {plan_path} is a directory, not a plan file")
-    check_can_create(plan_path, "the plan to")
-    device = this_device()
-    db = RecordDB(args.db or DEFAULT_DB)
+    plan_path = api.check_plan_path(Path(args.output or f"{model.name}.{names}.plan.json"))
     settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
                                max_time_s=15 * args.min_time)
-
-    def waiting(holder: str) -> None:
-        console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
-                      "that neither times the other's load[/]")
-
-    with measuring_lock(device.fingerprint, on_wait=waiting):
-        tuned = {}  # library name -> (library, tasks, outcomes, plan)
-        for library in libraries:
-            searcher_options = {}
-            if args.storage:  # one Optuna study per device, library build and task
-                searcher_options = {"storage": args.storage,
-                                    "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
-            options = TuneOptions(args.search, args.budget, args.time_budget, args.seed, args.early_stop,
-                                  searcher_options, settings)
-            tuned[library.name] = _tune_library(args, model, library, device, db, options)
-        if len(libraries) == 1:
-            library, _, _, plan = next(iter(tuned.values()))
-        else:
-            library, plan = None, _cross_library_plan(args, model, device, db, settings, tuned)
-    _save_plan(args, model, plan, library, plan_path)
-
-
-def _tune_library(args, model, library, device, db, options):
-    """Tunes one library's tasks and returns (library, tasks, outcomes, its verified plan)."""
-    from kselect.core.tune import library_tasks, tune, verified_library_plan
-
-    tasks = library_tasks(model, library)
-    spaces = {t.key: library.space(t, device) for t in tasks}
-    total = sum(min(args.budget, len(spaces[t.key])) for t in tasks)
-    console.print(f"tuning {model.name} on {library.name} ({library.version()}), {len(tasks)} tasks, "
-                  f"search {args.search}, budget {args.budget} per task; device {device.summary()}; records in {db.path}")
-    if library.emulated:
-        console.print(EMULATED_NOTE)
-
-    def show(name, result):
-        console.print(f"whole model, {name} plan: default {result['default_ms']:.3f} ms, plan {result['plan_ms']:.3f} ms "
-                      f"({result['speedup']:.3f}x)" + (" [EMULATED]" if library.emulated else ""))
-
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
-    with Progress(*columns, console=console, transient=False) as progress:
-        outcomes = tune(tasks, library, device, db, options, ProgressReporter(progress, total))
-    for outcome in outcomes:
-        if outcome.default is not None and outcome.default.status != "ok":
-            console.print(f"[yellow]warning:[/] {library.name}'s own config for {outcome.task.id} could not be measured "
-                          f"({outcome.default.status}: {outcome.default.reason or 'wrong output'}); its speedup is unknown "
-                          "and the next tune measures it again")
-    with console.status(f"checking the {library.name} plan end to end against the library default"):
-        plan = verified_library_plan(model, library, device, db, tasks, outcomes, args.verify, on_result=show,
-                                     settings=options.settings)
-    if args.verify:
-        tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
-        if tried[0] != plan.extra["verified"]["chosen"]:
-            console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the {plan.extra['verified']['chosen']} plan[/]")
-        elif tried[0] == "library default":
-            console.print("the best measured configs are the library's own: the plan is the library default")
-    _tune_table(outcomes, plan, library)
-    if "cross_library" in plan.extra:  # layouts planned per op
-        _layout_summary(plan, library)
-    return library, tasks, outcomes, plan
+    result = api.tune(model, libraries, search=args.search, budget=args.budget, time_budget_s=args.time_budget,
+                      seed=args.seed, early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
+                      verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
+                      check_max_rounds=args.check_max_rounds, events=CliTuneEvents())
+    artifacts = api.save(result, plan_path)
+    console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
 
 
 def _layout_summary(plan, library) -> None:
@@ -272,33 +270,15 @@ def _layout_summary(plan, library) -> None:
                   + f"{summary['predicted']['total_us'] / 1000:.3f} ms)" + (" [EMULATED]" if library.emulated else ""))
 
 
-def _save_plan(args, model, plan, library, plan_path: Path) -> None:
-    plan_path.parent.mkdir(parents=True, exist_ok=True)
-    plan.save(plan_path)
-    artifacts = []
-    if len(plan.libraries) == 1:
-        library = library or plugins.get_library(plan.library)
-        artifacts = library.apply(plan, model, plan_path.parent)
-    console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
-
-
-def _cross_library_plan(args, model, device, db, settings, tuned):
-    """Per op across the tuned libraries, conversions counted; checked end to end against ONNX
-    Runtime's default session and each library's own plan, keeping the fastest."""
-    from kselect.core.bench import BASELINE, verified_across
-    from kselect.core.crossplan import plan_across, spinning_variants
-    from kselect.core.tune import onnxruntime_default_plan
-
-    doing = ("re-timing the configs and conversions the plan chooses among, then planning across libraries"
-             if args.remeasure else "measuring layout conversions and library switches, planning across libraries")
-    with console.status(doing):
-        plan = plan_across(model, device, db, {name: entry[0] for name, entry in tuned.items()},
-                           {name: entry[3] for name, entry in tuned.items()}, settings, remeasure=args.remeasure)
+def _cross_summary(plan) -> None:
+    """The cross-library plan as planned: isolated sums per choice, ops per library, measured
+    switch, wake-up and re-entry costs."""
     summary = plan.extra["cross_library"]
     if "remeasured" in summary:
         console.print(f"re-timed {summary['remeasured']['configs']} configs and {summary['remeasured']['conversions']} "
                       "conversions just now, so the plan compares timings from one period")
-    table = Table(title=f"{model.name}: sum of isolated op and conversion times (ops in between not included)")
+    model_name = plan.model.get("name", "")
+    table = Table(title=f"{model_name}: sum of isolated op and conversion times (ops in between not included)")
     for column in ("choice", "ops ms", "conversions ms", "workers asleep ms", "total ms"):
         table.add_column(column, justify="left" if column == "choice" else "right")
     rows = [("cross-library (planned)", summary["predicted"]), ("greedy per op", summary["greedy"])]
@@ -328,15 +308,15 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
                       f"re-enter their own, {len(through)} cross to ONNX Runtime and back for ops their library lacks: "
                       f"{reentries['us'] / 1000:.3f} ms, counted with the conversions; "
                       f"{reentries['segments_moved']} segments that did not pay for theirs went back to the main library")
-    if not args.verify:
-        return plan
-    candidates = [(f"{name} plan", entry[3]) for name, entry in tuned.items()] + spinning_variants(plan)
-    fallback = onnxruntime_default_plan(model, device, db) if "mlas" in tuned else None
-    with console.status("checking the plans end to end against ONNX Runtime's default session"):
-        chosen, results = verified_across(model, candidates, rounds=args.check_rounds, fallback=fallback,
-                                          max_rounds=max(args.check_rounds, args.check_max_rounds))
+
+
+def _check_table(chosen, results) -> None:
+    """Each plan's whole-model check against ONNX Runtime's default session, and what was kept."""
+    from kselect.core.bench import BASELINE
+
     verified = chosen.extra["verified"]
-    table = Table(title=f"{model.name}: whole model, each plan alone in a fresh process per round, ONNX Runtime's "
+    model_name = chosen.model.get("name", "")
+    table = Table(title=f"{model_name}: whole model, each plan alone in a fresh process per round, ONNX Runtime's "
                         f"default in the same rounds ({verified['rounds']} rounds at most)")
     for column in ("plan", "rounds", "default ms", "plan ms", "vs onnxruntime default", "bounds", "verdict",
                    "max output error"):
@@ -364,7 +344,6 @@ def _cross_library_plan(args, model, device, db, settings, tuned):
                           "spread of its per-round speedups) a plan with more library switches or sleeping threads "
                           "must win by" if verified["fastest"] in verified["shown_faster"]
                           else f"  the {verified['fastest']} read faster but was not shown faster")
-    return chosen
 
 
 def _op(task) -> str:
@@ -460,18 +439,13 @@ def cmd_plan_show(args) -> None:
 
 
 def _checked_plan(args, model):
-    from kselect.core.plan import check_plan, load_plan_file, validate_plan
+    from kselect.core.api import checked_plan
 
-    plan = load_plan_file(args.plan)
-    versions = {}
-    for name in plan.libraries:
-        library = plugins.libraries().get(name)
-        if library is not None and library.availability()[0]:
-            versions[name] = library.version()
-    for problem in check_plan(plan, model, this_device(), versions, force=args.force):
-        console.print(f"[yellow]warning (--force):[/] {problem}")
-    validate_plan(plan, model, this_device())
-    return plan
+    return checked_plan(args.plan, model, args.force, on_warning=_force_warning)
+
+
+def _force_warning(problem: str) -> None:
+    console.print(f"[yellow]warning (--force):[/] {problem}")
 
 
 def cmd_plan_apply(args) -> None:
@@ -487,28 +461,19 @@ def cmd_plan_apply(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from kselect.core.bench import CONFIDENCE, bench, bench_alone, fresh_runners
-    from kselect.core.runtime import load_plan
+    from kselect.core import api
+    from kselect.core.bench import CONFIDENCE
 
     model = load_model(args.model, args.input_shape)
-    plan = _checked_plan(args, model)
-    library = plugins.get_library("mlas" if plan.cross_library else plan.library)
-    baseline = "onnxruntime default" if plan.cross_library else f"{library.name} default"
-    libraries = "+".join(plan.libraries)
-    if args.alone:
-        with console.status(f"benchmarking {model.name}: {baseline} vs {libraries} plan, each alone in fresh processes"):
-            result = bench_alone(model, library.name, plan, args.rounds, args.runs_per_round)
-    else:
-        default_runners = fresh_runners(library, model, None)
-        plan_runners = [load_plan(plan, model)] if plan.cross_library else fresh_runners(library, model, plan)
-        with console.status(f"benchmarking {model.name}: {baseline} vs {libraries} plan, interleaved"):
-            result = bench(default_runners, plan_runners, model, args.rounds, args.runs_per_round)
-    result = {"model": model.name, "library": libraries, "library_versions": plan.libraries, "baseline": baseline,
-              "emulated": plan.emulated, "device": this_device().summary(), **result}
+    how = "each alone in fresh processes" if args.alone else "interleaved"
+    with console.status(f"benchmarking {model.name} with {args.plan} against its baseline, {how}"):
+        result = api.bench(model, args.plan, alone=args.alone, rounds=args.rounds, runs_per_round=args.runs_per_round,
+                           force=args.force, on_warning=_force_warning)
+    baseline, libraries = result["baseline"], result["library"]
     how = (f"{result['processes']} fresh processes per side" if args.alone
            else f"{result['instances']} fresh instance(s) per side")
     table = Table(title=f"{model.name} on {libraries}: whole-model latency (median of {result['runs']} runs each, {how})"
-                  + (" [EMULATED]" if plan.emulated else ""))
+                  + (" [EMULATED]" if result["emulated"] else ""))
     for column in (f"{baseline} ms", "plan ms", "speedup", "spread default / plan", "max output error"):
         table.add_column(column, justify="right")
     table.add_row(f"{result['default_ms']:.3f}", f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x",
@@ -518,7 +483,7 @@ def cmd_bench(args) -> None:
         low, high = result["per_round_bounds"]
         console.print(f"round by round ({baseline} process / plan process, one after the other): median "
                       f"{result['per_round_speedup']:.3f}x, {CONFIDENCE:.1%} bounds {low:.3f}-{high:.3f}")
-    if library.emulated:
+    if result["emulated"]:
         console.print(EMULATED_NOTE)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")

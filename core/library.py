@@ -1,14 +1,13 @@
-"""What a library plugin provides. A plugin subclasses ``Library`` and registers an instance
-through the ``register_libraries`` hook.
+"""The contract between kselect and an inference library.
 
-The tuner calls, in order: ``availability``/``version`` (is it here, which build),
-``prepare_model(model)``, ``supports(task)``, ``space(task, device)``, ``default_config(task, device)`` (the library's own
-heuristic, the baseline), then ``measure`` for each candidate, inside a child process. A plan is
-turned into something that runs by ``apply`` and ``model_runner``.
+A library plugin subclasses ``Library`` and registers one instance through the
+``register_libraries`` hook (docs/writing-a-library.md walks through a new one;
+``kselect.core.contract.check_library`` is the suite that says whether it keeps the contract).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +40,41 @@ class CallCandidate(Candidate):
         self.output = output
 
 
-class Library:
+class Library(ABC):
+    """An inference library whose kernels kselect selects among.
+
+    What kselect calls, in order, for ``kselect tune MODEL --library NAME``:
+
+    1. ``availability()`` and ``version()``: is the library here, and which build. Records are
+       keyed by (device, library name, version): a new build is tuned afresh.
+    2. ``prepare_model(model)`` once, then ``supports(task)`` for every task of the model (a
+       task is a group of identical conv / deconv / fc ops, each with the activation after it,
+       core/tasks.py). Unsupported tasks run with the library's defaults, or in ONNX Runtime.
+    3. ``space(task, device)``: the configurations to choose among, in the core schema
+       (core/space.py: categorical and integer dims with a role each, conditions, constraints),
+       and ``default_config(task, device)``: the library's own choice, the baseline every
+       speedup is measured against.
+    4. For each config the search proposes, in a measuring child process (core/worker.py, which
+       builds an instance of the same class): ``measure(task, config, inputs, settings)``. The
+       default builds ``fresh_instances`` candidates with ``prepare`` and times them with the
+       core protocol; the core then checks the output against a float64 reference within
+       ``tolerance(task, config)``. A candidate that crashes, hangs or is wrong is recorded as
+       such and never planned.
+    5. The plan: per task the best config; dims named in ``plan_level_dims`` take one value
+       across the whole model. ``apply(plan, model, out_dir)`` writes what a deployment needs;
+       ``model_runner(model, plan)`` runs the whole model as the plan says (``kselect bench``,
+       ``kselect.load_plan``), with ``plan=None`` the library's defaults. Nodes for which
+       ``runs_op`` is False go to ONNX Runtime in segments of their own.
+
+    To share a plan with other libraries (``--library a,b``) a library also describes the
+    layout each op leaves its output in (``layout_label``, ``"<library>:<layout>"``) and how its
+    runner converts a tensor at a segment boundary (``conversion``), so the planner can measure
+    and count those costs; a library whose runner is another process sets ``boundary_cost``.
+
+    Required: ``name``, ``version``, ``supports``, ``space``, ``default_config``,
+    ``model_runner``, and either ``prepare`` or ``measure``. Everything else has a default.
+    """
+
     name: str = ""
     emulated: bool = False  # timings are taken under emulation: never real performance
     fresh_instances: int = 1  # candidates built and timed this many times from scratch
@@ -57,6 +90,7 @@ class Library:
     def availability(self) -> tuple[bool, str]:
         return True, ""
 
+    @abstractmethod
     def version(self) -> str:
         raise NotImplementedError
 
@@ -64,12 +98,15 @@ class Library:
         """Called once before a model's tasks are tuned or shown. A library whose own defaults
         depend on the graph around an op (not just on the op) records them here."""
 
+    @abstractmethod
     def supports(self, task: Task) -> bool:
         raise NotImplementedError
 
+    @abstractmethod
     def space(self, task: Task, device: Device) -> Space:
         raise NotImplementedError
 
+    @abstractmethod
     def default_config(self, task: Task, device: Device) -> dict:
         raise NotImplementedError
 
@@ -143,6 +180,7 @@ class Library:
         """Write what a deployment needs to run the plan; returns the files written."""
         return []
 
+    @abstractmethod
     def model_runner(self, model, plan, in_mixed_plan: bool = False) -> Callable[[dict], list]:
         """A callable running the whole model: with the library's defaults when ``plan`` is
         None, else as the plan says. Used by ``kselect bench``. ``in_mixed_plan``: the model is

@@ -36,6 +36,7 @@ LIBRARY_PLUGINS = {
 }
 
 _pm: pluggy.PluginManager | None = None
+_libraries: dict | None = None  # one instance of each library per process
 
 
 def allowed_plugins() -> set[str] | None:
@@ -82,7 +83,11 @@ def _collect(hook) -> list[tuple]:
 
 
 def libraries() -> dict:
-    return {lib.name: lib for (lib,) in _collect(plugin_manager().hook.register_libraries)}
+    """Every registered library by name: the same instances for the whole process."""
+    global _libraries
+    if _libraries is None:
+        _libraries = {lib.name: lib for (lib,) in _collect(plugin_manager().hook.register_libraries)}
+    return _libraries
 
 
 def searchers() -> dict:

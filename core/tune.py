@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from kselect.core.device import Device
 from kselect.core.library import Library
 from kselect.core.measure import MeasureSettings, Result
+from kselect.core.runner import Runner
 from kselect.core.worker import MeasureWorker
 from kselect.core.records import Record, RecordDB
 from kselect.core.space import config_key
@@ -74,12 +75,14 @@ def _update_best(outcome: TaskOutcome, config: dict, result: Result) -> None:
 
 
 def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, options: TuneOptions,
-         reporter: Reporter | None = None) -> list[TaskOutcome]:
+         reporter: Reporter | None = None, runner: Runner | None = None) -> list[TaskOutcome]:
+    """Tunes ``tasks`` one after the other, measuring through ``runner`` (default: the live
+    ``MeasureWorker`` on ``library``'s kernels; a ``ReplayWorker`` answers from recorded tables)."""
     from kselect.core import plugins
 
     tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search))
     try:
-        with MeasureWorker(library.name, options.settings) as tuner.worker:
+        with runner or MeasureWorker(library, options.settings) as tuner.worker:
             return [tuner.tune_task(task) for task in tasks]
     finally:
         db.release_claims()
@@ -93,7 +96,7 @@ class _Tuner:
         self.version = library.version()
         self.deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
         self.started = time.time()
-        self.worker: MeasureWorker | None = None
+        self.worker: Runner | None = None
         db.add_device(device.fingerprint, device.to_json())
 
     def time_left(self) -> bool:
@@ -212,7 +215,7 @@ def remeasure(candidates: list[tuple[Library, Task, dict]], defaults: dict[str, 
 
         def take(library: Library, task: Task, config: dict) -> None:
             if library.name not in workers:
-                workers[library.name] = stack.enter_context(MeasureWorker(library.name, settings))
+                workers[library.name] = stack.enter_context(MeasureWorker(library, settings))
             result = workers[library.name].measure(task, config)
             if on_measured:
                 on_measured(task, result)

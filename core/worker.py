@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 
 from kselect.core.device import available_memory, proc_bytes
 from kselect.core.measure import MeasureSettings, Result, measure_in_this_process
+from kselect.core.runner import Runner
 from kselect.core.tasks import Task
 
 
@@ -71,11 +72,17 @@ def die_with_parent() -> None:
         pass
 
 
-class MeasureWorker:
-    """Runs candidates one at a time in a child process, replacing it after a crash or hang."""
+class MeasureWorker(Runner):
+    """Runs candidates one at a time in a child process, replacing it after a crash or hang.
+    ``library``: a Library (the child builds an instance of the same class) or a registered
+    library's name."""
 
-    def __init__(self, library_name: str, settings: MeasureSettings):
-        self.library_name = library_name
+    def __init__(self, library, settings: MeasureSettings):
+        if isinstance(library, str):
+            self.library_name, self.library_class = library, ""
+        else:
+            self.library_name = library.name
+            self.library_class = f"{type(library).__module__}:{type(library).__qualname__}"
         self.settings = settings
         self.process: subprocess.Popen | None = None
         self.to_child: Connection | None = None
@@ -86,7 +93,7 @@ class MeasureWorker:
         parent_reads, child_writes = os.pipe()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kselect.core.worker", str(child_reads), str(child_writes), self.library_name,
-             json.dumps(asdict(self.settings))],
+             self.library_class, json.dumps(asdict(self.settings))],
             pass_fds=(child_reads, child_writes), stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         os.close(child_reads)
@@ -129,19 +136,31 @@ class MeasureWorker:
             connection.close()
         self.process = self.to_child = self.from_child = None
 
-    def __enter__(self):
-        return self
-
     def __exit__(self, *exc):
         self.stop(kill=exc[0] is not None)
 
 
-def child_main(read_fd: int, write_fd: int, library_name: str, settings_json: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+def child_library(library_name: str, library_class: str):
+    """The library the parent measures with: the registered instance when it is of the class
+    the parent used (``module:qualname``), else a new instance of that class."""
+    import importlib
+
     from kselect.core import plugins
 
+    registered = plugins.libraries().get(library_name)
+    if not library_class:
+        return registered if registered is not None else plugins.get_library(library_name)
+    module, qualname = library_class.split(":")
+    cls = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    return registered if type(registered) is cls else cls()
+
+
+def child_main(read_fd: int, write_fd: int, library_name: str, library_class: str, settings_json: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     incoming, outgoing = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    library = plugins.libraries()[library_name]
+    library = child_library(library_name, library_class)
     settings = MeasureSettings(**json.loads(settings_json))
     allowance = candidate_allowance(settings)
     cache: dict = {}
@@ -165,4 +184,4 @@ def child_main(read_fd: int, write_fd: int, library_name: str, settings_json: st
 
 
 if __name__ == "__main__":
-    child_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    child_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kselect.core.errors import KselectError
 from kselect.core.measure import Result
+from kselect.core.runner import Runner
 from kselect.core.space import Categorical, Integer, Space, WorkloadSplit, config_key
 from kselect.core.tasks import Task
 
@@ -175,20 +176,13 @@ def load_tables(directory: str | Path) -> list[ReplayTable]:
     return [ReplayTable.load(p) for p in sorted(Path(directory).glob("*.json"))]
 
 
-class ReplayWorker:
-    """Answers ``measure(task, config)`` from tables, with the interface of
-    ``kselect.core.worker.MeasureWorker`` (a context manager), so a tuning loop can run on a
-    table instead of on kernels."""
+class ReplayWorker(Runner):
+    """Answers ``measure(task, config)`` from tables: the simulation ``Runner``
+    (core/runner.py), so ``kselect.core.tune.tune`` runs on a table instead of on kernels."""
 
     def __init__(self, *tables: ReplayTable):
         self.tasks = {t.key: t for table in tables for t in table.tasks}
         self.count = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
     def measure(self, task: Task, config: dict) -> Result:
         self.count += 1
