@@ -119,7 +119,9 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
 
     events = events or TuneEvents()
     chosen = _libraries(libraries)
-    plugins.get_searcher(search)
+    searcher = plugins.get_searcher(search)
+    if storage:
+        searcher.check_options({"storage": storage})
     if not isinstance(model, Model):
         model = load_model(str(model), list(input_shape))
     extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened

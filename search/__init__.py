@@ -10,6 +10,9 @@ that transfer what they learnt; ``options`` are backend-specific (``--storage`` 
 
 from __future__ import annotations
 
+import inspect
+
+from kselect.core.errors import KselectError
 from kselect.core.space import Space, config_key
 from kselect.core.tasks import Task
 
@@ -23,8 +26,25 @@ class Searcher:
         self.task = task
         self.seed = seed
         self.prior = prior or []  # (task, config, time_us) measured on other tasks, same device and library
-        self.options = options
+        type(self).check_options(options)
         self.history: dict[str, tuple[dict, float | None]] = {}
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Refuses options no ``__init__`` of this class or its bases names: an unknown option
+        is a mistake to report, not a setting to ignore."""
+        known = set()
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is not None:
+                known |= {p.name for p in inspect.signature(init).parameters.values()
+                          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        known -= {"self", "space", "task", "seed", "prior"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            name = cls.name or cls.__name__
+            raise KselectError(f"search {name!r} takes no option {', '.join(map(repr, unknown))} "
+                               f"(its options: {', '.join(sorted(known)) or 'none'})")
 
     def measured(self, config: dict) -> bool:
         return config_key(config) in self.history

@@ -64,6 +64,15 @@ def test_options_are_refused_when_parsed_in_one_line(tmp_path, option, value, sa
     assert not db.exists()  # refused before anything was opened, let alone measured
 
 
+def test_an_option_the_search_backend_does_not_take_is_refused(tmp_path):
+    db = tmp_path / "records.db"
+    result = run_kselect("tune", "resnet18", "--library", "mlas", "--search", "xgb", "--db", db,
+                         "--storage", f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "search 'xgb' takes no option 'storage'" in result.stderr
+    assert not db.exists()
+
+
 def test_a_repeated_input_shape_with_other_dims_is_refused(small_model_path):
     result = run_kselect("tasks", small_model_path, "--input-shape", "input=1,3,32,32", "--input-shape", "input=1,3,64,64")
     assert result.returncode == 2 and "twice" in result.stderr
