@@ -195,7 +195,7 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     if not verify:
         return
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
-    fallback = onnxruntime_default_plan(model, device, db) if "mlas" in tunings else None
+    fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
     with events.working("checking the plans end to end against ONNX Runtime's default session"):
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,
                                                      max_rounds=max(check_rounds, check_max_rounds))
@@ -248,7 +248,7 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
     if not isinstance(model, Model):
         model = load_model(str(model), list(input_shape))
     plan = checked_plan(plan, model, force, on_warning)
-    library = plugins.get_library("mlas" if plan.cross_library else plan.library)
+    library = plugins.baseline_library() if plan.cross_library else plugins.get_library(plan.library)
     baseline = "onnxruntime default" if plan.cross_library else f"{library.name} default"
     if alone:
         result = bench_alone(model, library.name, plan, rounds, runs_per_round)

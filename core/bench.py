@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kselect.core import plugins
 from kselect.core.errors import KselectError, one_line
 from kselect.core.model import Model
 from kselect.core.worker import die_with_parent, signal_name
@@ -459,7 +460,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
                                   rounds_before_verdict=rounds) == "undecided"}
         return names | {BASELINE} if names else set()
 
-    alone = timed_alone(model, {BASELINE: "mlas", **dict(candidates)}, rounds, runs_per_process,
+    alone = timed_alone(model, {BASELINE: plugins.baseline_library().name, **dict(candidates)}, rounds, runs_per_process,
                         max_rounds=max_rounds, more=undecided if min_speedup is None else None)
     baseline = alone[BASELINE]
     if baseline["failed"]:

@@ -28,7 +28,7 @@ from kselect.core.conversions import (GRAPH_LABEL, ConversionTable, boundary_lab
 from kselect.core.model import Model
 from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
-from kselect.core.runtime import FALLBACK_LIBRARY, plan_segments
+from kselect.core.runtime import fallback_library, plan_segments
 from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
 
@@ -150,7 +150,7 @@ class CrossProblem:
         tuned = {node: label for node, label in labels.items() if node in self.options
                  and library_of(label) != library_of(GRAPH_LABEL)}
         chosen = {node: library_of(label) for node, label in tuned.items()}
-        fallbacks_paid = FALLBACK_LIBRARY in self.libraries()  # its sides can be measured with the rest
+        fallbacks_paid = fallback_library() in self.libraries()  # its sides can be measured with the rest
         if self.model is None or (len(set(chosen.values())) < 2 and not fallbacks_paid):
             return []
         segments = plan_segments(self.model, chosen, self.runs_op)
@@ -169,7 +169,7 @@ class CrossProblem:
 
         for index, segment in enumerate(segments):
             tuned_here = any(chosen.get(node) == segment.library for node in segment.nodes)
-            if fallbacks_paid and segment.library == FALLBACK_LIBRARY and not tuned_here:
+            if fallbacks_paid and segment.library == fallback_library() and not tuned_here:
                 self._fallback_crossings(segment, index, segments, readers, source, tuned, labels, charge)
                 continue
             for tensor in segment.outputs:
@@ -192,10 +192,10 @@ class CrossProblem:
         source lacks them: each tensor entering it leaves its library's runner (unless an edge to
         another library pays that already) and enters ONNX Runtime; each tensor it sends back
         enters that library's runner again, once per later segment of it reading the tensor."""
-        fallback_label = f"{FALLBACK_LIBRARY}:NCHW"
+        fallback_label = f"{fallback_library()}:NCHW"
         for tensor in segment.inputs:
             label = tuned.get(source(tensor))
-            if label is None or library_of(label) == FALLBACK_LIBRARY:
+            if label is None or library_of(label) == fallback_library():
                 continue
             shape = tuple(self.model.shapes[tensor])
             paid = any(edge.tensor == tensor and library_of(labels.get(edge.consumer, GRAPH_LABEL)) != library_of(label)
@@ -206,7 +206,7 @@ class CrossProblem:
             charge(tensor, label, sides, from_segment=origin, to_segments=[index + 1], fallback=True)
         for tensor in segment.outputs:
             label = tuned.get(source(tensor))
-            if label is None or library_of(label) == FALLBACK_LIBRARY:
+            if label is None or library_of(label) == fallback_library():
                 continue
             back = [j for j in readers.get(tensor, []) if segments[j].library == library_of(label)]
             if back:

@@ -86,6 +86,10 @@ class Library(ABC):
     # layout sides (``conversion``) say: its ``measure`` times the label ``<name>:boundary``
     # (core/conversions.py), counted only where a plan switches libraries.
     boundary_cost: bool = False
+    # The baseline: this library's default run of a whole model is what every plan is judged
+    # against, and its runner takes every node another library's runner lacks (ONNX Runtime,
+    # i.e. the mlas plugin, which runs any ONNX graph). One registered library declares it.
+    baseline: bool = False
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

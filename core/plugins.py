@@ -90,6 +90,16 @@ def libraries() -> dict:
     return _libraries
 
 
+def baseline_library():
+    """The library declaring ``baseline`` (core/library.py): its default session is what plans
+    are judged against and it runs the nodes other libraries lack."""
+    found = [lib for lib in libraries().values() if lib.baseline]
+    if len(found) != 1:
+        raise KselectError(f"exactly one library plugin must declare itself the baseline (found "
+                           f"{', '.join(lib.name for lib in found) or 'none'})")
+    return found[0]
+
+
 def searchers() -> dict:
     return dict(_collect(plugin_manager().hook.register_searchers))
 

@@ -2,8 +2,8 @@
 
 A plan names the library of every tuned node. Every other node is given one too: the library of
 the node producing its first computed input, if that library runs this op type
-(``Library.runs_op``: XNNPack's executor and ACL's engine have fixed op sets), else MLAS, since
-ONNX Runtime runs any op. A node fed only by graph inputs goes with the first tuned node after it.
+(``Library.runs_op``: XNNPack's executor and ACL's engine have fixed op sets), else the baseline
+library (``Library.baseline``: MLAS, since ONNX Runtime runs any op). A node fed only by graph inputs goes with the first tuned node after it.
 
 The graph is then cut into segments, runs of nodes of one library, along a topological order
 that, among the nodes ready to run, takes one of the current segment's library first: parallel
@@ -37,7 +37,9 @@ from kselect.core.library import Library
 from kselect.core.model import Model, load_model, model_from_proto
 from kselect.core.plan import Plan, load_plan_file, validate_plan
 
-FALLBACK_LIBRARY = "mlas"  # ONNX Runtime: runs every ONNX op
+def fallback_library() -> str:
+    """The library that runs any node: the baseline library (``Library.baseline``)."""
+    return plugins.baseline_library().name
 
 
 @dataclass
@@ -137,7 +139,7 @@ def _segmented_runner(model: Model, chosen: dict[str, str], plan: Plan | None) -
                                                                      in_mixed_plan=len(segments) > 1))
         except UnsupportedOp as exc:
             PlanRunner(plan, model, segments, runners).close()
-            if exc.node is None or exc.node in refused or library_of.get(exc.node) == FALLBACK_LIBRARY:
+            if exc.node is None or exc.node in refused or library_of.get(exc.node) == fallback_library():
                 raise
             refused.add(exc.node)
             continue
@@ -160,17 +162,18 @@ def assign_libraries(model: Model, chosen: dict[str, str], runs_op: Callable[[st
     nodes their library's runner cannot build as the model has them (ONNX Runtime runs them)."""
     nodes = list(model.proto.graph.node)
     producer = {name: node.name for node in nodes for name in node.output if name}
+    fallback = fallback_library()
     library_of: dict[str, str] = {}
     for index, node in enumerate(nodes):  # ONNX lists nodes in topological order
         if node.name in refused:
-            library_of[node.name] = FALLBACK_LIBRARY
+            library_of[node.name] = fallback
             continue
         if node.name in chosen:
             library_of[node.name] = chosen[node.name]
             continue
         feeding = next((producer[name] for name in node.input if name in producer), None)
         candidate = library_of[feeding] if feeding else _first_tuned_after(index, nodes, chosen)
-        library_of[node.name] = candidate if candidate and runs_op(candidate, node.op_type) else FALLBACK_LIBRARY
+        library_of[node.name] = candidate if candidate and runs_op(candidate, node.op_type) else fallback
     return library_of
 
 

@@ -274,7 +274,7 @@ def onnxruntime_default_plan(model: Model, device: Device, db: RecordDB):
     from kselect.core.plan import plan_variants
 
     try:
-        mlas = plugins.get_library("mlas")
+        mlas = plugins.baseline_library()
         tasks = library_tasks(model, mlas)
     except KselectError:  # no ONNX Runtime here, or no op it tunes
         return None

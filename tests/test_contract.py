@@ -55,3 +55,9 @@ class WrongBias(MlasLibrary):
 def test_a_library_computing_the_wrong_thing_fails_the_suite():
     with pytest.raises(ContractError, match="tunes_and_measures_its_defaults"):
         check_library(WrongBias())
+
+
+def test_the_baseline_is_declared_by_a_plugin_not_named_in_core():
+    baseline = plugins.baseline_library()
+    assert baseline.name == "mlas" and baseline.baseline
+    assert [lib.name for lib in plugins.libraries().values() if lib.baseline] == ["mlas"]
