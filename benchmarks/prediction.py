@@ -12,7 +12,7 @@ against measurements on this device:
 - the plan: the measured op sum of the predicted plan against the measured op sum of the best
   recorded config of each task (what an exhaustive tune picks): what predicting costs;
 - whole model: the predicted plan and the library default each run alone in fresh processes
-  (core/bench.timed_alone, as an app runs them); the predicted op sum against the measured
+  (core/alone.timed_alone, as an app runs them); the predicted op sum against the measured
   latency, raw, and calibrated by the median ratio of whole-model latency to measured op sum of
   the *other* models (the ops the cost model does not cover and the data movement between ops).
 
@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import median_bounds, paired_speedups, timed_alone
+from kselect.core.alone import median_bounds, paired_speedups, timed_alone
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model

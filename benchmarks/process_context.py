@@ -1,6 +1,6 @@
 """Does a runner's whole-model latency depend on what else its process holds? ONNX Runtime's
 default session timed two ways, alternating round by round so host noise hits both alike:
-alone in a fresh process (core/bench.timed_alone, how `kselect tune` checks plans since stop 17)
+alone in a fresh process (core/alone.timed_alone, how `kselect tune` checks plans since stop 17)
 and interleaved with XNNPack's default runner in this one process (core/bench.interleaved, how
 the checks ran before).
 
@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import interleaved, random_feeds, timed_alone
+from kselect.core.alone import timed_alone
+from kselect.core.bench import interleaved, random_feeds
 from kselect.core.device import this_device
 from kselect.core.model import load_model
 

@@ -2,7 +2,7 @@
 
 1. ``kselect tune MODEL --library mlas``, ``--library xnnpack`` and ``--library all`` (records of
    the first two are reused by the third), each timed (tune wall time) and each exit code kept;
-2. the whole model, each runner alone in fresh processes taking turns (core/bench.timed_alone,
+2. the whole model, each runner alone in fresh processes taking turns (core/alone.timed_alone,
    the rounds protocol): ONNX Runtime's default session, XNNPack's default (ONNX Runtime runs what
    XNNPack's runner has not), the MLAS plan, the XNNPack plan, and the plan ``--library all`` kept.
 
@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.cli.main import main as kselect
-from kselect.core.bench import compare_outputs, median_bounds, paired_speedups, timed_alone
+from kselect.core.alone import median_bounds, paired_speedups, timed_alone
+from kselect.core.bench import compare_outputs
 from kselect.core.device import this_device
 from kselect.core.model import load_model
 from kselect.core.plan import load_plan_file

@@ -7,7 +7,7 @@ variants, let one end-to-end check choose the plan kselect keeps (as `kselect tu
 mlas,xnnpack` does), then report whole-model latencies from a second, fresh run of all runners,
 so the figures are not the ones the choice was made on. Both time every runner as an app runs
 it, alone in a process of its own: ``--rounds`` fresh processes per runner, taking turns, medians
-of all their runs (core/bench.timed_alone). Prints a table, writes JSON (default
+of all their runs (core/alone.timed_alone). Prints a table, writes JSON (default
 benchmarks/results/table2.json) and markdown (default docs/table2.md).
 
     .venv/bin/python benchmarks/table2.py [--models resnet18,mobilenetv2] [--budget 6]
@@ -46,7 +46,8 @@ from rich.table import Table
 
 from kselect.core import plugins
 from kselect.core.api import tune
-from kselect.core.bench import compare_outputs, timed_alone
+from kselect.core.alone import timed_alone
+from kselect.core.bench import compare_outputs
 from kselect.core.crossplan import spinning_variants
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
@@ -209,10 +210,10 @@ NOTES = """
   cross-library plan's spinning variants, each timed alone in fresh processes, ONNX Runtime's
   default in the same rounds; a plan replaces the default only when the median of its per-round
   speedups reaches 1.02 and the 87.5% distribution-free lower bound of that median 0.98 (a plan
-  still undecided after 4 rounds runs more with the default, up to 10; `core/bench.race_verdict`,
+  still undecided after 4 rounds runs more with the default, up to 10; `core/selection.race_verdict`,
   since stop 18). Among plans shown faster, one with more library switches, or whose threads sleep
   between parallel loops where the others' spin, must beat a calmer one by max(2%, half the spread
-  of its per-round speedups) (`core/bench.choose_result`). Rows measured before stop 18 were
+  of its per-round speedups) (`core/selection.choose_result`). Rows measured before stop 18 were
   chosen on pooled medians (faster than the default by max(2%, half its relative IQR); before stop
   16 without that margin). The figures above come from a second, fresh run, so *kept* can read
   slower than another column there; *per-round* is the median of the kept runner's per-round
@@ -243,7 +244,7 @@ NOTES = """
   threads otherwise take the cores from each other between segments, and with none spinning a
   plan's speed depends on the period (wake-up latency).
 - Since stop 17 every whole-model figure (the check that chooses and the reported run) times each
-  runner alone in fresh processes, one per round, runners taking turns (core/bench.timed_alone),
+  runner alone in fresh processes, one per round, runners taking turns (core/alone.timed_alone),
   as an app runs a plan; before, all runners shared one process, interleaved (rows without
   `process_ms` in the JSON). Sharing cost ONNX Runtime's default about 1% (resnet50 1.011x,
   googlenet 1.013x, benchmarks/process_context.py); what makes one run unable to rank plans a few

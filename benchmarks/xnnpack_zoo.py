@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core import plugins
-from kselect.core.bench import bench, compare_outputs, random_feeds, verified_plan
+from kselect.core.bench import bench, compare_outputs, random_feeds
+from kselect.core.selection import verified_plan
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model

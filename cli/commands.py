@@ -312,7 +312,7 @@ def _cross_summary(plan) -> None:
 
 def _check_table(chosen, results) -> None:
     """Each plan's whole-model check against ONNX Runtime's default session, and what was kept."""
-    from kselect.core.bench import BASELINE
+    from kselect.core.selection import BASELINE
 
     verified = chosen.extra["verified"]
     model_name = chosen.model.get("name", "")
@@ -462,7 +462,7 @@ def cmd_plan_apply(args) -> None:
 
 def cmd_bench(args) -> None:
     from kselect.core import api
-    from kselect.core.bench import CONFIDENCE
+    from kselect.core.alone import CONFIDENCE
 
     model = load_model(args.model, args.input_shape)
     how = "each alone in fresh processes" if args.alone else "interleaved"

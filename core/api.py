@@ -180,7 +180,7 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     session, each library's plan and the cross-library plan, each alone in fresh processes: what
     is shown faster than the default is kept, else ONNX Runtime's own configuration (when MLAS,
     its library, was tuned)."""
-    from kselect.core.bench import verified_across
+    from kselect.core.selection import verified_across
     from kselect.core.crossplan import plan_across, spinning_variants
     from kselect.core.tune import onnxruntime_default_plan
 
@@ -242,7 +242,8 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
     processes, rounds taking turns, with per-round speedups and their bounds (the protocol whole-
     model results are decided with); otherwise interleaved in this process. Returns the figures,
     the largest output error against the baseline included."""
-    from kselect.core.bench import bench as interleaved_bench, bench_alone, fresh_runners
+    from kselect.core.alone import bench_alone
+    from kselect.core.bench import bench as interleaved_bench, fresh_runners
     from kselect.core.runtime import load_plan
 
     if not isinstance(model, Model):

@@ -289,7 +289,7 @@ def verified_library_plan(model: Model, library: Library, device: Device, db: Re
                           settings: MeasureSettings | None = None):
     """What ``kselect tune`` writes after tuning one library: the most tuned plan variant that is
     not slower than the library default end to end (``verify``), else the tuned one."""
-    from kselect.core.bench import verified_plan
+    from kselect.core.selection import verified_plan
 
     variants = library_plan_variants(model, library, device, db, tasks, outcomes, settings)
     return verified_plan(library, model, variants, on_result=on_result) if verify else variants[0][1]

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+import kselect.core.alone as alone_module
 import kselect.core.bench as bench_module
-from kselect.core.bench import choose_result
+import kselect.core.selection as selection_module
+from kselect.core.selection import choose_result
 
 UNSTEADY = {"default": [10.0, 17.0, 10.0, 17.0, 10.0, 17.0], "plan": [9.0, 9.1, 9.0, 9.2, 9.1, 9.0]}
 WORSE = {"default": [10.0, 30.0, 10.0, 30.0, 10.0, 30.0], "plan": [9.0, 9.1, 9.0, 9.2, 9.1, 9.0]}
@@ -97,13 +99,13 @@ def test_a_plan_whose_threads_sleep_is_kept_only_when_clearly_faster_than_spinni
 
 def test_median_bounds_are_the_sign_test_order_statistics():
     """87.5% distribution-free bounds: the extremes of 4 rounds, the 2nd values of 8, the 3rd of 12."""
-    assert bench_module.median_bounds([1.0, 4.0, 2.0, 3.0]) == (1.0, 2.5, 4.0)
-    assert bench_module.median_bounds(list(range(1, 9))) == (2, 4.5, 7)
-    assert bench_module.median_bounds(list(range(1, 13))) == (3, 6.5, 10)
+    assert alone_module.median_bounds([1.0, 4.0, 2.0, 3.0]) == (1.0, 2.5, 4.0)
+    assert alone_module.median_bounds(list(range(1, 9))) == (2, 4.5, 7)
+    assert alone_module.median_bounds(list(range(1, 13))) == (3, 6.5, 10)
 
 
 def test_a_plan_replaces_the_default_only_when_its_per_round_speedups_show_it_faster():
-    verdict = bench_module.race_verdict
+    verdict = selection_module.race_verdict
     assert verdict([1.02, 1.02, 1.036, 1.06]) == "faster"  # every round at least 2% faster
     assert verdict([0.907, 1.03, 1.05, 1.091]) == "undecided"  # resnet101's MLAS plan, table2 stop 17
     assert verdict([0.95, 0.96, 1.0, 1.01]) == "not faster"  # no round 2% faster
@@ -125,7 +127,7 @@ def scripted_processes(monkeypatch, plan_ms_by_round):
             np.savez(job["outputs"], np.ones(3))
         return {"times": [ms] * 3, "segments": 1}
 
-    monkeypatch.setattr(bench_module, "_run_alone", run_alone)
+    monkeypatch.setattr(alone_module, "_run_alone", run_alone)
     return ran
 
 
@@ -147,18 +149,18 @@ def test_undecided_plans_run_more_rounds_with_the_default_and_decided_ones_stop(
     baseline = [10.0] * 10
     faster = [10 / 1.05] * 10
     erratic = [10 / 0.9, 10 / 1.1] * 5
-    ran = scripted_processes(monkeypatch, {bench_module.BASELINE: baseline, "faster": faster, "erratic": erratic})
+    ran = scripted_processes(monkeypatch, {selection_module.BASELINE: baseline, "faster": faster, "erratic": erratic})
     fallback, plans = ScriptedPlan(), {"faster": ScriptedPlan(), "erratic": ScriptedPlan()}
-    kept, results = bench_module.verified_across(model, list(plans.items()), rounds=4, fallback=fallback, max_rounds=8)
+    kept, results = selection_module.verified_across(model, list(plans.items()), rounds=4, fallback=fallback, max_rounds=8)
     by_name = {r["variant"]: r for r in results}
-    assert ran.count("faster") == 4 and ran.count("erratic") == 8 and ran.count(bench_module.BASELINE) == 8
+    assert ran.count("faster") == 4 and ran.count("erratic") == 8 and ran.count(selection_module.BASELINE) == 8
     assert by_name["faster"]["verdict"] == "faster" and by_name["erratic"]["verdict"] == "undecided"
     assert by_name["erratic"]["round_speedups"] == [0.9, 1.1] * 4
     assert kept is plans["faster"] and kept.extra["verified"]["shown_faster"] == ["faster"]
 
     ran.clear()
-    scripted_processes(monkeypatch, {bench_module.BASELINE: baseline, "erratic": erratic})
-    kept, results = bench_module.verified_across(model, [("erratic", plans["erratic"])], rounds=4, fallback=fallback,
+    scripted_processes(monkeypatch, {selection_module.BASELINE: baseline, "erratic": erratic})
+    kept, results = selection_module.verified_across(model, [("erratic", plans["erratic"])], rounds=4, fallback=fallback,
                                                  max_rounds=6)
-    assert kept is fallback and kept.extra["verified"]["chosen"] == bench_module.BASELINE
+    assert kept is fallback and kept.extra["verified"]["chosen"] == selection_module.BASELINE
     assert results[0]["processes"] == 6

@@ -103,7 +103,7 @@ def test_remeasuring_replaces_stale_records_before_planning(tuned):
 def test_a_check_that_nothing_passes_keeps_onnxruntimes_own_configuration(tuned):
     """A cross-library tune that beats nothing end to end ships ONNX Runtime's default session as
     an MLAS plan (original model, every op at the library default), not its slowest loser."""
-    from kselect.core.bench import BASELINE, verified_across
+    from kselect.core.selection import BASELINE, verified_across
     from kselect.plugins.mlas.apply import layouts_are_onnxruntimes
 
     model, device = tuned["model"], tuned["device"]
@@ -123,7 +123,9 @@ def test_each_plan_is_timed_alone_in_fresh_processes_and_a_failing_one_is_set_as
     (one per round), and a candidate that fails there is reported with its reason, not kept."""
     from dataclasses import replace
 
-    from kselect.core.bench import BASELINE, timed_alone, verified_across
+    from kselect.core.alone import timed_alone
+
+    from kselect.core.selection import BASELINE, verified_across
 
     model = tuned["model"]
     broken = replace(tuned["plan"], libraries={**tuned["plan"].libraries, "no-such-library": "0"},

@@ -373,7 +373,7 @@ def test_a_plan_computing_something_else_is_never_kept(monkeypatch, small_model_
     runner returns values 1% off is refused in one line, and the same plan computing the right
     values is kept."""
     from kselect.core import plugins
-    from kselect.core.bench import verified_plan
+    from kselect.core.selection import verified_plan
     from kselect.core.device import this_device
     from kselect.core.errors import KselectError
     from kselect.core.model import load_model

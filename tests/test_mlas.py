@@ -318,7 +318,7 @@ def test_a_plan_that_differs_from_onnxruntime_is_written_node_by_node(tuned_smal
 
 
 def test_end_to_end_check_falls_back_to_simpler_plans(small_model_path, tmp_path):
-    from kselect.core.bench import verified_plan
+    from kselect.core.selection import verified_plan
     from kselect.core.plan import plan_variants
     from kselect.core.tune import library_tasks
 
