@@ -25,7 +25,8 @@ from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.records import RecordDB
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune, verified_library_plan
+from kselect.core.library_plan import verified_library_plan
+from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
 
 console = Console()
 

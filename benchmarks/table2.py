@@ -48,7 +48,7 @@ from kselect.core import plugins
 from kselect.core.api import tune
 from kselect.core.alone import timed_alone
 from kselect.core.bench import compare_outputs
-from kselect.core.crossplan import spinning_variants
+from kselect.core.spinning import spinning_variants
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model

@@ -34,7 +34,8 @@ from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
 from kselect.core.records import RecordDB
 from kselect.core.tasks import Task
-from kselect.core.tune import TuneOptions, library_plan_variants, library_tasks, stored_outcomes, tune
+from kselect.core.library_plan import library_plan_variants
+from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
 
 console = Console()
 

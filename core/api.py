@@ -159,7 +159,8 @@ def tune_library(model: Model, library: Library, device: Device, db: RecordDB, o
                  verify: bool = True, events: TuneEvents | None = None) -> LibraryTuning:
     """Tunes one library's tasks and keeps its plan: the most tuned variant not slower than the
     library default end to end (``verify``), else the tuned one."""
-    from kselect.core.tune import library_tasks, tune as tune_tasks, verified_library_plan
+    from kselect.core.library_plan import verified_library_plan
+    from kselect.core.tune import library_tasks, tune as tune_tasks
 
     events = events or TuneEvents()
     start = time.perf_counter()
@@ -181,8 +182,9 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     is shown faster than the default is kept, else ONNX Runtime's own configuration (when MLAS,
     its library, was tuned)."""
     from kselect.core.selection import verified_across
-    from kselect.core.crossplan import plan_across, spinning_variants
-    from kselect.core.tune import onnxruntime_default_plan
+    from kselect.core.crossplan import plan_across
+    from kselect.core.spinning import spinning_variants
+    from kselect.core.library_plan import onnxruntime_default_plan
 
     model, device, tunings = result.model, result.device, result.tunings
     doing = ("re-timing the configs and conversions the plan chooses among, then planning across libraries"

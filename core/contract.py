@@ -149,6 +149,8 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
         _require(version == library.version(), "version() is stable within a process")
         _require(isinstance(library.emulated, bool), "emulated is a bool")
         _require(all(isinstance(d, str) for d in library.plan_level_dims), "plan_level_dims are dim names")
+        _require(library.spin_dim is None or library.spin_dim in library.plan_level_dims,
+                 f"spin_dim {library.spin_dim!r} is a plan-level dim (one library spins per plan)")
 
     def supports_a_conv():
         _require(any(t.kind == "conv" for t in s.tasks), f"{library.name} supports none of the contract model's convs "

@@ -30,25 +30,12 @@ from kselect.core.plan import PLAN_FORMAT, Plan, pick_record
 from kselect.core.planner import Edge, Option, PlanGraph, greedy, improve, solve
 from kselect.core.runtime import fallback_library, plan_segments
 from kselect.core.space import config_key
+from kselect.core.spinning import spin_dims
+from kselect.core.switches import measure_sleep_costs, measure_switch_costs
 from kselect.core.tasks import Task, extract_tasks
+from kselect.core.tune import library_defaults, library_tasks, remeasure as remeasure_configs, stored_outcomes
 
 
-# Worker threads that spin between parallel loops hold cores the other library's threads need:
-# resnet18 on 2 cores, all but the last op on ONNX Runtime, ran 27 ms with ORT's threads spinning
-# and XNNPack's pool yielding, 42 ms the other way round, 38 ms with neither spinning (ORT's
-# default session: 27 ms). So in a plan that mixes libraries exactly one library spins: the one
-# with the most op time in the plan as built, each other one as a variant for the end-to-end check
-# (``spinning_variants``). Not none: with no thread spinning every parallel loop waits for its
-# workers to wake, which on a VM whose vCPUs stall takes milliseconds in some periods and not in
-# others (alexnet's plan with none spinning ran 26.0 ms in one run, 46.9 ms in the next, with one
-# spinning 26.4 ms). Options are taken whatever their spinning setting, and every op of a library
-# that does not spin is charged what waking its workers costs per op (``ConversionTable.sleep_us``,
-# core/switches.py: 31-78 us per conv for ONNX Runtime, 4-7 us for XNNPack on the AVX2 EPYC), so
-# the planner solves once per library that could spin and the plan's spinner is the library whose
-# ops would pay the most asleep (``_spinner``). Whichever spins stops at
-# the end of its segments (``Library.model_runner(..., in_mixed_plan=True)``): left spinning, the
-# threads of one segment took a core from the next (resnet101, two XNNPack ops: 251 -> 150 ms).
-SHARED_CORE_DIMS = ("spinning",)
 
 
 # A mix must save more than this share of the best library alone. Below it the difference is within
@@ -329,7 +316,7 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
             for record in task_records:
                 by_label.setdefault(library.layout_label(record.config), []).append(record)
             for label, label_records in by_label.items():
-                picked = pick_record(label_records, default_key, _without(plan_level[name], SHARED_CORE_DIMS))
+                picked = pick_record(label_records, default_key, _without(plan_level[name], spin_dims(name)))
                 if picked is None:
                     continue
                 reads = library.input_label(task, label)
@@ -469,7 +456,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         if all(restricted.options.values()):  # the library runs every tuned node
             own = alone_assignments[name] = _solve(restricted)[0]
             alone[name] = _summary(graph, own, problem.reentries_us(table, own, missing))
-    spinners = [name for name in libraries if any(dim in plan_level[name] for dim in SHARED_CORE_DIMS)]
+    spinners = [name for name in libraries if any(dim in plan_level[name] for dim in spin_dims(name))]
     assignment, spinner, method, islands_moved = in_place_labelling(
         problem, table, spinners, [greedy_assignment, *alone_assignments.values()], alone_assignments, missing)
     ceiling = sum(min(o.time_us for o in options) for node, options in graph.options.items())
@@ -564,12 +551,12 @@ def _solve(graph: PlanGraph, starts: list | None = None) -> tuple[dict, str]:
 
 def _library_settings(assignment: dict, plan_level: dict[str, dict], spinner: str | None) -> dict[str, dict]:
     """Each library's plan-level settings; with several libraries, ``spinner`` spins
-    (SHARED_CORE_DIMS) and the others do not."""
+    (its ``Library.spin_dim``) and the others do not."""
     used = {option.payload.library for option in assignment.values() if option.payload is not None}
     settings = {name: dict(values) for name, values in plan_level.items()}
     if len(used) > 1:
         for name in used:
-            settings[name].update({dim: int(name == spinner) for dim in SHARED_CORE_DIMS if dim in settings[name]})
+            settings[name].update({dim: int(name == spinner) for dim in spin_dims(name) if dim in settings[name]})
     return settings
 
 
@@ -586,8 +573,6 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     natively running libraries costs is measured now (core/switches.py) and charged on every edge
     between them."""
     from kselect.core.conversions import measure_conversions
-    from kselect.core.switches import measure_sleep_costs, measure_switch_costs
-    from kselect.core.tune import library_defaults, library_tasks, remeasure as remeasure_configs, stored_outcomes
 
     task_lists, defaults, plan_level = {}, {}, {}
     for name, library in libraries.items():
@@ -665,31 +650,3 @@ def planned_conversions(plan: Plan) -> list[dict]:
     untuned Add or Concat takes an input into its first input's label (model outputs aside)."""
     into_ops = [c for entry in plan.nodes.values() for c in entry.get("conversions", [])]
     return into_ops + plan.extra.get("cross_library", {}).get("untuned_conversions", [])
-
-
-def spinning_variants(plan: Plan) -> list[tuple[str, Plan]]:
-    """The cross-library plan as built, then with each other library as the one whose workers
-    spin; an end-to-end run decides among them."""
-    spinners = [name for name, values in plan.library_settings.items() if any(d in values for d in SHARED_CORE_DIMS)]
-    if not plan.cross_library or not spinners:
-        return [("cross-library plan", plan)]
-    current = next((name for name in spinners if all(plan.library_settings[name].get(d, 0) for d in SHARED_CORE_DIMS
-                                                      if d in plan.library_settings[name])), None)
-    variants = [(f"cross-library plan ({current or 'none'} spinning)", plan)]
-    for owner in spinners:
-        if owner != current:
-            variants.append((f"cross-library plan ({owner or 'none'} spinning)", _spinning(plan, owner)))
-    return variants
-
-
-def _spinning(plan: Plan, owner: str | None) -> Plan:
-    settings = {name: {**values, **{d: int(name == owner) for d in SHARED_CORE_DIMS if d in values}}
-                for name, values in plan.library_settings.items()}
-
-    def configured(library: str, config: dict) -> dict:
-        return {**config, **{k: v for k, v in settings[library].items() if k in config}}
-
-    nodes = {node: {**entry, "config": configured(entry["library"], entry["config"])} for node, entry in plan.nodes.items()}
-    tasks = [{**entry, "config": configured(entry["library"], entry["config"])} for entry in plan.tasks]
-    return Plan(plan.model, plan.device, plan.libraries, plan.emulated, plan.plan_level, tasks, nodes, plan.format,
-                copy.deepcopy(plan.extra), settings)

@@ -90,6 +90,10 @@ class Library(ABC):
     # against, and its runner takes every node another library's runner lacks (ONNX Runtime,
     # i.e. the mlas plugin, which runs any ONNX graph). One registered library declares it.
     baseline: bool = False
+    # The plan-level dim whose value 1 lets this library's worker threads spin between parallel
+    # loops (0: they sleep). In a plan mixing libraries exactly one library spins
+    # (core/spinning.py); None: the library's workers never spin.
+    spin_dim: str | None = None
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

@@ -11,6 +11,7 @@ from kselect.core.alone import CONFIDENCE, median_bounds, paired_speedups, timed
 from kselect.core.bench import bench, compare_outputs, fresh_runners, relative_iqr
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
+from kselect.core.spinning import spin_dims
 
 
 def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.99, rounds: int = 6,
@@ -79,8 +80,10 @@ def switching_margin(result: dict) -> float:
 def sleeping_threads(plan) -> bool:
     """Whether a plan run by one library lets its threads sleep between parallel loops. (In a
     plan that mixes libraries all but one library's threads sleep by design; its segments count.)"""
-    settings = plan.library_settings
-    return len(settings) == 1 and next(iter(settings.values())).get("spinning") == 0
+    if len(plan.library_settings) != 1:
+        return False
+    name, settings = next(iter(plan.library_settings.items()))
+    return any(settings.get(dim) == 0 for dim in spin_dims(name))
 
 
 def _risk(result: dict) -> int:
@@ -130,7 +133,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     more rounds, up to ``max_rounds``) may replace the baseline; among those, the fastest by
     median per-round speedup is kept, or a plan with fewer segments within a margin of it
     (``choose_result``). If none is shown faster, ``fallback`` (the baseline's own configuration,
-    core/tune.onnxruntime_default_plan) is kept, or without one the fastest candidate.
+    core/library_plan.onnxruntime_default_plan) is kept, or without one the fastest candidate.
     ``min_speedup`` replaces that test by a fixed median speedup to reach, in ``rounds`` rounds. A
     cross-library plan runs through core/runtime.py. A candidate whose process fails, crashes or
     hangs is reported with its reason and not kept."""

@@ -33,6 +33,7 @@ from kselect.core import plugins
 from kselect.core.device import this_device
 from kselect.core.model import Model, model_from_proto
 from kselect.core.plan import Plan
+from kselect.core.spinning import spin_dims, spinning_variants, with_spinner
 from kselect.core.tune import library_tasks
 
 CHAIN = dict(channels=32, size=28, convs=6)
@@ -118,7 +119,6 @@ def _chain() -> tuple[Model, dict, list[str]]:
 def measure_switch_costs(names: list[str], rounds: int = ROUNDS) -> dict[tuple[str, str], float]:
     """(from library, to library) -> microseconds per switch, for every ordered pair of ``names``
     (a negative difference counts as 0)."""
-    from kselect.core.crossplan import spinning_variants
     from kselect.core.runtime import load_plan
 
     model, feeds, convs = _chain()
@@ -147,16 +147,15 @@ def measure_sleep_costs(names: list[str], rounds: int = ROUNDS) -> dict[str, flo
     the chain run alone in that library with its default configs, sleeping minus spinning (medians
     of interleaved runs), over its convs. Only libraries with a spinning setting are measured
     (a negative difference counts as 0)."""
-    from kselect.core.crossplan import SHARED_CORE_DIMS, _spinning
     from kselect.core.runtime import load_plan
 
     model, feeds, convs = _chain()
     costs: dict[str, float] = {}
     for name in names:
         spinning = defaults_plan(model, {node: name for node in convs})
-        if not any(dim in spinning.library_settings[name] for dim in SHARED_CORE_DIMS):
+        if not any(dim in spinning.library_settings[name] for dim in spin_dims(name)):
             continue
-        runners = [load_plan(plan, model) for plan in (spinning, _spinning(spinning, None))]
+        runners = [load_plan(plan, model) for plan in (spinning, with_spinner(spinning, None))]
         try:
             times: list[list[float]] = [[], []]
             for round_index in range(rounds + 3):

@@ -26,7 +26,8 @@ from kselect.core.planner import Option, brute_force, solve
 from kselect.core.records import RecordDB
 from kselect.core.runtime import load_plan
 from kselect.core.space import config_key
-from kselect.core.tune import TuneOptions, library_tasks, onnxruntime_default_plan, tune, verified_library_plan
+from kselect.core.library_plan import onnxruntime_default_plan, verified_library_plan
+from kselect.core.tune import TuneOptions, library_tasks, tune
 from kselect.plugins.mlas.apply import default_session
 
 FAST = MeasureSettings(min_time_s=0.01, min_repeats=3, max_time_s=0.2)
@@ -496,7 +497,7 @@ def test_cli_refuses_an_emulated_library_among_native_ones(small_model_path, tmp
 
 
 def test_spinning_variants_let_exactly_one_library_spin_and_keep_node_configs_consistent():
-    from kselect.core.crossplan import spinning_variants
+    from kselect.core.spinning import spinning_variants
     from kselect.core.plan import Plan
 
     nodes = {"a": {"task": "T01", "library": "mlas", "config": {"layout": "NCHWc", "threads": 2, "spinning": 1}},

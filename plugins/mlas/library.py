@@ -76,7 +76,8 @@ def session_config_entries(config: dict, keep_nchwc_transformer: bool = False) -
 
 class MlasLibrary(Library):
     name = "mlas"
-    baseline = True  # ONNX Runtime's default session: the reference, and the runner of any ONNX op
+    baseline = True
+    spin_dim = "spinning"  # ONNX Runtime's default session: the reference, and the runner of any ONNX op
     fresh_instances = 3  # sessions of one config can settle at different speeds
     plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking")
 

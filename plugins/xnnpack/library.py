@@ -92,6 +92,7 @@ class XnnpackLibrary(Library):
     # Threads are per op (the executor keeps one pthreadpool per thread count); whether the pools'
     # workers spin or sleep between parallel loops is one setting for the whole model.
     plan_level_dims = ("spinning",)
+    spin_dim = "spinning"
 
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
