@@ -1,0 +1,306 @@
+"""A task's conv / deconv / fc as oneDNN primitives: its operation descriptor, the implementations
+oneDNN offers for each activation layout, its epilogue as post-ops, and the primitive a config
+selects, with its weights reordered once into the format that implementation chose.
+
+Layouts: a config's ``layout`` is the format the op writes its output in (what the runner keeps
+the tensor in); its input format is left to the implementation (``any``), which takes the same
+format except where it reads a plain one (a first conv on 3 channels reads nchw and writes
+blocked). The weights are always ``any``: each implementation packs them its own way.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+
+from kselect.core.tasks import Task
+from kselect.plugins.onednn import dnnl
+
+# The 4-D activation formats offered, in the order they are tried; ``LABELS`` is how a plan names them.
+LAYOUTS = ("nhwc", "nChw16c", "nChw8c", "nchw")
+LABELS = {"nchw": "NCHW", "nhwc": "NHWC", "nChw8c": "nChw8c", "nChw16c": "nChw16c"}
+FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+# -- epilogues as post-ops ------------------------------------------------------------------
+def clip_bound(value, default: float) -> float:
+    """A Clip bound as a finite float (an absent one is the largest float of its sign)."""
+    value = default if value is None else float(value)
+    return max(-FLOAT_MAX, min(FLOAT_MAX, value))
+
+
+def _scalar(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _near(a: float | None, b: float) -> bool:
+    return a is not None and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7)
+
+
+def post_ops(epilogue: list) -> list[tuple[str, float, float]] | None:
+    """The epilogue as a chain of eltwise post-ops ``(algorithm, alpha, beta)``, or None when a
+    step does not map to one (each step must read the previous one's result; the exporters'
+    SiLU and HardSwish patterns, which read it twice, are recognised as a whole)."""
+    ops: list[tuple[str, float, float]] = []
+    k, previous = 0, "x"
+    while k < len(epilogue):
+        taken = _pattern(epilogue, k, previous)
+        if taken is not None:
+            op, used = taken
+            ops.append(op)
+            k += used
+        else:
+            op = _single(epilogue[k], previous)
+            if op is None:
+                return None
+            ops.extend(op)
+            k += 1
+        previous = f"t{k - 1}"
+    return ops
+
+
+def _single(step: list, previous: str) -> list[tuple[str, float, float]] | None:
+    op, inputs, attrs = step
+    if op in ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"):
+        if inputs[0] != previous:
+            return None
+        if op == "Relu":
+            return [("relu", 0.0, 0.0)]
+        if op == "LeakyRelu":
+            return [("relu", attrs["alpha"], 0.0)]
+        if op == "Clip":
+            return [("clip_v2", clip_bound(inputs[1], -math.inf), clip_bound(inputs[2], math.inf))]
+        if op == "Sigmoid":
+            return [("logistic", 0.0, 0.0)]
+        if op == "Tanh":
+            return [("tanh", 0.0, 0.0)]
+        if op == "HardSwish":
+            return [("hardswish", 0.0, 0.0)]
+        return [("linear", attrs["alpha"], attrs["beta"]), ("clip_v2", 0.0, 1.0)]  # HardSigmoid
+    if op in ("Add", "Sub", "Mul", "Div"):
+        a, b = inputs
+        if a == previous and _scalar(b) is not None:
+            c = _scalar(b)
+            if op == "Div" and c == 0:
+                return None
+            return [{"Add": ("linear", 1.0, c), "Sub": ("linear", 1.0, -c), "Mul": ("linear", c, 0.0),
+                     "Div": ("linear", 1.0 / c if c else 0.0, 0.0)}[op]]
+        if b == previous and _scalar(a) is not None and op in ("Add", "Sub", "Mul"):
+            c = _scalar(a)
+            return [{"Add": ("linear", 1.0, c), "Sub": ("linear", -1.0, c), "Mul": ("linear", c, 0.0)}[op]]
+    return None
+
+
+def _pattern(epilogue: list, k: int, previous: str):
+    """SiLU (``x * Sigmoid(x)``) or HardSwish (``x * HardSigmoid(x)``, ``x * Clip(x + 3, 0, 6) / 6``)
+    starting at step ``k`` on ``previous``: ((algorithm, alpha, beta), steps used) or None."""
+    ops = [step[0] for step in epilogue[k:]]
+    here = lambda j: f"t{k + j}"  # noqa: E731 - the name of step k + j's result
+    operands = lambda j: set(map(str, epilogue[k + j][1]))  # noqa: E731
+
+    if ops[:2] == ["Sigmoid", "Mul"] and epilogue[k][1] == [previous] and operands(1) == {previous, here(0)}:
+        return ("swish", 1.0, 0.0), 2
+    if ops[:2] == ["HardSigmoid", "Mul"] and epilogue[k][1] == [previous] and operands(1) == {previous, here(0)}:
+        attrs = epilogue[k][2]
+        if _near(attrs["alpha"], 1 / 6) and _near(attrs["beta"], 0.5):
+            return ("hardswish", 0.0, 0.0), 2
+    if ops[:4] in (["Add", "Clip", "Mul", "Div"], ["Add", "Clip", "Mul", "Mul"]):
+        add, clip, mul, last = epilogue[k:k + 4]
+        shift = _scalar(add[1][1]) if add[1][0] == previous else _scalar(add[1][0]) if add[1][1] == previous else None
+        factor = _scalar(last[1][1]) if last[1][0] == here(2) else None
+        if last[0] == "Div" and factor:
+            factor = 1 / factor
+        if (_near(shift, 3.0) and clip[1][0] == here(0) and _near(_scalar(clip[1][1]), 0.0)
+                and _near(_scalar(clip[1][2]), 6.0) and operands(2) == {previous, here(1)} and _near(factor, 1 / 6)):
+            return ("hardswish", 0.0, 0.0), 4
+    return None
+
+
+# -- a task as an operation descriptor --------------------------------------------------------
+def weight_dims(task: Task) -> tuple[list[int], str]:
+    """oneDNN's weight dims for the task and the format tag its ONNX weights are in."""
+    g = task.attrs.get("group", 1)
+    if task.kind == "fc":
+        return list(task.weight_shape), "oi"
+    if task.kind == "conv":
+        o, i, kh, kw = task.weight_shape
+        return ([g, o // g, i, kh, kw], "goihw") if g > 1 else ([o, i, kh, kw], "oihw")
+    i, og, kh, kw = task.weight_shape  # ConvTranspose: [C_in, C_out / group, kH, kW]
+    return ([g, og, i // g, kh, kw], "giohw") if g > 1 else ([og, i, kh, kw], "iohw")
+
+
+def algorithms(task: Task) -> tuple[str, ...]:
+    """A conv's implementations come from two algorithms: direct ones (GEMM-based included) and,
+    where the build has them for this ISA and shape, Winograd ones (``jit_wino_*``)."""
+    return ("direct", "winograd") if task.kind == "conv" else ("direct",)
+
+
+def operation(task: Task, layout: str | None, src_format: str = "any", algorithm: str = "direct") -> dnnl.OpDesc:
+    """The task's descriptor with its output in ``layout`` (None for fc: 2-D, plain)."""
+    weights = dnnl.desc(weight_dims(task)[0], "any")
+    bias = dnnl.desc([task.output_shape[1]], "x") if task.has_bias else None
+    if task.kind == "fc":
+        return dnnl.inner_product(dnnl.desc(task.input_shape, "nc"), weights, bias, dnnl.desc(task.output_shape, "nc"))
+    a = task.attrs
+    src, dst = dnnl.desc(task.input_shape, src_format), dnnl.desc(task.output_shape, layout)
+    pads_begin, pads_end = a["pads"][:2], a["pads"][2:]
+    if task.kind == "conv":
+        return dnnl.convolution(src, weights, bias, dst, a["strides"], a["dilations"], pads_begin, pads_end,
+                                algorithm)
+    # ONNX's output_padding adds rows and columns at the end: less padding cropped there
+    pads_end = [p - extra for p, extra in zip(pads_end, a.get("output_padding", [0, 0]))]
+    return dnnl.deconvolution(src, weights, bias, dst, a["strides"], a["dilations"], pads_begin, pads_end)
+
+
+def _input_formats(layout: str | None) -> tuple[str, ...]:
+    """The input formats an op writing ``layout`` is asked to read, in this order: the one its
+    implementation prefers (``any``), then ``layout`` itself, which some implementations take only
+    when told (the depthwise JIT kernels in nChw16c)."""
+    return ("nc",) if layout is None else ("any", layout)
+
+
+def _variants(task: Task, layout: str | None) -> list[tuple[str, str]]:
+    """(input format, algorithm) of the descriptors whose implementations are offered, in order."""
+    return [(src_format, algorithm) for algorithm in algorithms(task) for src_format in _input_formats(layout)]
+
+
+def named(pds: list[dnnl.PrimitiveDesc]) -> list[tuple[str, dnnl.PrimitiveDesc]]:
+    """Each implementation with a unique name: oneDNN's, then ``#2``, ``#3`` for a repeated one."""
+    seen: dict[str, int] = {}
+    out = []
+    for pd in pds:
+        name = pd.impl
+        seen[name] = seen.get(name, 0) + 1
+        out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", pd))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _offer(task_json: str) -> tuple:
+    task = Task.from_json(json.loads(task_json))
+    attr = dnnl.Attr(post_ops(task.epilogue) or [])
+    try:
+        by_layout = {}
+        for layout in (None,) if task.kind == "fc" else LAYOUTS:
+            found: dict[str, str | None] = {}
+            for src_format, algorithm in _variants(task, layout):
+                pds = named(dnnl.implementations(operation(task, layout, src_format, algorithm), attr))
+                for name, pd in pds:
+                    found.setdefault(name, dnnl.format_name(pd.src, LAYOUTS))
+                    pd.close()
+            by_layout[layout] = tuple(found.items())
+        own, preference = None, ()
+        if task.kind != "fc":
+            pds = named(dnnl.implementations(operation(task, "any"), attr))
+            if pds:
+                own = (pds[0][0], dnnl.format_name(pds[0][1].dst, LAYOUTS))
+            preference = tuple(name for name, _ in pds)
+            for _, pd in pds:
+                pd.close()
+        return tuple(by_layout.items()), own, preference
+    finally:
+        attr.close()
+
+
+def _key(task: Task) -> str:
+    data = task.to_json()
+    data.update(id="", key="", nodes=[])  # what the kernel sees, not which ops share it
+    return json.dumps(data, sort_keys=True)
+
+
+def offered(task: Task) -> dict:
+    """layout (None for fc) -> ((implementation name, the input format it reads), ...) as oneDNN
+    yields them for an output in that layout, most preferred first."""
+    return dict(_offer(_key(task))[0])
+
+
+def preference(task: Task) -> tuple[str, ...]:
+    """The implementations oneDNN yields for a conv / deconv with every format ``any``, in its
+    order of preference."""
+    return _offer(_key(task))[2]
+
+
+def own_choice(task: Task) -> tuple[str, str | None] | None:
+    """oneDNN's own pick for a conv / deconv with every format ``any``: (implementation, the output
+    format it chose, None if none of ``LAYOUTS``)."""
+    return _offer(_key(task))[1]
+
+
+# -- a configured primitive -------------------------------------------------------------------
+class Built:
+    """The task's primitive as ``config`` says: the implementation named ``config["impl"]`` for an
+    output in ``config["layout"]``, built on ``config["threads"]`` threads. ``src`` / ``dst``:
+    the memories it reads and writes, in the formats the implementation chose. ``feed(md)``, if
+    given, returns the memory to read (the runner's tensor, or a reordered copy of it)."""
+
+    def __init__(self, task: Task, config: dict, w: np.ndarray, b: np.ndarray | None, feed=None):
+        self.task = task
+        self.threads = int(config["threads"])
+        if task.kind == "fc":  # Gemm's alpha and beta, folded into the weights and bias
+            w = w * np.float32(task.attrs.get("alpha", 1.0))
+            b = None if b is None else b * np.float32(task.attrs.get("beta", 1.0))
+        self._owned: list = []
+        layout = config.get("layout")
+        dnnl.set_threads(self.threads)  # JIT kernels split their work for this count when created
+        attr = dnnl.Attr(post_ops(task.epilogue) or [])
+        offered_names: list[str] = []
+        try:
+            for src_format, algorithm in _variants(task, layout):
+                pds = named(dnnl.implementations(operation(task, layout, src_format, algorithm), attr))
+                if config["impl"] in dict(pds):
+                    break
+                offered_names += [name for name, _ in pds if name not in offered_names]
+                for _, pd in pds:
+                    pd.close()
+        finally:
+            attr.close()
+        try:
+            chosen = dict(pds).get(config["impl"])
+            if chosen is None:
+                offered_names = ", ".join(offered_names) or "none"
+                where = f" for output layout {layout}" if layout else ""
+                raise dnnl.DnnlError(3, f"implementation {config['impl']!r} is not offered{where} (offered: "
+                                        f"{offered_names})")
+            self.impl = config["impl"]
+            self.src_md, self.dst_md = chosen.src, chosen.dst
+            self.src = feed(self.src_md) if feed is not None else self._memory(self.src_md)
+            self.dst = self._memory(self.dst_md)
+            if not dnnl.equal(self.src.md, self.src_md):
+                raise ValueError("Built: the input memory is not in the implementation's format")
+            args = {dnnl.ARG_SRC: self.src, dnnl.ARG_DST: self.dst,
+                    dnnl.ARG_WEIGHTS: self._weights(w, chosen.weights)}
+            if task.has_bias:
+                bias = self._memory(dnnl.desc([task.output_shape[1]], "x"))
+                bias.plain_view()[...] = np.asarray(b, np.float32).reshape(-1)
+                args[dnnl.ARG_BIAS] = bias
+            self.primitive = dnnl.Primitive(chosen, args)
+        finally:
+            for _, pd in pds:
+                pd.close()
+
+    def _memory(self, md: dnnl.MemoryDesc) -> dnnl.Memory:
+        memory = dnnl.Memory(md)
+        self._owned.append(memory)
+        return memory
+
+    def _weights(self, w: np.ndarray, packed_md: dnnl.MemoryDesc) -> dnnl.Memory:
+        """The ONNX weights reordered once into the implementation's format (as a deployed runner
+        does outside the timed inference)."""
+        dims, tag = weight_dims(self.task)
+        user = dnnl.Memory(dnnl.desc(dims, tag))
+        user.buffer[:w.size] = np.ascontiguousarray(w, np.float32).reshape(-1)
+        packed = self._memory(packed_md)
+        dnnl.reorder_now(user, packed)
+        user.close()
+        return packed
+
+    def close(self) -> None:
+        primitive = getattr(self, "primitive", None)
+        if primitive is not None:
+            primitive.close()
+        for memory in self._owned:
+            memory.close()
+        self._owned = []
