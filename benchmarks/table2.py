@@ -58,7 +58,21 @@ from kselect.core.space import config_key
 from kselect.core.tune import TuneOptions
 
 console = Console(width=200)
-LIBRARIES = ("mlas", "xnnpack")
+LIBRARIES = "mlas,xnnpack"  # the default --libraries; "mlas,xnnpack,onednn" adds oneDNN's columns
+LABELS = {"mlas": "MLAS", "xnnpack": "XNNPack", "onednn": "oneDNN", "acl": "ACL"}
+
+
+def default_columns(row: dict) -> list[str]:
+    """The runner labels of a row's columns, in table order: defaults of the libraries other
+    than MLAS (ONNX Runtime's default is the baseline column), each library's plan, the cross plan."""
+    libraries = [name for name in row["tuning"] if name != "cross"]
+    return ([f"{n} default" for n in libraries if n != "mlas"] + [f"{n} plan" for n in libraries]
+            + ["cross-library plan"])
+
+
+def column_title(label: str) -> str:
+    name, _, kind = label.partition(" ")
+    return f"{LABELS.get(name, name)} {kind}" if name in LABELS else label.replace("cross-library plan", "cross-library")
 
 
 def untuned_nodes(plan, model) -> dict[str, int]:
@@ -138,7 +152,8 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
     # the figures reported: a second, fresh run, each runner alone in processes of its own
     plans = {f"{n} plan": p for n, p in single.items()}
     plans["cross-library plan"] = cross
-    alone = timed_alone(model, {"onnxruntime default": "mlas", "xnnpack default": "xnnpack", **plans}, rounds, runs)
+    defaults = {f"{n} default": n for n in libraries if n != "mlas"}
+    alone = timed_alone(model, {"onnxruntime default": "mlas", **defaults, **plans}, rounds, runs)
     failed = {label: result["failed"] for label, result in alone.items() if result["failed"]}
     if failed:
         raise RuntimeError(f"{name}: " + "; ".join(f"{label} failed: {reason}" for label, reason in failed.items()))
@@ -279,22 +294,28 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
         "(all columns of a row measured in one run, each runner alone in fresh processes taking turns); "
         "ratios are ONNX Runtime default / column.",
         "",
-        "| model | ORT default ms | XNNPack default ms | MLAS plan ms | XNNPack plan ms | cross-library ms "
-        "| kept | speedup kept | per-round | ceiling | share of ceiling | ceiling w/ conv. | share of it "
-        "| tune s (mlas / xnnpack) | samples | prediction error (cross) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    columns = default_columns(rows[0])
+    libraries = [name for name in rows[0]["tuning"] if name != "cross"]
+    lines += [
+        "| model | ORT default ms | " + " | ".join(f"{column_title(c)} ms" for c in columns)
+        + " | kept | speedup kept | per-round | ceiling | share of ceiling | ceiling w/ conv. | share of it "
+        f"| tune s ({' / '.join(libraries)}) | samples | prediction error (cross) |",
+        "| --- | ---: | " + " | ".join("---:" for _ in columns)
+        + " | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         m, t = r["ms"], r["tuning"]
+        tunes = " / ".join(f"{t[n]['tune_s']:.0f}" for n in libraries)
         lines.append(
-            f"| {r['model']} | {m['onnxruntime default']:.2f} | {m['xnnpack default']:.2f} | {m['mlas plan']:.2f} "
-            f"| {m['xnnpack plan']:.2f} | {m['cross-library plan']:.2f} | {r['kept']} | {r['speedup_kept']:.3f} "
-            f"| {_figure(r.get('speedup_kept_per_round'))} "
+            f"| {r['model']} | {m['onnxruntime default']:.2f} | " + " | ".join(f"{m[c]:.2f}" for c in columns)
+            + f" | {r['kept']} | {r['speedup_kept']:.3f} | {_figure(r.get('speedup_kept_per_round'))} "
             f"| {r['ceiling']:.3f} | {r['share_of_ceiling']:.3f} | {r['ceiling_with_conversions']:.3f} "
-            f"| {r['share_of_ceiling_with_conversions']:.3f} | {t['mlas']['tune_s']:.0f} / {t['xnnpack']['tune_s']:.0f} "
-            f"| {t['mlas']['samples'] + t['xnnpack']['samples']} | {r['prediction']['error']:+.1%} |")
-    lines.append(f"| geomean | | | | | | | {header['geomean_kept']:.3f} | | {header['geomean_ceiling']:.3f} | "
-                 f"| {header['geomean_ceiling_with_conversions']:.3f} | | | | |")
+            f"| {r['share_of_ceiling_with_conversions']:.3f} | {tunes} "
+            f"| {sum(t[n]['samples'] for n in libraries)} | {r['prediction']['error']:+.1%} |")
+    cells = ["geomean", "", *("" for _ in columns), "", f"{header['geomean_kept']:.3f}", "",
+             f"{header['geomean_ceiling']:.3f}", "", f"{header['geomean_ceiling_with_conversions']:.3f}", "", "", "", ""]
+    lines.append("|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|")
     lines += ["", "Where the time goes (cross-library plan, isolated sums): ", ""]
     for r in rows:
         s = r["isolated_sums_us"]
@@ -326,6 +347,7 @@ def write_markdown(path: Path, rows: list[dict], header: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(plugins.models()))
+    parser.add_argument("--libraries", default=LIBRARIES, help="libraries tuned, MLAS first (default mlas,xnnpack)")
     parser.add_argument("--budget", type=int, default=6)
     parser.add_argument("--search", default="xgb")
     parser.add_argument("--min-time", type=float, default=0.1, help="minimum measured seconds per candidate instance")
@@ -350,12 +372,12 @@ def main() -> None:
         console.print(f"wrote {args.json} (derived figures) and {args.markdown}")
         return
 
-    libraries = {name: plugins.get_library(name) for name in LIBRARIES}
+    libraries = {name: plugins.get_library(name) for name in args.libraries.split(",")}
     db = RecordDB(args.db)
     options = TuneOptions(args.search, args.budget, settings=MeasureSettings(min_time_s=args.min_time))
     rows = []
     for name in args.models.split(","):
-        console.print(f"[bold]{name}[/]: tuning mlas and xnnpack, planning across them, benchmarking")
+        console.print(f"[bold]{name}[/]: tuning {args.libraries}, planning across them, benchmarking")
         rows.append(run_model(name, libraries, db, options, args.rounds, args.runs_per_process, args.remeasure))
         console.print(rows[-1]["ms"], f"kept {rows[-1]['kept']}", f"ceiling {rows[-1]['ceiling']}")
         partial = Path(args.json).with_suffix(".partial.json")
@@ -373,20 +395,21 @@ def main() -> None:
               **geomeans(rows)}
 
     table = Table(title=f"kselect vs ONNX Runtime default ({header['device']}); ms are medians of one run, each runner alone in fresh processes")
-    for column in ("model", "ORT default", "XNNPack default", "MLAS plan", "XNNPack plan", "cross plan", "kept",
-                   "speedup", "ceiling", "of ceiling", "ceiling w/ conv.", "of it", "tune s", "samples", "pred. err"):
+    columns = default_columns(rows[0])
+    for column in ("model", "ORT default", *map(column_title, columns), "kept", "speedup", "ceiling", "of ceiling",
+                   "ceiling w/ conv.", "of it", "tune s", "samples", "pred. err"):
         table.add_column(column, justify="left" if column in ("model", "kept") else "right")
     for r in rows:
         m, t = r["ms"], r["tuning"]
-        table.add_row(r["model"], f"{m['onnxruntime default']:.2f}", f"{m['xnnpack default']:.2f}", f"{m['mlas plan']:.2f}",
-                      f"{m['xnnpack plan']:.2f}", f"{m['cross-library plan']:.2f}", r["kept"], f"{r['speedup_kept']:.3f}",
-                      f"{r['ceiling']:.3f}", f"{r['share_of_ceiling']:.3f}",
+        tuned = [name for name in t if name != "cross"]
+        table.add_row(r["model"], f"{m['onnxruntime default']:.2f}", *(f"{m[c]:.2f}" for c in columns), r["kept"],
+                      f"{r['speedup_kept']:.3f}", f"{r['ceiling']:.3f}", f"{r['share_of_ceiling']:.3f}",
                       f"{r['ceiling_with_conversions']:.3f}", f"{r['share_of_ceiling_with_conversions']:.3f}",
-                      f"{t['mlas']['tune_s'] + t['xnnpack']['tune_s']:.0f}",
-                      str(t["mlas"]["samples"] + t["xnnpack"]["samples"]),
+                      f"{sum(t[n]['tune_s'] for n in tuned):.0f}", str(sum(t[n]["samples"] for n in tuned)),
                       f"{r['prediction']['error']:+.1%}")
-    table.add_row("geomean", "", "", "", "", "", "", f"{header['geomean_kept']:.3f}", f"{header['geomean_ceiling']:.3f}",
-                  "", f"{header['geomean_ceiling_with_conversions']:.3f}", "", "", "", "")
+    table.add_row("geomean", "", *("" for _ in columns), "", f"{header['geomean_kept']:.3f}",
+                  f"{header['geomean_ceiling']:.3f}", "", f"{header['geomean_ceiling_with_conversions']:.3f}", "", "",
+                  "", "")
     console.print(table)
     Path(args.json).write_text(json.dumps({**header, "models": rows}, indent=2) + "\n")
     Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
