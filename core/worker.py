@@ -81,8 +81,7 @@ class MeasureWorker(Runner):
         if isinstance(library, str):
             self.library_name, self.library_class = library, ""
         else:
-            self.library_name = library.name
-            self.library_class = f"{type(library).__module__}:{type(library).__qualname__}"
+            self.library_name, self.library_class = library.name, class_path(type(library))
         self.settings = settings
         self.process: subprocess.Popen | None = None
         self.to_child: Connection | None = None
@@ -140,9 +139,23 @@ class MeasureWorker(Runner):
         self.stop(kill=exc[0] is not None)
 
 
+def class_path(cls) -> str:
+    """``module:qualname:file`` of ``cls``, or of its nearest base a fresh process can import: a
+    class defined inside a function cannot be rebuilt there, so its base's methods are measured
+    (such a class can only change what the parent asks: spaces, defaults)."""
+    import inspect
+
+    for klass in cls.__mro__:
+        if "<locals>" not in klass.__qualname__ and klass.__module__ != "__main__":
+            module = sys.modules.get(klass.__module__)
+            return f"{klass.__module__}:{klass.__qualname__}:{getattr(module, '__file__', '') or ''}"
+    raise ValueError(f"no importable class in {inspect.getmro(cls)}")
+
+
 def child_library(library_name: str, library_class: str):
     """The library the parent measures with: the registered instance when it is of the class
-    the parent used (``module:qualname``), else a new instance of that class."""
+    the parent used (``class_path``), else a new instance of that class. A module the parent
+    imported from a folder on its own path (a test module) is imported from that folder here."""
     import importlib
 
     from kselect.core import plugins
@@ -150,8 +163,15 @@ def child_library(library_name: str, library_class: str):
     registered = plugins.libraries().get(library_name)
     if not library_class:
         return registered if registered is not None else plugins.get_library(library_name)
-    module, qualname = library_class.split(":")
-    cls = importlib.import_module(module)
+    module_name, qualname, file = library_class.split(":", 2)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        if not file:
+            raise
+        sys.path.insert(0, os.path.dirname(file))
+        module = importlib.import_module(module_name)
+    cls = module
     for part in qualname.split("."):
         cls = getattr(cls, part)
     return registered if type(registered) is cls else cls()
