@@ -240,10 +240,8 @@ def cmd_tune(args) -> None:
     from kselect.core import api
     from kselect.core.measure import MeasureSettings
 
-    libraries = plugins.select_libraries(args.library)
-    plugins.get_searcher(args.search)
+    libraries = plugins.select_libraries(args.library)  # for the default plan name; api.tune checks the rest
     model = load_model(args.model, args.input_shape)
-    extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
     names = "+".join(library.name for library in libraries)
     plan_path = api.check_plan_path(Path(args.output or f"{model.name}.{names}.plan.json"))
     settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,

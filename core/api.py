@@ -6,10 +6,10 @@
     print(kselect.bench("resnet18", "resnet18.mlas.plan.json", alone=True)["per_round_speedup"])
 
 ``tune``: model -> tasks -> for each library: tune its tasks (core/tune.py), build its plan
-variants and keep the one verified end to end against the library default (core/bench.py) ->
-with several libraries: plan per op across them, conversions counted (core/crossplan.py), and
+variants and keep the one verified end to end against the library default (core/library_plan.py)
+-> with several libraries: plan per op across them, conversions counted (core/crossplan.py), and
 keep what is shown faster than ONNX Runtime's default session, each alone in fresh processes
-(core/bench.verified_across). Everything the flow learns on the way reaches ``events`` (a
+(core/selection.verified_across). Everything the flow learns on the way reaches ``events`` (a
 ``TuneEvents``), which is how the CLI draws its progress bars and tables; the result carries the
 same figures for scripts.
 """

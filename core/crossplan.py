@@ -19,7 +19,6 @@ not pay for what it costs goes back to the plan's main library (``_without_unpai
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -137,7 +136,8 @@ class CrossProblem:
         tuned = {node: label for node, label in labels.items() if node in self.options
                  and library_of(label) != library_of(GRAPH_LABEL)}
         chosen = {node: library_of(label) for node, label in tuned.items()}
-        fallbacks_paid = fallback_library() in self.libraries()  # its sides can be measured with the rest
+        fallback = fallback_library()
+        fallbacks_paid = fallback in self.libraries()  # its sides can be measured with the rest
         if self.model is None or (len(set(chosen.values())) < 2 and not fallbacks_paid):
             return []
         segments = plan_segments(self.model, chosen, self.runs_op)
@@ -156,7 +156,7 @@ class CrossProblem:
 
         for index, segment in enumerate(segments):
             tuned_here = any(chosen.get(node) == segment.library for node in segment.nodes)
-            if fallbacks_paid and segment.library == fallback_library() and not tuned_here:
+            if fallbacks_paid and segment.library == fallback and not tuned_here:
                 self._fallback_crossings(segment, index, segments, readers, source, tuned, labels, charge)
                 continue
             for tensor in segment.outputs:
@@ -179,10 +179,11 @@ class CrossProblem:
         source lacks them: each tensor entering it leaves its library's runner (unless an edge to
         another library pays that already) and enters ONNX Runtime; each tensor it sends back
         enters that library's runner again, once per later segment of it reading the tensor."""
-        fallback_label = f"{fallback_library()}:NCHW"
+        fallback = fallback_library()
+        fallback_label = f"{fallback}:NCHW"
         for tensor in segment.inputs:
             label = tuned.get(source(tensor))
-            if label is None or library_of(label) == fallback_library():
+            if label is None or library_of(label) == fallback:
                 continue
             shape = tuple(self.model.shapes[tensor])
             paid = any(edge.tensor == tensor and library_of(labels.get(edge.consumer, GRAPH_LABEL)) != library_of(label)
@@ -193,7 +194,7 @@ class CrossProblem:
             charge(tensor, label, sides, from_segment=origin, to_segments=[index + 1], fallback=True)
         for tensor in segment.outputs:
             label = tuned.get(source(tensor))
-            if label is None or library_of(label) == fallback_library():
+            if label is None or library_of(label) == fallback:
                 continue
             back = [j for j in readers.get(tensor, []) if segments[j].library == library_of(label)]
             if back:

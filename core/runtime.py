@@ -3,7 +3,8 @@
 A plan names the library of every tuned node. Every other node is given one too: the library of
 the node producing its first computed input, if that library runs this op type
 (``Library.runs_op``: XNNPack's executor and ACL's engine have fixed op sets), else the baseline
-library (``Library.baseline``: MLAS, since ONNX Runtime runs any op). A node fed only by graph inputs goes with the first tuned node after it.
+library (``Library.baseline``: MLAS, since ONNX Runtime runs any op). A node fed only by graph
+inputs goes with the first tuned node after it.
 
 The graph is then cut into segments, runs of nodes of one library, along a topological order
 that, among the nodes ready to run, takes one of the current segment's library first: parallel
