@@ -29,7 +29,7 @@ from rich.table import Table
 
 from kselect.core import plugins
 from kselect.core.bench import bench, random_feeds
-from kselect.core.crossplan import planned_conversions
+from kselect.core.cross_assembly import planned_conversions
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model

@@ -258,7 +258,7 @@ def _layout_summary(plan, library) -> None:
     layouts: dict[str, int] = {}
     for entry in plan.nodes.values():
         layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
-    from kselect.core.crossplan import planned_conversions
+    from kselect.core.cross_assembly import planned_conversions
 
     summary = plan.extra["cross_library"]
     changes = len(planned_conversions(plan))
@@ -427,7 +427,7 @@ def cmd_plan_show(args) -> None:
     console.print(table)
     summary = plan.extra.get("cross_library")
     if summary:
-        from kselect.core.crossplan import planned_conversions
+        from kselect.core.cross_assembly import planned_conversions
 
         conversions = planned_conversions(plan)
         predicted = summary["predicted"]

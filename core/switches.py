@@ -5,12 +5,12 @@ Measured per ordered pair of libraries (A, B) on a chain of identical small conv
 alternate between A and B, each with its library's default config, run as a plan would
 (``load_plan``): for each segment of B, its time right after A's segment minus its time right after
 itself, the two taken in the same rounds. Each spinning variant of that plan is measured
-(core/crossplan.spinning_variants, the end-to-end check keeps the best one), and a pair's cost is
+(core/spinning.spinning_variants, the end-to-end check keeps the best one), and a pair's cost is
 its cost in the variant with the smaller total. The planner adds it to every edge whose ends run
 in different libraries; a tensor read by several nodes of the next segment is then charged more
 than once, a bound the planner errs on the safe side of (fewer switches).
 
-A plan that mixes libraries lets only one library's workers spin (core/crossplan.py); every
+A plan that mixes libraries lets only one library's workers spin (core/cross_labelling.py); every
 parallel op of the others waits for its workers to wake. What that costs per op is measured per
 library on the same chain run alone in that library, its workers sleeping against spinning
 (``measure_sleep_costs``), and the planner charges it on every op of a library that does not spin.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kselect.core.device import Device
 from kselect.core.library import Library
@@ -69,18 +70,83 @@ class TuneOptions:
     settings: MeasureSettings = field(default_factory=MeasureSettings)
 
 
+# A measure callback is called with every result the runner returns, as it returns it
+# (MetaSchedule's MeasureCallback): ``callback(task, config, result, is_default)``.
+MeasureCallback = Callable[[Task, dict, Result, bool], None]
+
+
+class StoreRecords:
+    """The measure callback that writes each result to the record database as it is made, keyed
+    by device and library build; the write also releases the claim taken before measuring."""
+
+    def __init__(self, db: RecordDB, device: Device, library: Library):
+        self.db, self.device, self.library, self.version = db, device, library, library.version()
+
+    def __call__(self, task: Task, config: dict, result: Result, is_default: bool) -> None:
+        self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), config_key(config),
+                    result, self.library.emulated, is_default)
+
+
+@dataclass
+class SearchEnd:
+    samples: int  # samples counted at the end, those counted before the search included
+    stopped_early: bool = False
+    exhausted: bool = False  # the searcher had nothing more to propose
+
+
+def search_task(searcher, measure: Callable[[dict, bool], Result], budget: int, *, samples: int = 0,
+                best_us: float | None = None, default: dict | None = None, early_stop: int | None = None,
+                time_left: Callable[[], bool] = lambda: True) -> SearchEnd:
+    """The search loop of one task, shared by live tuning and replay: measure ``default`` first
+    when given, then ask the searcher and tell it each result until ``budget`` samples (counting
+    the ``samples`` already known), the searcher has nothing more, ``early_stop`` samples went
+    by without a time better than any before (``best_us``: the best known before the search),
+    or ``time_left()`` says no. ``measure(config, is_default)`` returns the result; failed and
+    invalid results are told to the searcher as None."""
+    best = best_us
+
+    def sample(config: dict, is_default: bool) -> bool:
+        nonlocal best, samples
+        result = measure(config, is_default)
+        samples += 1
+        time_us = result.median_us if result.status == "ok" else None
+        searcher.tell(config, time_us)
+        improved = time_us is not None and (best is None or time_us < best)
+        if improved:
+            best = time_us
+        return improved
+
+    if default is not None and time_left():
+        sample(default, True)
+    since_improvement = 0
+    while samples < budget and time_left():
+        if early_stop is not None and since_improvement >= early_stop:
+            return SearchEnd(samples, stopped_early=True)
+        config = searcher.ask()
+        if config is None:
+            return SearchEnd(samples, exhausted=True)
+        since_improvement = 0 if sample(config, False) else since_improvement + 1
+    return SearchEnd(samples)
+
+
 def _update_best(outcome: TaskOutcome, config: dict, result: Result) -> None:
     if result.status == "ok" and (outcome.best is None or result.median_us < outcome.best.median_us):
         outcome.best, outcome.best_config = result, config
 
 
 def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, options: TuneOptions,
-         reporter: Reporter | None = None, runner: Runner | None = None) -> list[TaskOutcome]:
+         reporter: Reporter | None = None, runner: Runner | None = None,
+         callbacks: list[MeasureCallback] | None = None) -> list[TaskOutcome]:
     """Tunes ``tasks`` one after the other, measuring through ``runner`` (default: the live
-    ``MeasureWorker`` on ``library``'s kernels; a ``ReplayWorker`` answers from recorded tables)."""
+    ``MeasureWorker`` on ``library``'s kernels; a ``ReplayWorker`` answers from recorded tables)
+    and handing every result to ``callbacks`` (default: ``StoreRecords`` into ``db``). ``db`` is
+    also read: what it holds for this device and library build is never measured again."""
     from kselect.core import plugins
 
-    tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search))
+    if callbacks is None:
+        callbacks = [StoreRecords(db, device, library)]
+    tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search),
+                   callbacks)
     try:
         with runner or MeasureWorker(library, options.settings) as tuner.worker:
             return [tuner.tune_task(task) for task in tasks]
@@ -90,9 +156,9 @@ def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, opti
 
 class _Tuner:
     def __init__(self, library: Library, device: Device, db: RecordDB, options: TuneOptions, reporter: Reporter,
-                 searcher_class):
+                 searcher_class, callbacks: list[MeasureCallback]):
         self.library, self.device, self.db, self.options, self.reporter = library, device, db, options, reporter
-        self.searcher_class = searcher_class
+        self.searcher_class, self.callbacks = searcher_class, callbacks
         self.version = library.version()
         self.deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
         self.started = time.time()
@@ -104,18 +170,14 @@ class _Tuner:
 
     def measure(self, task: Task, config: dict, outcome: TaskOutcome, is_default: bool = False) -> Result:
         self.db.check_writable()  # nothing is measured that could not be stored
-        key = config_key(config)
         stale_after_s = 2 * self.options.settings.timeout_s + 30  # a claim outlives no measurement
-        result = self.db.claim(self.device.fingerprint, self.library.name, self.version, task.key, key, stale_after_s,
-                               newer_than=self.started)
-        if result is not None:  # another tune sharing the database measured it meanwhile
-            self.count(outcome, config, result)
-            self.reporter.measured(task, config, result, outcome)
-            return result
-        result = self.worker.measure(task, config)
-        self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), key, result,
-                    self.library.emulated, is_default)
-        outcome.measured_now += 1
+        result = self.db.claim(self.device.fingerprint, self.library.name, self.version, task.key, config_key(config),
+                               stale_after_s, newer_than=self.started)
+        if result is None:  # not measured meanwhile by another tune sharing the database
+            result = self.worker.measure(task, config)
+            for callback in self.callbacks:
+                callback(task, config, result, is_default)
+            outcome.measured_now += 1
         self.count(outcome, config, result)
         self.reporter.measured(task, config, result, outcome)
         return result
@@ -147,26 +209,19 @@ class _Tuner:
             searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
             self.count(outcome, config, record.result)
         self.reporter.task_started(task, outcome, self.options.budget)
-
         if config_key(default) in stored:
             outcome.default = stored[config_key(default)].result
-        elif self.time_left():
-            outcome.default = self.measure(task, default, outcome, is_default=True)
-            searcher.tell(default, outcome.default.median_us if outcome.default.status == "ok" else None)
 
-        since_improvement = 0
-        while outcome.samples < self.options.budget and self.time_left():
-            if self.options.early_stop is not None and since_improvement >= self.options.early_stop:
-                outcome.stopped_early = True
-                break
-            config = searcher.ask()
-            if config is None:
-                break
-            best_before = outcome.best.median_us if outcome.best else None
-            result = self.measure(task, config, outcome)
-            searcher.tell(config, result.median_us if result.status == "ok" else None)
-            improved = result.status == "ok" and (best_before is None or result.median_us < best_before)
-            since_improvement = 0 if improved else since_improvement + 1
+        def measure(config: dict, is_default: bool) -> Result:
+            result = self.measure(task, config, outcome, is_default)
+            if is_default:
+                outcome.default = result
+            return result
+
+        end = search_task(searcher, measure, self.options.budget, samples=outcome.samples,
+                          best_us=outcome.best.median_us if outcome.best else None, default=None if outcome.default else default, early_stop=self.options.early_stop,
+                          time_left=self.time_left)
+        outcome.stopped_early = end.stopped_early
         self.reporter.task_finished(task, outcome)
         return outcome
 
@@ -212,10 +267,12 @@ def remeasure(candidates: list[tuple[Library, Task, dict]], defaults: dict[str, 
     taken: dict[tuple, tuple[Library, Task, dict, Result]] = {}
     with ExitStack() as stack:
         workers: dict[str, MeasureWorker] = {}
+        stores: dict[str, StoreRecords] = {}
 
         def take(library: Library, task: Task, config: dict) -> None:
             if library.name not in workers:
                 workers[library.name] = stack.enter_context(MeasureWorker(library, settings))
+                stores[library.name] = StoreRecords(db, device, library)
             result = workers[library.name].measure(task, config)
             if on_measured:
                 on_measured(task, result)
@@ -223,8 +280,7 @@ def remeasure(candidates: list[tuple[Library, Task, dict]], defaults: dict[str, 
             if result.status != "ok" or (key in taken and taken[key][3].median_us <= result.median_us):
                 return
             is_default = config_key(config) == config_key(defaults[library.name][task.key])
-            db.add(device.fingerprint, library.name, library.version(), task.to_json(), config_key(config), result,
-                   library.emulated, is_default)
+            stores[library.name](task, config, result, is_default)
             taken[key] = (library, task, config, result)
             if key in stored and stored[key] > 0:
                 growth[key] = result.median_us / stored[key]

@@ -236,71 +236,74 @@ class Trajectory:
         return None
 
 
+class _ReplaySearcher:
+    """The searcher as the loop sees it: times its ``ask`` and ``tell`` (searcher time, not
+    measuring time) and, with ``check``, refuses a proposal it was told about or outside the space."""
+
+    def __init__(self, searcher, name: str, space: Space, trajectory: Trajectory, check: bool):
+        self.searcher, self.name, self.trajectory, self.check = searcher, name, trajectory, check
+        self.in_space = {config_key(c) for c in space.enumerate()} if check else set()
+        self.told: set[str] = set()
+
+    def ask(self) -> dict | None:
+        start = time.perf_counter()
+        config = self.searcher.ask()
+        self.trajectory.elapsed_s += time.perf_counter() - start
+        if config is not None and self.check:
+            key = config_key(config)
+            if key in self.told:
+                raise ReplayError(f"{self.name} proposed a config it was told about: {key}")
+            if key not in self.in_space:
+                raise ReplayError(f"{self.name} proposed a config outside the space: {key}")
+        return config
+
+    def tell(self, config: dict, time_us: float | None) -> None:
+        self.told.add(config_key(config))
+        start = time.perf_counter()
+        self.searcher.tell(config, time_us)
+        self.trajectory.elapsed_s += time.perf_counter() - start
+
+
 def run_searcher(searcher, replay_task: ReplayTask, budget: int, seed: int = 0,
                  prior: list[tuple[Task, dict, float]] | None = None, early_stop: int | None = None,
                  include_default: bool = False, told: list[dict] | None = None, options: dict | None = None,
                  check: bool = True) -> Trajectory:
-    """Run ``searcher`` (a name or a ``Searcher`` class) on one replayed task, as the tuning loop
-    does: first tell it ``told`` (results already stored, not counted as samples), then, if
-    ``include_default``, measure the library default, then ask/tell until ``budget`` samples, the
-    searcher has nothing more, or ``early_stop`` samples went by without a better time.
+    """Run ``searcher`` (a name or a ``Searcher`` class) on one replayed task through the tuning
+    loop's own search loop (``kselect.core.tune.search_task``) and a ``ReplayWorker``: first tell
+    it ``told`` (results already stored, not counted as samples), then, if ``include_default``,
+    measure the library default, then ask/tell until ``budget`` samples, the searcher has nothing
+    more, or ``early_stop`` samples went by without a better time.
 
     With ``check`` a searcher that proposes a config it was told about, or one outside the space
     (conditions and constraints), raises ``ReplayError``."""
+    from kselect.core.tune import search_task
+
     searcher_class = resolve_searcher(searcher)
     name = getattr(searcher_class, "name", "") or searcher_class.__name__
     trajectory = Trajectory(name, replay_task.key, seed)
     instance = searcher_class(replay_task.space, task=replay_task.task, seed=seed, prior=prior, **(options or {}))
-    measured: set[str] = set()
-    in_space = {config_key(c) for c in replay_task.space.enumerate()} if check else set()
-    best: float | None = None
-
-    def tell(config: dict, result: Result) -> None:
-        start = time.perf_counter()
-        instance.tell(config, result.median_us if result.status == "ok" else None)
-        trajectory.elapsed_s += time.perf_counter() - start
-
+    wrapped = _ReplaySearcher(instance, name, replay_task.space, trajectory, check)
+    runner = ReplayWorker()
+    runner.tasks[replay_task.key] = replay_task
     for config in told or []:
         config = replay_task.space.normalise(config)
-        measured.add(config_key(config))
-        tell(config, replay_task.measure(config))
+        result = runner.measure(replay_task.task, config)
+        wrapped.tell(config, result.median_us if result.status == "ok" else None)
 
-    def sample(config: dict) -> bool:
-        nonlocal best
-        result = replay_task.measure(config)
-        measured.add(config_key(config))
-        tell(config, result)
+    def measure(config: dict, is_default: bool) -> Result:
+        result = runner.measure(replay_task.task, config)
         time_us = result.median_us if result.status == "ok" else None
-        improved = time_us is not None and (best is None or time_us < best)
-        if improved:
-            best = time_us
+        best = trajectory.best[-1] if trajectory.best else None
         trajectory.configs.append(config)
         trajectory.times.append(time_us)
-        trajectory.best.append(best)
-        return improved
+        trajectory.best.append(time_us if time_us is not None and (best is None or time_us < best) else best)
+        return result
 
-    if include_default and replay_task.default_config is not None \
-            and config_key(replay_task.default_config) not in measured:
-        sample(replay_task.default_config)
-
-    since_improvement = 0
-    while trajectory.samples < budget:
-        if early_stop is not None and since_improvement >= early_stop:
-            trajectory.stopped_early = True
-            break
-        start = time.perf_counter()
-        config = instance.ask()
-        trajectory.elapsed_s += time.perf_counter() - start
-        if config is None:
-            trajectory.exhausted = True
-            break
-        if check:
-            key = config_key(config)
-            if key in measured:
-                raise ReplayError(f"{name} proposed a config it was told about: {key}")
-            if key not in in_space:
-                raise ReplayError(f"{name} proposed a config outside the space: {key}")
-        since_improvement = 0 if sample(config) else since_improvement + 1
+    default = replay_task.default_config
+    if not include_default or default is None or config_key(default) in wrapped.told:
+        default = None
+    end = search_task(wrapped, measure, budget, default=default, early_stop=early_stop)
+    trajectory.stopped_early, trajectory.exhausted = end.stopped_early, end.exhausted
     return trajectory
 
 

@@ -17,7 +17,8 @@ from kselect.core import plugins
 from kselect.core.bench import compare_outputs, random_feeds
 from kselect.core.conversions import (GRAPH_LABEL, RECORD_SUFFIX, ConversionTable, conversion_task, measure_conversions,
                                       sides_needed)
-from kselect.core.crossplan import CrossProblem, plan_across
+from kselect.core.cross_problem import CrossProblem
+from kselect.core.crossplan import plan_across
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
 from kselect.core.measure import MeasureSettings
@@ -175,9 +176,9 @@ def test_conversions_are_recorded_exactly_where_labels_change(tuned):
     labels = {node: entry["label"] for node, entry in plan.nodes.items()}
     labels["input:input"] = GRAPH_LABEL
     model = tuned["model"]
-    from kselect.core.crossplan import _label_sources
+    from kselect.core.cross_problem import label_sources
 
-    source = _label_sources(model, set(plan.nodes))
+    source = label_sources(model, set(plan.nodes))
 
     def differ(a, b, shape):
         return (a if len(shape) == 4 else a.split(":")[0]) != (b if len(shape) == 4 else b.split(":")[0])
@@ -218,7 +219,8 @@ def test_mixed_plan_runs_like_onnxruntime_and_saves(tuned):
 def test_planner_pays_conversions_that_greedy_ignores():
     """A chain input -> a -> b -> c -> output: b is a bit faster on 'y', but getting there and
     back costs more than it saves; the exact plan stays on 'x', greedy does not."""
-    from kselect.core.crossplan import Choice, DataEdge, _summary
+    from kselect.core.cross_problem import Choice, DataEdge
+    from kselect.core.cross_labelling import labelling_summary
 
     problem = CrossProblem()
     problem.options = {"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]}
@@ -239,7 +241,7 @@ def test_planner_pays_conversions_that_greedy_ignores():
 
     greedy_assignment, greedy_total = greedy(graph)
     assert greedy_assignment["b"].label == "y:NHWC" and greedy_total > total
-    assert _summary(graph, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
+    assert labelling_summary(graph, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
 
 
 def test_an_mlas_nchwc_conv_with_fewer_input_channels_than_a_block_is_charged_no_reorder_into_it(small_model_path):
@@ -247,8 +249,8 @@ def test_an_mlas_nchwc_conv_with_fewer_input_channels_than_a_block_is_charged_no
     runs it and as its NCHWc records are measured: entering it costs what entering MLAS in NCHW
     costs, not a ReorderInput. Charged the reorder, the planner put mobilenetv2's first conv in
     NCHW (+104 us) against ORT's choice, and that plan ran 4% slower than ORT's default."""
-    from kselect.core.crossplan import Choice, DataEdge
-    from kselect.plugins.mlas import nchwc
+    from kselect.core.cross_problem import Choice, DataEdge
+    from kselect.plugins.mlas.layout import conv_takes_blocked_input, nchwc_block_size
 
     mlas = plugins.get_library("mlas")
     tasks = {task.nodes[0]: task for task in library_tasks(load_model(str(small_model_path)), mlas)}
@@ -279,7 +281,7 @@ def test_an_mlas_nchwc_conv_with_fewer_input_channels_than_a_block_is_charged_no
     sides = {("mlas:NCHWc", "in"): 80.0, ("mlas:NCHWc", "out"): 30.0, ("mlas:NCHW", "in"): 5.0, ("mlas:NCHW", "out"): 0.0}
     table = ConversionTable({(label, direction, s): us for (label, direction), us in sides.items() for s in (shape, inner)})
     table.times_us[("mlas:NCHWc", "in", inner)] = 20.0
-    assert nchwc.conv_takes_blocked_input(3, 1, nchwc.nchwc_block_size()) is False
+    assert conv_takes_blocked_input(3, 1, nchwc_block_size()) is False
     charged_reorder = solve(problem.graph(table))[0]["stem"].label
     problem.input_reads = {("stem", "mlas:NCHWc"): mlas.input_label(stem, "mlas:NCHWc")}
     assignment, total = solve(problem.graph(table))
@@ -367,7 +369,7 @@ def test_the_planner_charges_each_switch_of_library_and_stays_when_a_switch_cost
     """input -> a -> b -> output: b runs 30 us faster on 'y', the conversions are free, a switch
     x -> y or back costs 20 us: worth one switch (b on y to the end) only when the switch back
     is not needed, so with an op after b on 'x' the plan stays on 'x'."""
-    from kselect.core.crossplan import Choice, DataEdge
+    from kselect.core.cross_problem import Choice, DataEdge
 
     def plan(nodes: list[str], y_faster: set[str], switch_us: float) -> dict:
         problem = CrossProblem()
@@ -393,7 +395,8 @@ def test_the_ops_of_a_library_that_does_not_spin_pay_its_sleep_cost_and_the_libr
     spin in a mixed plan; waking the other's costs x 50 us and y 5 us per op. y is faster on the
     ops in ``y_saves`` by that many us: a mix pays when y's ops save more than 5 us each, with x
     spinning; with most ops on y, x's sleeping ops would pay 50 each, so x still spins."""
-    from kselect.core.crossplan import Choice, DataEdge, in_place_labelling
+    from kselect.core.cross_problem import Choice, DataEdge
+    from kselect.core.cross_labelling import in_place_labelling
 
     def planned(y_saves: dict[str, float]) -> tuple[dict, str | None]:
         problem = CrossProblem()
@@ -542,11 +545,11 @@ def residual_model(branch: list[str]):
 def test_an_add_takes_its_second_input_into_its_first_inputs_label():
     """input -> a -> relu -> b; add(b, relu) -> c: the Add runs where b runs, so the skip tensor
     goes from a's label to b's at the Add, and c reads b's label."""
-    from kselect.core.crossplan import DataEdge, _data_edges
+    from kselect.core.cross_problem import DataEdge, data_edges
 
     model = residual_model(["b"])
     shape = (1, 4, 8, 8)
-    assert set(_data_edges(model, {"a", "b", "c"})) == {
+    assert set(data_edges(model, {"a", "b", "c"})) == {
         DataEdge("input:x", "a", "x", shape), DataEdge("a", "b", "tr", shape), DataEdge("a", "b", "tr", shape, "add"),
         DataEdge("b", "c", "ts", shape), DataEdge("c", "output:y", "y", shape)}
 
@@ -557,7 +560,7 @@ def test_a_flatten_before_an_fc_pays_for_its_input_layout():
     XNNPack folds the Flatten into its FC and pays nothing. A 1x1 map needs no reorder."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.crossplan import Choice, _data_edges
+    from kselect.core.cross_problem import Choice, data_edges
     from kselect.core.model import model_from_proto
 
     def model_with_map(size: int):
@@ -571,10 +574,10 @@ def test_a_flatten_before_an_fc_pays_for_its_input_layout():
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
         return model_from_proto(f"flat{size}", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
-    edges = _data_edges(model_with_map(8), {"conv", "fc"})
+    edges = data_edges(model_with_map(8), {"conv", "fc"})
     into_fc = next(e for e in edges if e.consumer == "fc")
     assert (into_fc.producer, into_fc.tensor, into_fc.shape, into_fc.flattened) == ("conv", "f", (1, 128), (1, 8, 4, 4))
-    assert next(e for e in _data_edges(model_with_map(2), {"conv", "fc"}) if e.consumer == "fc").flattened is None
+    assert next(e for e in data_edges(model_with_map(2), {"conv", "fc"}) if e.consumer == "fc").flattened is None
 
     mlas, xnnpack = plugins.get_library("mlas"), plugins.get_library("xnnpack")
     problem = CrossProblem(edges=[into_fc])
@@ -598,7 +601,8 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
     runner and enters it again though no edge changes its label (leaving it, the edge into b pays).
     b saves 45 us on 'y' and the two edges around it cost 40: worth it between neighbours, not
     with the 10 us reentry; saving 70 us it is, and the plan's total counts the reentry."""
-    from kselect.core.crossplan import Choice, _data_edges, _without_unpaid_islands
+    from kselect.core.cross_problem import Choice, data_edges
+    from kselect.core.cross_labelling import without_unpaid_islands
 
     model = residual_model(["b", "b2"])
     shape = (1, 4, 8, 8)
@@ -610,13 +614,13 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
                                   Option("y:NHWC", b_on_y_us if node == "b" else 1000.0, Choice("y", None, None, False))]
                            for node in ("a", "b", "b2", "c")}
         problem.options.update({"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]})
-        problem.edges = _data_edges(model, {"a", "b", "b2", "c"})
+        problem.edges = data_edges(model, {"a", "b", "b2", "c"})
         graph = problem.graph(table)
         exact, _ = solve(graph)
         assert exact["b"].label == "y:NHWC"  # between neighbours, b on 'y' always pays
         alone = {"x": solve(problem.graph(table, {"x"}))[0]}
         missing = set()
-        assignment, moved = _without_unpaid_islands(problem, lambda a: problem.total_us(graph, table, a, missing),
+        assignment, moved = without_unpaid_islands(problem, lambda a: problem.total_us(graph, table, a, missing),
                                                     exact, alone)
         assert not missing
         labels = {node: option.label for node, option in assignment.items()}
@@ -639,7 +643,8 @@ def test_a_tensor_sent_through_an_op_its_library_lacks_pays_the_way_to_onnxrunti
     it; at 10 us it is not, and the plan stays on ONNX Runtime."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.crossplan import Choice, _data_edges, in_place_labelling
+    from kselect.core.cross_problem import Choice, data_edges
+    from kselect.core.cross_labelling import in_place_labelling
     from kselect.core.model import model_from_proto
 
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
@@ -660,7 +665,7 @@ def test_a_tensor_sent_through_an_op_its_library_lacks_pays_the_way_to_onnxrunti
                                   Option("xnnpack:NHWC", 100.0 - saved_us, Choice("xnnpack", None, None, False))]
                            for node in ("a", "b")}
         problem.options.update({"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]})
-        problem.edges = _data_edges(model, {"a", "b"})
+        problem.edges = data_edges(model, {"a", "b"})
         graph = problem.graph(table)
         exact, _ = solve(graph)
         assert exact["a"].label == exact["b"].label == "xnnpack:NHWC"  # between neighbours XNNPack always pays

@@ -388,3 +388,40 @@ def test_search_efficiency_gives_the_same_figures_with_backends_in_parallel(tmp_
     assert list(in_parallel) == backends
     assert figures(in_parallel) == figures(one_at_a_time)
     assert all(len(rows) == 12 for rows in in_parallel.values())
+
+
+def test_the_tuning_loop_runs_on_a_replay_runner_and_hands_every_result_to_its_callbacks(table, tmp_path):
+    """core.tune.tune on a ReplayWorker (the recorded MLAS table) instead of kernels: every result
+    reaches the measure callbacks, none is written to the database when the callbacks do not
+    store, and the configs measured are those run_searcher replays (one search loop for both)."""
+    from kselect.core.device import this_device
+    from kselect.core.records import RecordDB
+    from kselect.core.tune import TuneOptions, tune
+
+    replay_task = max(table.tasks, key=lambda t: t.size)
+
+    class RecordedLibrary:  # the table's space and default, as the library gave them when recorded
+        name, emulated = table.library, table.emulated
+
+        def version(self):
+            return table.library_version
+
+        def space(self, task, device):
+            return replay_task.space
+
+        def default_config(self, task, device):
+            return replay_task.default_config
+
+    seen = []
+    db = RecordDB(tmp_path / "records.db")
+    options = TuneOptions(search="xgb", budget=12, seed=4)
+    [outcome] = tune([replay_task.task], RecordedLibrary(), this_device(), db, options, runner=ReplayWorker(table),
+                     callbacks=[lambda task, config, result, is_default: seen.append((config, result, is_default))])
+    assert len(seen) == outcome.samples == outcome.measured_now == 12
+    assert seen[0][2] and not any(is_default for _, _, is_default in seen[1:])
+    assert all(result == replay_task.measure(config) for config, result, _ in seen)
+    assert outcome.best.median_us == min(r.median_us for _, r, _ in seen if r.status == "ok")
+    assert db.records(this_device().fingerprint, table.library, table.library_version, replay_task.key) == []
+
+    trajectory = run_searcher("xgb", replay_task, 12, seed=4, include_default=True)
+    assert [config_key(c) for c in trajectory.configs] == [config_key(c) for c, _, _ in seen]
