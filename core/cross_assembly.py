@@ -10,7 +10,7 @@ from kselect.core.cross_labelling import (choose_spinner, in_place_labelling, la
                                           solve_labelling, wake_up_us)
 from kselect.core.cross_problem import Choice, CrossProblem
 from kselect.core.model import Model
-from kselect.core.plan import PLAN_FORMAT, Plan
+from kselect.core.plan import PLAN_FORMAT, Plan, plan_node, plan_task
 from kselect.core.planner import greedy
 from kselect.core.space import config_key
 from kselect.core.spinning import spin_dims
@@ -55,9 +55,8 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
                                         "to_label": problem.read_label(edge, labels[edge.producer], option.label),
                                         "time_us": round(cost, 3)})
         config = {**choice.record.config, **{k: v for k, v in settings[choice.library].items() if k in choice.record.config}}
-        nodes[node] = {"task": choice.task.id, "library": choice.library, "config": config,
-                       "label": option.label, "time_us": round(option.time_us, 3), "emulated": choice.emulated,
-                       "conversions": conversions}
+        nodes[node] = plan_node(choice.task, choice.library, config, label=option.label,
+                                time_us=round(option.time_us, 3), emulated=choice.emulated, conversions=conversions)
         group = (choice.task.key, choice.library, config_key(config))
         groups.setdefault(group, (choice, config, []))[2].append(node)
     output_conversions = [{"from": e.producer, "tensor": e.tensor, "from_label": labels[e.producer], "to_label": GRAPH_LABEL,
@@ -73,13 +72,8 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     tasks = []
     for (_, name, _), (choice, config, group_nodes) in groups.items():
         task = choice.task
-        tasks.append({"id": task.id, "key": task.key, "kind": task.kind, "input": task.input_shape,
-                      "weight": task.weight_shape, "output": task.output_shape, "attrs": task.attrs,
-                      "bias": task.has_bias, "nodes": group_nodes, "library": name, "config": config,
-                      "time_us": round(choice.record.result.median_us, 3),
-                      "default_config": defaults[name][task.key],
-                      "default_us": round(choice.default_us, 3) if choice.default_us else None,
-                      "samples": choice.samples, "emulated": choice.emulated})
+        tasks.append(plan_task(task, group_nodes, name, config, choice.record.result.median_us,
+                               defaults[name][task.key], choice.default_us, choice.samples, choice.emulated))
     used = {entry["library"] for entry in nodes.values()}
     versions = {name: libraries[name].version() for name in libraries if name in used}
     reentries = problem.reentries(table, labels)

@@ -68,8 +68,9 @@ class Library(ABC):
 
     To share a plan with other libraries (``--library a,b``) a library also describes the
     layout each op leaves its output in (``layout_label``, ``"<library>:<layout>"``) and how its
-    runner converts a tensor at a segment boundary (``conversion``), so the planner can measure
-    and count those costs; a library whose runner is another process sets ``boundary_cost``.
+    runner converts a tensor at a segment boundary (``conversion``, timed in the measuring child
+    by ``measure_conversion``), so the planner can measure and count those costs; a library whose
+    runner is another process sets ``boundary_cost``.
 
     Required: ``name``, ``version``, ``supports``, ``space``, ``default_config``,
     ``model_runner``, and either ``prepare`` or ``measure``. Everything else has a default.
@@ -128,19 +129,16 @@ class Library(ABC):
 
     def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
         """Time one candidate; returns ``{"times_us": [...], "output": array}``. The default
-        builds ``fresh_instances`` candidates with ``prepare`` (``conversion`` for a layout
-        conversion task) and times each with the core protocol; a library that times inside its
-        own runner overrides this."""
+        builds ``fresh_instances`` candidates with ``prepare`` and times each with the core
+        protocol; a library that times inside its own runner overrides this."""
+        return self._time_fresh(lambda: self.prepare(task, config, inputs), settings)
+
+    def _time_fresh(self, build: Callable[[], Candidate], settings) -> dict:
         from kselect.core.measure import time_candidate
 
         times, output = [], None
         for _ in range(self.fresh_instances):
-            if task.kind == "convert":
-                candidate = self.conversion(task.attrs["label"], task.attrs["direction"], inputs["x"])
-                if candidate is None:
-                    return {"times_us": [[0.0]], "output": inputs["x"]}
-            else:
-                candidate = self.prepare(task, config, inputs)
+            candidate = build()
             try:
                 candidate.run()
                 if output is None:
@@ -182,6 +180,15 @@ class Library(ABC):
         Labels ending in ":flat" are tensors that are not 4-D. Entering a library includes
         the cost of calling its runner once more (a segment more)."""
         raise NotImplementedError(f"{self.name} cannot measure layout conversions")
+
+    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
+        """Time one side of a conversion (``conversion``) in the measuring child, as ``measure``
+        times an op: ``{"times_us": [...], "output": x in NCHW}``; the core checks that the values
+        came through unchanged. The default times the ``conversion`` candidate (nothing to time
+        when it is None); a library that times inside its own runner overrides this."""
+        if self.conversion(label, direction, x) is None:
+            return {"times_us": [[0.0]], "output": x}
+        return self._time_fresh(lambda: self.conversion(label, direction, x), settings)
 
     # -- plans ----------------------------------------------------------------------------
     def apply(self, plan, model, out_dir: Path) -> list[Path]:

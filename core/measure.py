@@ -22,6 +22,10 @@ from kselect.core.errors import one_line
 from kselect.core.tasks import Task
 
 
+# A conversion moves values, it never computes: anything beyond float rounding noise is wrong.
+CONVERSION_TOLERANCE = 1e-6
+
+
 @dataclass
 class MeasureSettings:
     warmup: int = 2
@@ -226,14 +230,18 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     inputs, reference = cache[task.key]
     try:
         with limits():
-            measured = library.measure(task, config, inputs, settings)
+            if task.kind == "convert":  # one side of a layout conversion (core/conversions.py)
+                measured = library.measure_conversion(task.attrs["label"], task.attrs["direction"], inputs["x"],
+                                                      settings)
+            else:
+                measured = library.measure(task, config, inputs, settings)
     except MemoryError:
         return Result("failed", reason="out of memory: the candidate allocated past its memory cap")
     except Exception as exc:
         return Result("failed", reason=one_line(exc)[:300])
     error = relative_error(measured["output"], reference)
     summary = summarise(measured["times_us"])
-    tolerance = library.tolerance(task, config)
+    tolerance = CONVERSION_TOLERANCE if task.kind == "convert" else library.tolerance(task, config)
     if not error <= tolerance:
         return Result("invalid", error=error, reason=f"output differs from reference: error {error:.2e} > {tolerance:.0e}", **summary)
     return Result("ok", error=error, **summary)

@@ -8,6 +8,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from kselect.core.device import Device
 from kselect.core.errors import KselectError
@@ -103,6 +104,62 @@ def choose(tasks: list[Task], records: dict[str, list[Record]], defaults: dict[s
     return assignment, choices
 
 
+class PlanTask(TypedDict, total=False):
+    """A plan's entry per task (per task, library and config in cross-library plans): the task's
+    JSON (``Task.to_json``: id, key, kind, input, weight, output, attrs, bias, nodes) and what was
+    chosen for it (docs/plan-schema.md)."""
+    id: str
+    key: str
+    kind: str
+    input: list[int]
+    weight: list[int]
+    output: list[int]
+    attrs: dict
+    bias: bool
+    activation: list  # the activation ops fused after the op, when there are any
+    nodes: list[str]
+    library: str
+    config: dict
+    time_us: float  # median of the chosen config
+    default_config: dict  # the library's own choice, the baseline
+    default_us: float | None
+    samples: int  # configs measured
+    emulated: bool
+
+
+class PlanConversion(TypedDict, total=False):
+    """A tensor converted on its way into an op, or where an untuned op takes it (``at``)."""
+    at: str
+    tensor: str
+    from_label: str
+    to_label: str
+    time_us: float
+
+
+class PlanNode(TypedDict, total=False):
+    """A plan's entry per ONNX node: its task, library and config; cross-library plans (and
+    libraries planning layouts per op) add the label, the op's time and the conversions into it."""
+    task: str
+    library: str
+    config: dict
+    label: str
+    time_us: float
+    emulated: bool
+    conversions: list[PlanConversion]
+
+
+def plan_task(task: Task, nodes: list[str], library: str, config: dict, time_us: float, default_config: dict,
+              default_us: float | None, samples: int, emulated: bool) -> PlanTask:
+    return PlanTask(**{**task.to_json(), "nodes": list(nodes)}, library=library, config=config,
+                    time_us=round(time_us, 3), default_config=default_config,
+                    default_us=round(default_us, 3) if default_us else None, samples=samples, emulated=emulated)
+
+
+def plan_node(task: Task, library: str, config: dict, **layout) -> PlanNode:
+    """``layout``: label, time_us, emulated, conversions, where the plan has them."""
+    return PlanNode(task=task.id, library=library, config=config, **layout)
+
+
 @dataclass
 class Plan:
     model: dict
@@ -110,8 +167,8 @@ class Plan:
     libraries: dict[str, str]
     emulated: bool
     plan_level: dict
-    tasks: list[dict]
-    nodes: dict[str, dict]
+    tasks: list[PlanTask]
+    nodes: dict[str, PlanNode]
     format: str = PLAN_FORMAT
     extra: dict = field(default_factory=dict)
     library_settings: dict[str, dict] = field(default_factory=dict)  # library -> its plan-level settings
@@ -154,13 +211,10 @@ def build_plan(model: Model, device: Device, library, library_version: str, task
     task_entries, nodes = [], {}
     for choice in choices:
         task = choice.task
-        entry = {**task.to_json(), "library": library.name, "config": choice.config,
-                 "time_us": round(choice.time_us, 3), "default_config": choice.default_config,
-                 "default_us": round(choice.default_us, 3) if choice.default_us else None,
-                 "samples": choice.samples, "emulated": choice.emulated}
-        task_entries.append(entry)
+        task_entries.append(plan_task(task, task.nodes, library.name, choice.config, choice.time_us,
+                                      choice.default_config, choice.default_us, choice.samples, choice.emulated))
         for node in task.nodes:
-            nodes[node] = {"task": task.id, "library": library.name, "config": choice.config}
+            nodes[node] = plan_node(task, library.name, choice.config)
     return Plan(
         model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
         device=device.to_json(), libraries={library.name: library_version}, emulated=library.emulated,

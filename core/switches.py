@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 from kselect.core import plugins
 from kselect.core.device import this_device
 from kselect.core.model import Model, model_from_proto
-from kselect.core.plan import Plan
+from kselect.core.plan import Plan, plan_node, plan_task
 from kselect.core.spinning import spin_dims, spinning_variants, with_spinner
 from kselect.core.tune import library_tasks
 
@@ -55,9 +55,8 @@ def defaults_plan(model: Model, library_of: dict[str, str]) -> Plan:
                 continue
             config = library.default_config(task, device)
             settings[name].update({dim: config[dim] for dim in library.plan_level_dims if dim in config})
-            tasks.append({**task.to_json(), "nodes": mine, "library": name, "config": config, "time_us": 1.0,
-                          "default_config": config, "default_us": 1.0, "samples": 1, "emulated": library.emulated})
-            nodes.update({node: {"task": task.id, "library": name, "config": config} for node in mine})
+            tasks.append(plan_task(task, mine, name, config, 1.0, config, 1.0, 1, library.emulated))
+            nodes.update({node: plan_node(task, name, config) for node in mine})
     plan_level = next(iter(settings.values())) if len(settings) == 1 else {}
     return Plan({"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
                 device.to_json(), libraries, any(plugins.get_library(n).emulated for n in libraries), plan_level,

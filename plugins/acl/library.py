@@ -94,7 +94,7 @@ class AclLibrary(Library):
     name = "acl"
     fresh_instances = 1  # every run request configures a fresh ACL function
     # Per-op timings exclude layout changes; the runner times the NEPermute the engine inserts
-    # where layouts change (a "convert" task), and the plan counts them (core/crossplan.py).
+    # where layouts change (measure_conversion), and the plan counts them (core/crossplan.py).
     plans_layouts_per_op = True
     # In a plan with other libraries each ACL segment is a runner call that exchanges its tensors
     # as files (engine.AclModelRunner): measured per tensor shape as the "acl:boundary" sides.
@@ -397,19 +397,24 @@ class AclLibrary(Library):
         return 1e-4
 
     # -- measuring (in the worker child) ------------------------------------------------------------
-    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+    def _runner_timing(self, settings) -> dict:
+        """Starts the runner process on first use; the core protocol's settings, as it takes them."""
         from kselect.plugins.acl.client import AclRunner
 
         if self._measurer is None:
             self._measurer = AclRunner(timeout_s=max(5.0, 0.9 * settings.timeout_s))
         self._measurer.timeout_s = max(5.0, 0.9 * settings.timeout_s)
-        timing = {"warmup": settings.warmup, "min_repeats": settings.min_repeats, "max_repeats": settings.max_repeats,
-                  "min_time_ms": 1000.0 * settings.min_time_s, "max_time_ms": 1000.0 * settings.max_time_s,
-                  "stable_within": settings.stable_within}
-        if task.kind == "convert" and task.attrs["label"] == boundary_label(self.name):
-            return self._measure_boundary(inputs["x"], settings)
-        if task.kind == "convert":
-            return self._measure_permute(task, inputs["x"], timing)
+        return {"warmup": settings.warmup, "min_repeats": settings.min_repeats, "max_repeats": settings.max_repeats,
+                "min_time_ms": 1000.0 * settings.min_time_s, "max_time_ms": 1000.0 * settings.max_time_s,
+                "stable_within": settings.stable_within}
+
+    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
+        if label == boundary_label(self.name):
+            return self._measure_boundary(x, settings)
+        return self._measure_permute(label, direction, x, self._runner_timing(settings))
+
+    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+        timing = self._runner_timing(settings)
         arrays = {"input": inputs["x"], "weights": inputs["w"]}
         if "b" in inputs:
             arrays["bias"] = inputs["b"]
@@ -426,13 +431,13 @@ class AclLibrary(Library):
             raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
         return {"times_us": [result["times_us"]], "output": output.reshape(task.output_shape)}
 
-    def _measure_permute(self, task: Task, x: np.ndarray, timing: dict) -> dict:
+    def _measure_permute(self, label: str, direction: str, x: np.ndarray, timing: dict) -> dict:
         """The NEPermute the engine runs where a tensor enters ("in") or leaves ("out") the
         NHWC layout; nothing happens for NCHW or for tensors that are not 4-D."""
-        layout = task.attrs["label"].split(":", 1)[1]
+        layout = label.split(":", 1)[1]
         if layout != "NHWC" or x.ndim != 4:
             return {"times_us": [[0.0]], "output": x}
-        source, target = ("NCHW", "NHWC") if task.attrs["direction"] == "in" else ("NHWC", "NCHW")
+        source, target = ("NCHW", "NHWC") if direction == "in" else ("NHWC", "NCHW")
         config = {"from": source, "layout": target, "threads": armnn_threads(this_device()), "scheduler": "default"}
         result, output = self._measurer.run_op("permute", {"input": list(x.shape)}, config, {"input": x},
                                                want_output=True, **timing)
