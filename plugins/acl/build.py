@@ -1,13 +1,15 @@
 """Build (and cache) the ACL measurement runner, and say how to launch it.
 
-The runner is ``runner/kselect_acl_runner.cpp``, compiled against the system's Arm Compute
-Library (Debian: ``libarm-compute-dev``, v20.08). On an aarch64 host the native ``g++`` is used and
-the binary runs directly; on any other host the cross compiler ``aarch64-linux-gnu-g++`` is used
-against the multiarch arm64 package and the binary runs under ``qemu-aarch64-static -L /``.
-Everything timed that way is emulated (see :func:`is_emulated`).
+The runner is the C++ sources in ``runner/`` (``main.cpp`` and the parts it uses; README.md lists
+them), compiled in one compiler invocation that lists every ``runner/*.cpp`` against the system's
+Arm Compute Library (Debian: ``libarm-compute-dev``, v20.08). On an aarch64 host the native ``g++``
+is used and the binary runs directly; on any other host the cross compiler
+``aarch64-linux-gnu-g++`` is used against the multiarch arm64 package and the binary runs under
+``qemu-aarch64-static -L /``. Everything timed that way is emulated (see :func:`is_emulated`).
 
 Binaries are cached in ``$KSELECT_CACHE_DIR/acl`` (default ``~/.cache/kselect/acl``), named by a
-hash of the source and the build command, so an edited source rebuilds automatically.
+hash of every runner source and header (``runner/*.cpp``, ``runner/*.hpp``: names and contents)
+and the build command, so editing, adding or removing any of them rebuilds automatically.
 
 Overrides (environment): ``KSELECT_ACL_CXX`` (compiler), ``KSELECT_ACL_INCLUDE`` (directory that
 holds ``arm_compute/``), ``KSELECT_ACL_LIBDIR`` (directory that holds ``libarm_compute.so``),
@@ -24,7 +26,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parent / "runner" / "kselect_acl_runner.cpp"
+RUNNER_DIR = Path(__file__).resolve().parent / "runner"
+MAIN_SOURCE = RUNNER_DIR / "main.cpp"
 BINARY_STEM = "kselect_acl_runner"
 CXXFLAGS = ["-O2", "-std=c++14", "-Wall"]
 LIBS = ["-larm_compute", "-larm_compute_core", "-lpthread", "-ldl"]
@@ -33,6 +36,16 @@ _PROBE_HEADER = Path("arm_compute") / "runtime" / "NEON" / "functions" / "NEConv
 
 class AclUnavailable(RuntimeError):
     """The runner cannot be built or launched here; the message is one line saying why."""
+
+
+def sources() -> list[Path]:
+    """The runner's translation units (every ``runner/*.cpp``), in a fixed order."""
+    return sorted(RUNNER_DIR.glob("*.cpp"))
+
+
+def runner_files() -> list[Path]:
+    """Every file the runner is built from (its ``.cpp`` and ``.hpp`` files), in a fixed order."""
+    return sorted([*RUNNER_DIR.glob("*.cpp"), *RUNNER_DIR.glob("*.hpp")])
 
 
 def is_native() -> bool:
@@ -98,7 +111,7 @@ def build_command(output: Path) -> list[str]:
     if lib is None:
         raise AclUnavailable(f"ACL runner: libarm_compute.so not found in {':'.join(libs)} "
                              f"(install: {_install_hint()})")
-    cmd = [cxx, *CXXFLAGS, f"-I{inc}", str(SOURCE), "-o", str(output), f"-L{lib}", *LIBS]
+    cmd = [cxx, *CXXFLAGS, f"-I{inc}", *(str(s) for s in sources()), "-o", str(output), f"-L{lib}", *LIBS]
     if lib not in ("/usr/lib/aarch64-linux-gnu", "/usr/lib"):
         cmd.append(f"-Wl,-rpath,{lib}")
     return cmd
@@ -106,7 +119,10 @@ def build_command(output: Path) -> list[str]:
 
 def _key() -> str:
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
+    for f in runner_files():
+        data = f.read_bytes()
+        h.update(f"{f.name}\0{len(data)}\0".encode())
+        h.update(data)
     cmd = build_command(Path("OUT"))
     h.update("\0".join(cmd).encode())
     h.update(platform.machine().encode())
@@ -124,8 +140,8 @@ def build_runner(force: bool = False) -> Path:
     Raises AclUnavailable (one-line message) when the compiler, ACL headers or libraries are
     missing, or when compilation fails (first compiler error line included).
     """
-    if not SOURCE.is_file():
-        raise AclUnavailable(f"ACL runner: source {SOURCE} is missing")
+    if not MAIN_SOURCE.is_file():
+        raise AclUnavailable(f"ACL runner: source {MAIN_SOURCE} is missing")
     out = binary_path()
     if out.is_file() and os.access(out, os.X_OK) and not force:
         return out

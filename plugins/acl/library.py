@@ -1,7 +1,7 @@
 """The ACL library plugin: spaces from the runner's ``validate``, ACL's own choice as the default,
 measuring through a persistent runner process, and whole models through the runner's engine.
 
-Everything is executed by the aarch64 runner (``runner/kselect_acl_runner.cpp``, PROTOCOL.md). On
+Everything is executed by the aarch64 runner (``runner/*.cpp``, PROTOCOL.md). On
 an x86_64 host it runs under qemu user-mode emulation: ``emulated`` is then true and every time
 this plugin produces is an emulated time, never Arm performance.
 """

@@ -1,0 +1,31 @@
+// arm_gemm micro-kernel forcing and introspection (ACL v20.08 only): the runner interposes
+// arm_gemm::get_gemm_method<float,float,Nothing> so that a config's "gemm_kernel" makes ACL build
+// that kernel, and records every fp32 GEMM an op configures. See FINDINGS.md.
+#pragma once
+
+#include <string>
+
+namespace ks
+{
+struct JVal;
+
+namespace ext
+{
+// Start-up ABI check (after scheduler_startup()): forcing is available only when it passes.
+void               check_gemm_abi();
+bool               gemm_forcing_ok();
+const std::string &gemm_forcing_reason(); // "ok", or why forcing is unavailable
+
+// Around the configure() of an op: begin_configure takes the config's gemm_kernel (throws
+// Unsupported when one is asked for and forcing is unavailable); end_configure returns the "gemm"
+// JSON section ("" if the op set up no GEMM and none was asked for) and sets *error when the
+// requested kernel could not be applied (gemm_kernel_strict, default true).
+void        begin_configure(const JVal &cfg);
+std::string end_configure(const JVal &cfg, std::string *error);
+
+// {"action":"gemm_kernels","M":..,"N":..,"K":..,"batches":1,"multis":1,"threads":1}
+std::string gemm_kernels(const JVal &req);
+
+void reset_gemm_forcing(); // after every request
+} // namespace ext
+} // namespace ks

@@ -1,0 +1,208 @@
+// kselect_acl_runner: measurement runner for the Arm Compute Library (NEON backend, v20.08 API).
+//
+// Protocol (see ../PROTOCOL.md): one JSON request per line on stdin, one JSON result line on
+// stdout per request, until EOF. A one-shot invocation is simply a single line followed by EOF.
+// Tensors travel as raw little-endian float32 files in logical NCHW / OIHW / (N,K) order.
+//
+// This file: start-up, the request loop and the dispatch of actions. The other runner/*.cpp files
+// (listed in ../README.md) hold the parts; plugins/acl/build.py compiles them all in one go:
+//     aarch64-linux-gnu-g++ -O2 -std=c++14 -Wall -I/usr/include/aarch64-linux-gnu runner/*.cpp
+//     -o kselect_acl_runner -L/usr/lib/aarch64-linux-gnu -larm_compute -larm_compute_core -lpthread -ldl
+// (natively with g++ on an aarch64 host) and caches the binary.
+
+#include "arm_compute/core/CPP/CPPTypes.h"
+#include "arm_compute/core/Version.h"
+#include "arm_compute/runtime/Scheduler.h"
+
+#include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include "engine.hpp"
+#include "gemm_forcing.hpp"
+#include "json.hpp"
+#include "ops.hpp"
+#include "request.hpp"
+#include "scheduler.hpp"
+#include "single_op.hpp"
+
+using namespace arm_compute;
+
+namespace ks
+{
+static const int PROTOCOL_VERSION = 1;
+
+// "v20.08" from build_information() ("arm_compute_version=v20.08 Build options: ...")
+std::string acl_version()
+{
+    std::string bi  = build_information();
+    std::string key = "arm_compute_version=";
+    size_t      p   = bi.find(key);
+    if(p == std::string::npos)
+        return "unknown";
+    p += key.size();
+    size_t e = bi.find_first_of(" \n", p);
+    return bi.substr(p, e == std::string::npos ? std::string::npos : e - p);
+}
+
+namespace ext
+{
+// The "extensions" section of info.
+std::string info_json()
+{
+    Obj o;
+    o.boolean("gemm_forcing", gemm_forcing_ok()).str("gemm_forcing_reason", gemm_forcing_reason()).raw("schedulers", "[\"default\",\"record\",\"split\"]");
+    return o.done();
+}
+} // namespace ext
+
+std::string info()
+{
+    CPUInfo    &ci = Scheduler::get().cpu_info();
+    std::string detected = "[";
+    for(size_t i = 0; i < g_cpu.original.size(); ++i)
+        detected += (i ? "," : "") + jstr(cpu_model_str(g_cpu.original[i]));
+    detected += "]";
+    std::string models = "[";
+    for(size_t i = 0; i < cpu_models().size(); ++i)
+        models += (i ? "," : "") + jstr(cpu_model_str(cpu_models()[i].second));
+    models += "]";
+    std::string methods = "[";
+    for(size_t i = 0; i < all_methods().size(); ++i)
+        methods += (i ? "," : "") + jstr(all_methods()[i]);
+    methods += "]";
+    Obj o;
+    o.boolean("ok", true)
+        .str("action", "info")
+        .integer("protocol", PROTOCOL_VERSION)
+        .str("acl_version", acl_version())
+        .str("build_information", build_information())
+        .integer("cpu_num", ci.get_cpu_num())
+        .raw("detected_cpu_models", detected)
+        .raw("cpu_models", models)
+        .boolean("has_fp16", ci.has_fp16())
+        .boolean("has_dotprod", ci.has_dotprod())
+        .integer("default_threads", Scheduler::get().num_threads())
+        .raw("methods", methods)
+        .raw("ops", "[\"conv\",\"fc\",\"permute\"]")
+        .raw("actions", "[\"info\",\"validate\",\"run\",\"gemm_kernels\",\"model_load\",\"model_run\",\"model_free\"]")
+        .raw("extensions", ext::info_json());
+    return o.done();
+}
+
+std::string handle(const std::string &line)
+{
+    JVal req = parse_json(line);
+    if(req.type != JVal::OBJ)
+        throw BadRequest("request must be a JSON object");
+    std::string action = opt_str(req, "action", "run");
+    if(action == "info")
+        return info();
+    if(action == "gemm_kernels")
+    {
+        const JVal *cfg = req.get("config");
+        if(cfg != nullptr && cfg->type == JVal::OBJ)
+        {
+            int threads = 0;
+            apply_cpu_config(*cfg, &threads); // cpu_model changes arm_gemm's candidates/default
+        }
+        return ext::gemm_kernels(req);
+    }
+    if(action == "model_load")
+        return model::load(req);
+    if(action == "model_run")
+        return model::run(req);
+    if(action == "model_free")
+        return model::free_net(req);
+    std::string op = opt_str(req, "op", "");
+    if(action != "validate" && action != "run")
+        throw BadRequest("unknown action '" + action + "' (info, validate, run, gemm_kernels, model_load, model_run, model_free)");
+    if(op == "conv")
+        return action == "validate" ? conv_validate(req) : conv_run(req);
+    if(op == "fc")
+        return fc_request(req, action == "run");
+    if(op == "deconv")
+        return deconv_request(req, action == "run");
+    if(op == "permute" && action == "run")
+        return permute_run(req);
+    throw BadRequest("unknown op '" + op + "' (conv, fc; permute for run)");
+}
+
+std::string with_id(const std::string &response, const std::string &line)
+{
+    // Echo the request's "id" (if any) so that a client can pair requests and answers.
+    try
+    {
+        JVal        req = parse_json(line);
+        const JVal *id  = req.get("id");
+        if(id == nullptr)
+            return response;
+        std::string idv = id->type == JVal::STR ? jstr(id->s) : id->type == JVal::NUM ? jnum(id->n) : "null";
+        return "{\"id\":" + idv + "," + response.substr(1);
+    }
+    catch(...)
+    {
+        return response;
+    }
+}
+} // namespace ks
+
+int main(int argc, char **argv)
+{
+    for(int i = 1; i < argc; ++i)
+    {
+        std::string a = argv[i];
+        if(a == "--help" || a == "-h")
+        {
+            std::printf("usage: kselect_acl_runner < requests.jsonl   (one JSON request per line, one JSON result per line; see PROTOCOL.md)\n");
+            return 0;
+        }
+        if(a == "--version")
+        {
+            std::printf("kselect_acl_runner protocol %d, ACL %s\n", ks::PROTOCOL_VERSION, ks::acl_version().c_str());
+            return 0;
+        }
+    }
+    std::ios::sync_with_stdio(false);
+    {
+        CPUInfo &ci = Scheduler::get().cpu_info();
+        for(unsigned i = 0; i < ci.get_cpu_num(); ++i)
+            ks::g_cpu.original.push_back(ci.get_cpu_model(i));
+    }
+    ks::ext::scheduler_startup();
+    ks::ext::check_gemm_abi();
+    std::string line;
+    while(std::getline(std::cin, line))
+    {
+        if(line.find_first_not_of(" \t\r\n") == std::string::npos)
+            continue;
+        std::string resp;
+        try
+        {
+            resp = ks::handle(line);
+        }
+        catch(const ks::Unsupported &e)
+        {
+            resp = ks::Obj().boolean("ok", false).str("error_kind", "unsupported").str("error", e.what()).done();
+        }
+        catch(const ks::BadRequest &e)
+        {
+            resp = ks::Obj().boolean("ok", false).str("error_kind", "bad_request").str("error", e.what()).done();
+        }
+        catch(const std::exception &e)
+        {
+            resp = ks::Obj().boolean("ok", false).str("error_kind", "acl_error").str("error", e.what()).done();
+        }
+        catch(...)
+        {
+            resp = ks::Obj().boolean("ok", false).str("error_kind", "acl_error").str("error", "unknown exception").done();
+        }
+        ks::ext::reset_gemm_forcing();
+        ks::ext::reset_kernel_records();
+        std::cout << ks::with_id(resp, line) << "\n";
+        std::cout.flush();
+    }
+    return 0;
+}

@@ -1,0 +1,113 @@
+// Single-op builders shared by the single-op requests and the model engine: the conv, deconv and fc
+// specs parsed from a request or graph node, their static validation per method / layout, and the
+// configure() of the ACL function a conv method names.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "arm_compute/core/Error.h"
+#include "arm_compute/core/TensorInfo.h"
+#include "arm_compute/core/Types.h"
+
+#include "tensors.hpp"
+
+namespace arm_compute
+{
+class IFunction;
+class ITensor;
+} // namespace arm_compute
+
+namespace ks
+{
+struct JVal;
+
+// ---------------------------------------------------------------------------------------------
+// Convolution
+// ---------------------------------------------------------------------------------------------
+struct ConvSpec
+{
+    size_t N, C, H, W;      // input
+    size_t O, CI, KH, KW;   // weights OIHW (CI = C / group)
+    size_t sh, sw;          // stride
+    size_t pt, pl, pb, pr;  // pads
+    size_t dh, dw;          // dilation
+    size_t group;
+    bool   has_bias;
+    bool   relu;
+    arm_compute::ActivationLayerInfo actinfo; // fused activation ("relu": true or an "act" object)
+    size_t OH, OW;
+
+    bool depthwise() const { return group > 1 && group == C && O % C == 0 && CI == 1; }
+    arm_compute::PadStrideInfo pad_stride() const
+    {
+        return arm_compute::PadStrideInfo(static_cast<unsigned>(sw), static_cast<unsigned>(sh), static_cast<unsigned>(pl), static_cast<unsigned>(pr), static_cast<unsigned>(pt), static_cast<unsigned>(pb),
+                                          arm_compute::DimensionRoundingType::FLOOR);
+    }
+    arm_compute::Size2D dilation() const { return arm_compute::Size2D(dw, dh); }
+    arm_compute::ActivationLayerInfo act() const { return actinfo; }
+    std::vector<size_t> in_dims() const { return { N, C, H, W }; }
+    std::vector<size_t> w_dims() const { return { O, CI, KH, KW }; }
+    std::vector<size_t> out_dims() const { return { N, O, OH, OW }; }
+};
+
+// A fused activation: "relu": true, or "act": {"fn": "RELU" | "BOUNDED_RELU" | "LU_BOUNDED_RELU" |
+// "LEAKY_RELU" | "LOGISTIC" | "TANH", "a": .., "b": ..} (ACL's ActivationLayerInfo parameters).
+arm_compute::ActivationLayerInfo act_from(const JVal &a);
+arm_compute::ActivationLayerInfo parse_act(const JVal &req, bool relu);
+ConvSpec parse_conv(const JVal &req);
+
+struct ConvTensors
+{
+    Mapping                 in_m, w_m, b_m, out_m;
+    arm_compute::TensorInfo in_i, w_i, b_i, out_i;
+};
+ConvTensors conv_infos(const ConvSpec &s, arm_compute::DataLayout layout, bool depthwise_weights);
+
+// GEMM, WINOGRAD, DIRECT, FFT, DEPTHWISE, AUTO
+const std::vector<std::string> &all_methods();
+// Static validation of one (method, layout, fast_math) candidate: OK or a reason (never throws).
+arm_compute::Status safe_validate(const ConvSpec &s, const std::string &method, arm_compute::DataLayout layout, bool fast_math);
+// What the library itself would do (NEConvolutionLayer's heuristic).
+std::string acl_pick(const ConvSpec &s, arm_compute::DataLayout layout, bool fast_math);
+// Configure the ACL function of one conv method (tensors: initialised, not necessarily allocated).
+std::unique_ptr<arm_compute::IFunction> make_conv(const ConvSpec &s, const std::string &method, bool fm, arm_compute::ITensor *in, arm_compute::ITensor *w, arm_compute::ITensor *bias,
+                                                  arm_compute::ITensor *out, const ConvTensors &ti, std::string *effective);
+
+// ---------------------------------------------------------------------------------------------
+// Fully connected: input (N,K), weights (M,K) as in ONNX Gemm(transB=1) / torch Linear, bias (M)
+// ---------------------------------------------------------------------------------------------
+struct FcSpec
+{
+    size_t N, K, M;
+    bool   has_bias, relu;
+};
+FcSpec parse_fc(const JVal &req);
+
+// ---------------------------------------------------------------------------------------------
+// Transposed convolution (ONNX ConvTranspose) with NEDeconvolutionLayer: "input" [N,C,H,W],
+// "weights" [O,C,KH,KW] in ACL's [OFM, IFM] order (the caller transposes ONNX's [C, O, KH, KW]),
+// "stride", "pads" [top, left, bottom, right] cropped from the output as in ONNX, "bias".
+// ACL 20.08 takes square kernels, no groups, no dilation and no output padding; it picks the
+// convolution method itself, so a config is a layout and a schedule.
+// ---------------------------------------------------------------------------------------------
+struct DeconvSpec
+{
+    size_t N, C, H, W, O, KH, KW, sh, sw, pt, pl, pb, pr, OH, OW;
+    bool   has_bias;
+
+    arm_compute::PadStrideInfo pad_stride() const
+    {
+        return arm_compute::PadStrideInfo(static_cast<unsigned>(sw), static_cast<unsigned>(sh), static_cast<unsigned>(pl), static_cast<unsigned>(pr), static_cast<unsigned>(pt), static_cast<unsigned>(pb),
+                                          arm_compute::DimensionRoundingType::FLOOR);
+    }
+    std::vector<size_t> in_dims() const { return { N, C, H, W }; }
+    std::vector<size_t> w_dims() const { return { O, C, KH, KW }; }
+    std::vector<size_t> out_dims() const { return { N, O, OH, OW }; }
+};
+DeconvSpec          parse_deconv(const JVal &req);
+ConvTensors         deconv_infos(const DeconvSpec &s, arm_compute::DataLayout layout);
+arm_compute::Status validate_deconv(const DeconvSpec &s, arm_compute::DataLayout layout); // never throws
+} // namespace ks
