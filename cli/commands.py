@@ -228,6 +228,9 @@ class CliTuneEvents:
         if "cross_library" in plan.extra:  # layouts planned per op
             _layout_summary(plan, library)
 
+    def precision_searched(self, library, search, check) -> None:
+        _front_table(library, search, check)
+
     # -- across libraries -------------------------------------------------------------------
     def cross_planned(self, plan) -> None:
         _cross_summary(plan)
@@ -249,9 +252,38 @@ def cmd_tune(args) -> None:
     result = api.tune(model, libraries, search=args.search, budget=args.budget, time_budget_s=args.time_budget,
                       seed=args.seed, early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
                       verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
-                      check_max_rounds=args.check_max_rounds, events=CliTuneEvents())
+                      check_max_rounds=args.check_max_rounds, precision=args.precision, calibration=args.calibration,
+                      calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
+                      metric=args.metric, events=CliTuneEvents())
     artifacts = api.save(result, plan_path)
     console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+
+
+def _front_table(library, search, check) -> None:
+    """The latency / accuracy / weight-memory front of an int8 tune, the chosen point marked."""
+    precision = search.plan.extra["precision"]
+    calibration = precision["calibration"]
+    synthetic = " [SYNTHETIC calibration and held-out data: random inputs]" if calibration["synthetic"] else ""
+    kept = check["kept"] if check else search.chosen.name
+    table = Table(title=f"precision front on {library.name}: {precision['metric']} on {calibration['held_out_feeds']} "
+                        f"held-out feeds, budget: drop <= {precision['max_drop']}{synthetic}")
+    for column in ("plan", "int8 ops", "predicted ms", "measured ms", precision["metric"], "drop", "weights MB", ""):
+        table.add_column(column, justify="left" if column in ("plan", "") else "right")
+    for point in search.front:
+        mark = "kept" if point.name == kept else ("chosen, not kept" if point is search.chosen else "")
+        if not point.within_budget:
+            mark = (mark + " " if mark else "") + "over budget"
+        table.add_row(point.name, str(len(point.int8_nodes)), f"{point.predicted_us / 1000:.3f}",
+                      "" if point.measured_ms is None else f"{point.measured_ms:.3f}", f"{point.score:.4f}",
+                      f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
+    console.print(table)
+    if check and "failed" in check:
+        console.print(f"[yellow]the end-to-end check failed ({check['failed']}): keeping the fp32 plan[/]")
+    elif check:
+        console.print(f"{search.chosen.name} against the fp32 plan end to end, each alone in fresh processes: "
+                      f"{check['per_round_speedup']:.3f}x per-round median over {check['rounds']} rounds (bounds "
+                      f"{check['bounds'][0]:.3f}-{check['bounds'][1]:.3f}x); kept: {check['kept']}"
+                      + (" [EMULATED]" if library.emulated else ""))
 
 
 def _layout_summary(plan, library) -> None:
@@ -358,7 +390,13 @@ def _tune_table(outcomes, plan, library) -> None:
         table.add_column(column, justify="left" if column in ("task", "op", "input") else "right")
     default_total = plan_total = 0.0
     for outcome in outcomes:
-        task, entry = outcome.task, chosen[outcome.task.key]
+        task, entry = outcome.task, chosen.get(outcome.task.key)
+        if entry is None:  # an int8 twin the plan does not use, or a task whose ops all run in int8
+            best = outcome.best.median_us if outcome.best else None
+            default = outcome.default.median_us if outcome.default and outcome.default.status == "ok" else None
+            table.add_row(task.id, _op(task), _shape(task.input_shape), str(len(task.nodes)), _us(default), _us(best),
+                          "not in plan", str(outcome.samples), str(outcome.failed + outcome.invalid))
+            continue
         default_us = entry["default_us"]
         speedup = f"{default_us / entry['time_us']:.2f}x" if default_us else "-"
         table.add_row(task.id, _op(task), _shape(task.input_shape), str(len(task.nodes)), _us(default_us),

@@ -41,6 +41,13 @@ POSITIVE_INT = _number(int, 1, True)
 POSITIVE_FLOAT = _number(float, 0.0, False)
 
 
+def _fraction(text: str) -> float:
+    value = _number(float, 0.0, True)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be below 1 (0.01: one point of top-1 agreement)")
+    return value
+
+
 def _storage_url(text: str) -> str:
     """An Optuna (SQLAlchemy) storage URL: a scheme SQLAlchemy knows, then ``://``."""
     scheme = text.split("://", 1)[0] if "://" in text else ""
@@ -99,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with several libraries: rounds of the end-to-end check before a verdict (default 4)")
     p.add_argument("--check-max-rounds", type=POSITIVE_INT, default=10, metavar="N",
                    help="with several libraries: rounds a plan still undecided may run, at most (default 10)")
+    p.add_argument("--precision", default="fp32", metavar="LIST",
+                   help="precisions per op: fp32 (default) or fp32,int8 (int8 kernels chosen under --max-accuracy-drop)")
+    p.add_argument("--calibration", metavar="FOLDER",
+                   help="int8: a folder of .npz/.npy feeds or images (docs/mixed-precision.md); half calibrate, half "
+                        "are held out to measure accuracy. The built-in zoo may go without: synthetic feeds")
+    p.add_argument("--calibration-method", default="minmax", choices=("minmax", "percentile", "entropy"),
+                   help="int8: onnxruntime.quantization's calibrator (default minmax)")
+    p.add_argument("--max-accuracy-drop", type=_fraction, default=0.01, metavar="X",
+                   help="int8: largest drop of the metric from the fp32 model's (default 0.01)")
+    p.add_argument("--metric", default=None,
+                   help="int8: top1, top5, cosine, sqnr or a plugin's (default: top1 for a classifier, else cosine)")
 
     p = commands.add_parser("predict", help="per-op latency predicted by the cost model, without measuring")
     _add_model_args(p)

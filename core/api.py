@@ -17,9 +17,11 @@ same figures for scripts.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kselect.core import plugins
 from kselect.core.device import Device, this_device
@@ -32,6 +34,10 @@ from kselect.core.records import DEFAULT_DB, RecordDB
 from kselect.core.tasks import Task, extract_tasks
 from kselect.core.tune import Reporter, TaskOutcome, TuneOptions
 
+if TYPE_CHECKING:
+    from kselect.core.calibration import Calibration
+    from kselect.core.mixed import PrecisionSearch
+
 
 @dataclass
 class LibraryTuning:
@@ -42,12 +48,15 @@ class LibraryTuning:
     outcomes: list[TaskOutcome]
     plan: Plan  # verified end to end against the library default, unless the tune ran with verify=False
     tune_s: float  # wall time of tuning and verifying
+    precision: "PrecisionSearch | None" = None  # with int8: the front and the point chosen (core/mixed.py)
 
     def to_json(self) -> dict:
         return {"library": self.library.name, "version": self.library.version(), "emulated": self.library.emulated,
                 "tune_s": round(self.tune_s, 1), "samples": sum(o.samples for o in self.outcomes),
                 "measured_now": sum(o.measured_now for o in self.outcomes),
                 "kept": self.plan.extra.get("verified", {}).get("chosen"),
+                **({"precision": {k: v for k, v in self.plan.extra.get("precision", {}).items() if k != "ranges"}}
+                   if self.precision else {}),
                 "tasks": [{"task": o.task.id, "key": o.task.key, "space_size": o.space_size, "samples": o.samples,
                            "failed": o.failed, "invalid": o.invalid, "default_config": o.default_config,
                            "default_us": o.default.median_us if o.default and o.default.status == "ok" else None,
@@ -102,19 +111,31 @@ class TuneEvents(Reporter):
 
     def cross_checked(self, chosen: Plan, results: list[dict]) -> None: ...
 
+    def precision_searched(self, library: Library, search: "PrecisionSearch", check: dict | None) -> None:
+        """The latency / accuracy front of a tune with int8 (core/mixed.py), the point kept, and
+        ``check``: the chosen mixed plan timed against the fp32 plan end to end (None: not timed)."""
+
 
 def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "xgb", budget: int = 16,
          time_budget_s: float | None = None, seed: int = 0, early_stop: int | None = None, storage: str | None = None,
          db: RecordDB | str | Path | None = None, settings: MeasureSettings | None = None, verify: bool = True,
          remeasure: bool = True, check_rounds: int = 4, check_max_rounds: int = 10,
-         input_shape: list[str] | tuple = (), events: TuneEvents | None = None) -> TuneResult:
+         input_shape: list[str] | tuple = (), precision: str | tuple = ("fp32",), calibration=None,
+         calibration_method: str = "minmax", max_accuracy_drop: float = 0.01, metric=None,
+         events: TuneEvents | None = None) -> TuneResult:
     """Tunes ``model`` (a Model, an ONNX file, a built-in or real model's name; ``input_shape`` as
     ``["name=1,3,224,224"]``) on ``libraries`` (a ``--library`` spec such as "mlas",
     "mlas,xnnpack" or "all", or a list of names or Library objects) and returns the plan kept.
     ``budget`` configs per task, ``time_budget_s`` for the whole tune; ``storage``: an Optuna RDB
     URL for ``search="tpe"``. Records go to ``db`` (default ~/.cache/kselect/records.db) as they
     are made, so the same call again resumes. Bad arguments raise ``KselectError`` before anything
-    is measured."""
+    is measured.
+
+    ``precision="fp32,int8"`` adds each op's int8 kernels (core/quant.py) and chooses which ops run
+    in int8 under ``max_accuracy_drop`` of ``metric`` (a name from core/accuracy.py, or a callable
+    ``evaluate(outputs, feeds) -> float``), measured on held-out feeds of ``calibration`` (a
+    folder, or an iterable of feeds; the built-in zoo alone may go without: synthetic feeds)
+    (core/mixed.py); the plan stores the front, the metric and the budget."""
     from kselect.core.lock import measuring_lock
 
     events = events or TuneEvents()
@@ -125,6 +146,7 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     if not isinstance(model, Model):
         model = load_model(str(model), list(input_shape))
     extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
+    int8 = _int8_request(model, chosen, precision, calibration, calibration_method, max_accuracy_drop, metric)
     device = this_device()
     db = db if isinstance(db, RecordDB) else RecordDB(db or DEFAULT_DB)
     settings = settings or MeasureSettings()
@@ -136,7 +158,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
                 searcher_options = {"storage": storage,
                                     "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
             options = TuneOptions(search, budget, time_budget_s, seed, early_stop, searcher_options, settings)
-            tunings[library.name] = tune_library(model, library, device, db, options, verify, events)
+            tunings[library.name] = tune_library(model, library, device, db, options, verify, events, int8,
+                                                 check_rounds)
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings)
         if len(chosen) > 1:
             _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events)
@@ -155,24 +178,129 @@ def _libraries(libraries) -> list[Library]:
     return [given.get(lib.name, lib) for lib in chosen]
 
 
+@dataclass
+class Int8Request:
+    calibration: "Calibration"
+    metric: object  # core.accuracy.Metric, or None: chosen from the model's outputs
+    metric_name: str | None
+    max_drop: float
+
+
+def _int8_request(model: Model, libraries: list[Library], precision, calibration, method: str, max_drop: float,
+                  metric) -> Int8Request | None:
+    """Refuses, before anything is measured, what an int8 tune cannot do; calibrates."""
+    from kselect.core.accuracy import get_metric, user_metric
+    from kselect.core.calibration import calibration_for, compute_ranges
+    from kselect.core.quant import PRECISIONS
+
+    wanted = [p.strip() for p in precision.split(",")] if isinstance(precision, str) else list(precision)
+    unknown = [p for p in wanted if p not in PRECISIONS]
+    if unknown or "fp32" not in wanted:
+        raise KselectError(f"--precision {','.join(wanted)}: give fp32 or fp32,int8 (known: {', '.join(PRECISIONS)})")
+    if "int8" not in wanted:
+        if calibration is not None:
+            raise KselectError("--calibration is for int8: add --precision fp32,int8")
+        return None
+    if len(libraries) > 1:
+        raise KselectError("--precision fp32,int8 tunes one library at a time for now")
+    lacking = [lib.name for lib in libraries if "int8" not in lib.precisions]
+    if lacking:
+        raise KselectError(f"{lacking[0]} has no int8 kernels in kselect (libraries with int8: "
+                           f"{', '.join(n for n, lib in plugins.libraries().items() if 'int8' in lib.precisions)})")
+    if not 0 <= max_drop < 1:
+        raise KselectError(f"--max-accuracy-drop {max_drop}: give a drop between 0 and 1 (0.01: one point of top-1 "
+                           f"agreement, or of cosine similarity)")
+    if callable(metric):
+        chosen_metric, name = user_metric(metric), getattr(metric, "__name__", "user metric")
+    else:
+        chosen_metric, name = (get_metric(metric), metric) if metric else (None, None)
+    data = calibration_for(model, calibration, method)
+    compute_ranges(model, data)
+    return Int8Request(data, chosen_metric, name, max_drop)
+
+
 def tune_library(model: Model, library: Library, device: Device, db: RecordDB, options: TuneOptions,
-                 verify: bool = True, events: TuneEvents | None = None) -> LibraryTuning:
+                 verify: bool = True, events: TuneEvents | None = None, int8: Int8Request | None = None,
+                 check_rounds: int = 4) -> LibraryTuning:
     """Tunes one library's tasks and keeps its plan: the most tuned variant not slower than the
-    library default end to end (``verify``), else the tuned one."""
+    library default end to end (``verify``), else the tuned one. With ``int8``, the int8 twins
+    are tuned too, and the mixed-precision plan under the budget replaces it when it is shown
+    faster end to end (``_choose_precision``)."""
     from kselect.core.library_plan import verified_library_plan
     from kselect.core.tune import library_tasks, tune as tune_tasks
 
     events = events or TuneEvents()
     start = time.perf_counter()
-    tasks = library_tasks(model, library)
+    tasks = library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",))
     events.library_started(model, library, tasks, options, device, db)
     outcomes = tune_tasks(tasks, library, device, db, options, events)
+    fp32 = [(t, o) for t, o in zip(tasks, outcomes) if t.precision == "fp32"]
     with events.working(f"checking the {library.name} plan end to end against the library default"):
-        plan = verified_library_plan(model, library, device, db, tasks, outcomes, verify, settings=options.settings,
+        plan = verified_library_plan(model, library, device, db, [t for t, _ in fp32], [o for _, o in fp32], verify,
+                                     settings=options.settings,
                                      on_result=lambda name, result: events.whole_model_checked(library, name, result))
-    tuning = LibraryTuning(library, tasks, outcomes, plan, time.perf_counter() - start)
+    search = None
+    if int8:
+        int8_tasks = [t for t in tasks if t.precision == "int8"]
+        plan, search = _choose_precision(model, library, device, db, options.settings, plan, int8_tasks, int8,
+                                         verify, check_rounds, events)
+    tuning = LibraryTuning(library, tasks, outcomes, plan, time.perf_counter() - start, search)
     events.library_tuned(tuning)
     return tuning
+
+
+MIXED_MIN_SPEEDUP = 1.02  # a mixed plan replaces the fp32 plan when its per-round median is at least this
+
+
+def _choose_precision(model: Model, library: Library, device: Device, db: RecordDB, settings: MeasureSettings,
+                      fp32_plan: Plan, int8_tasks: list[Task], int8: Int8Request, verify: bool, check_rounds: int,
+                      events: TuneEvents):
+    """The front under the budget (core/mixed.py); with ``verify`` every front point is timed
+    alone in fresh processes against the fp32 plan, rounds taking turns, and the chosen point is
+    kept when its per-round median speedup over the fp32 plan reaches MIXED_MIN_SPEEDUP with its
+    lower bound above 1, else the fp32 plan."""
+    from kselect.core.accuracy import default_metric, get_metric, run_outputs
+    from kselect.core.alone import median_bounds, paired_speedups, timed_alone
+    from kselect.core.mixed import search_precision
+
+    metric, name = int8.metric, int8.metric_name
+    if metric is None:
+        name = default_metric(run_outputs(library.model_runner(model, None), int8.calibration.held_out[:1]))
+        metric = get_metric(name)
+    with events.working(f"choosing which ops run in int8 ({name} drop <= {int8.max_drop}, "
+                        f"{int8.calibration.describe()})"):
+        search = search_precision(model, library, device, db, settings, fp32_plan, int8_tasks, int8.calibration,
+                                  metric, name, int8.max_drop)
+    check = None
+    chosen = search.plan
+    if verify and search.chosen.int8_nodes:
+        with events.working("timing the front end to end, each plan alone in fresh processes"):
+            timed = timed_alone(model, {point.name: search.plans[point.name] for point in search.front},
+                                rounds=check_rounds)
+        for point in search.front:
+            if timed[point.name]["process_ms"]:
+                point.measured_ms = statistics.median(timed[point.name]["process_ms"])
+        failed = next((f"{name}: {timed[name]['failed']}" for name in ("fp32", search.chosen.name)
+                       if timed[name]["failed"]), None)
+        if failed:
+            check = {"against": "fp32 plan", "rounds": check_rounds, "failed": failed, "kept": "fp32"}
+        else:
+            low, median, high = median_bounds(paired_speedups(timed["fp32"]["process_ms"],
+                                                              timed[search.chosen.name]["process_ms"]))
+            kept = median >= MIXED_MIN_SPEEDUP and low > 1.0
+            check = {"against": "fp32 plan", "rounds": check_rounds, "per_round_speedup": round(median, 4),
+                     "bounds": [round(low, 4), round(high, 4)], "kept": search.chosen.name if kept else "fp32"}
+        if check["kept"] == "fp32":
+            chosen = search.plans["fp32"]
+    front = [point.to_json() for point in search.front]
+    for plan in {id(p): p for p in [chosen, *search.plans.values()]}.values():
+        if "precision" in plan.extra or plan is chosen:
+            plan.extra["precision"] = {**plan.extra.get("precision", {}), "metric": name, "max_drop": int8.max_drop,
+                                       "calibration": int8.calibration.to_json(), "front": front,
+                                       "chosen": check["kept"] if check else search.chosen.name,
+                                       **({"check": check} if check else {})}
+    events.precision_searched(library, search, check)
+    return chosen, search
 
 
 def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, verify: bool, remeasure: bool,

@@ -30,3 +30,15 @@ def register_searchers(register):
 def register_models(register):
     """Register built-in models: ``register(name, description, build)`` where ``build(seed)``
     returns an ``onnx.ModelProto``."""
+
+
+@hookspec
+def register_op_kinds(register):
+    """Register kinds of tunable op: ``register(kind)`` with a ``kselect.core.opkind.OpKind``."""
+
+
+@hookspec
+def register_metrics(register):
+    """Register accuracy metrics for int8 plans: ``register(name, metric)`` where
+    ``metric(outputs, reference, feeds) -> float`` scores a plan's outputs against the fp32
+    model's on held-out feeds, higher is better (core/accuracy.py)."""

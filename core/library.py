@@ -95,6 +95,11 @@ class Library(ABC):
     # loops (0: they sleep). In a plan mixing libraries exactly one library spins
     # (core/spinning.py); None: the library's workers never spin.
     spin_dim: str | None = None
+    # The precisions this library has kernels for (core/quant.py). A library listing "int8" is
+    # offered the int8 twin of each conv and fc task (``Task.precision``) when a tune asks for
+    # int8 (``--precision fp32,int8``); ``supports``, ``space`` and ``default_config`` answer for
+    # it as for any task, and its candidates quantize as ``inputs["quant"]`` says.
+    precisions: tuple[str, ...] = ("fp32",)
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

@@ -191,7 +191,8 @@ class Plan:
         single-library plan (what ``Library.model_runner`` and ``Library.apply`` take)."""
         return Plan(self.model, self.device, {name: self.libraries[name]}, self.emulated,
                     dict(self.library_settings.get(name, {})), [t for t in self.tasks if t["library"] == name],
-                    {node: entry for node, entry in self.nodes.items() if entry["library"] == name})
+                    {node: entry for node, entry in self.nodes.items() if entry["library"] == name},
+                    extra={"precision": self.extra["precision"]} if "precision" in self.extra else {})
 
     def save(self, path: str | Path) -> None:
         """Written whole or not at all: to a file beside it, then renamed over it."""
@@ -322,6 +323,8 @@ def validate_plan(plan: Plan, model: Model, device: Device) -> None:
     if not isinstance(plan.nodes, dict) or not plan.nodes:
         raise KselectError("the plan has no nodes")
     task_of = {node: task for task in extract_tasks(model) for node in task.nodes}
+    precision_of = {node: entry.get("precision", "fp32") for entry in plan.tasks if isinstance(entry, dict)
+                    for node in entry.get("nodes", [])}
     graph_nodes = {node.name for node in model.proto.graph.node}
     spaces: dict[tuple[str, str], object] = {}
     prepared: set[str] = set()
@@ -338,7 +341,10 @@ def validate_plan(plan: Plan, model: Model, device: Device) -> None:
         if not isinstance(config, dict) or not config:
             raise KselectError(f"node {node!r} has an empty or malformed config")
         library = plugins.get_library(library_name)
-        task = task_of[node]
+        task = task_of[node].at_precision(precision_of.get(node, "fp32"))
+        if task.precision not in library.precisions:
+            raise KselectError(f"node {node!r} is planned in {task.precision} on {library_name}, which has no "
+                               f"{task.precision} kernels")
         if not library.supports(task):
             raise KselectError(f"{library_name} does not run node {node!r} ({task.kind} {task.describe_attrs()})")
         key = (library_name, task.key)

@@ -2,7 +2,7 @@
 are loaded the same way, then asked through the hooks in ``hookspecs``.
 
 ``KSELECT_PLUGINS=mlas,xnnpack`` restricts which library and third-party plugins load; the
-built-in search backends and model zoo always load, since every command needs them.
+built-in search backends, model zoo, op kinds and metrics always load, since every command needs them.
 ``KSELECT_TRACE=1`` prints every hook call (pluggy's tracing).
 """
 
@@ -23,6 +23,8 @@ ENTRY_POINT_GROUP = "kselect"
 
 # name -> module; registered exactly like third-party plugins.
 CORE_PLUGINS = {
+    "ops": "kselect.plugins.ops",
+    "metrics": "kselect.core.accuracy",
     "zoo": "kselect.core.zoo_plugin",
     "random": "kselect.search.random",
     "exhaustive": "kselect.search.exhaustive",
@@ -37,6 +39,7 @@ LIBRARY_PLUGINS = {
 
 _pm: pluggy.PluginManager | None = None
 _libraries: dict | None = None  # one instance of each library per process
+_op_kinds: dict | None = None
 
 
 def allowed_plugins() -> set[str] | None:
@@ -88,6 +91,19 @@ def libraries() -> dict:
     if _libraries is None:
         _libraries = {lib.name: lib for (lib,) in _collect(plugin_manager().hook.register_libraries)}
     return _libraries
+
+
+def op_kinds() -> dict:
+    """Every registered op kind by name (core/opkind.py): the same instances for the whole process."""
+    global _op_kinds
+    if _op_kinds is None:
+        _op_kinds = {kind.name: kind for (kind,) in _collect(plugin_manager().hook.register_op_kinds)}
+    return _op_kinds
+
+
+def metrics() -> dict:
+    """Accuracy metrics by name (core/accuracy.py), the built-in ones and every plugin's."""
+    return dict(_collect(plugin_manager().hook.register_metrics))
 
 
 def baseline_library():
@@ -177,6 +193,8 @@ def plugin_infos() -> list[PluginInfo]:
         found_libraries = _collect(lambda register: plugin.register_libraries(register)) if hasattr(plugin, "register_libraries") else []
         found_searchers = _collect(lambda register: plugin.register_searchers(register)) if hasattr(plugin, "register_searchers") else []
         found_models = _collect(lambda register: plugin.register_models(register)) if hasattr(plugin, "register_models") else []
+        found_kinds = _collect(lambda register: plugin.register_op_kinds(register)) if hasattr(plugin, "register_op_kinds") else []
+        found_metrics = _collect(lambda register: plugin.register_metrics(register)) if hasattr(plugin, "register_metrics") else []
         if found_libraries:
             for (lib,) in found_libraries:
                 ok, reason = lib.availability()
@@ -186,6 +204,10 @@ def plugin_infos() -> list[PluginInfo]:
                 infos.append(PluginInfo(name, "library", version, status, [lib.name]))
         elif found_searchers:
             infos.append(PluginInfo(name, "search", _distribution_version(plugin), "available", [n for n, _ in found_searchers]))
+        elif found_metrics:
+            infos.append(PluginInfo(name, "metrics", _distribution_version(plugin), "available", [m[0] for m in found_metrics]))
+        elif found_kinds:
+            infos.append(PluginInfo(name, "op kinds", _distribution_version(plugin), "available", [k.name for (k,) in found_kinds]))
         elif found_models:
             infos.append(PluginInfo(name, "models", _distribution_version(plugin), "available", [m[0] for m in found_models]))
         else:

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-ROLES = ("algorithm", "micro-kernel", "memory", "layout", "knob")
+ROLES = ("algorithm", "micro-kernel", "memory", "layout", "precision", "knob")
 
 
 def config_key(config: dict) -> str:

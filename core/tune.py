@@ -21,10 +21,18 @@ from kselect.core.model import Model
 from kselect.core.tasks import Task, extract_tasks
 
 
-def library_tasks(model: Model, library: Library) -> list[Task]:
-    """The model's tasks this library can tune, with the library told about the model."""
+def library_tasks(model: Model, library: Library, precisions: tuple[str, ...] = ("fp32",)) -> list[Task]:
+    """The model's tasks this library can tune, with the library told about the model; with
+    "int8" in ``precisions``, also the int8 twins (core/quant.py) the library supports."""
+    from kselect.core.quant import INT8_KINDS
+
     library.prepare_model(model)
-    tasks = [t for t in extract_tasks(model) if library.supports(t)]
+    fp32 = extract_tasks(model)
+    tasks = [t for t in fp32 if library.supports(t)] if "fp32" in precisions else []
+    for precision in precisions:
+        if precision != "fp32" and precision in library.precisions:
+            tasks += [twin for t in fp32 if t.kind in INT8_KINDS
+                      for twin in [t.at_precision(precision)] if library.supports(twin)]
     if not tasks:
         raise KselectError(f"{library.name} supports none of {model.name}'s tunable ops")
     return tasks

@@ -137,11 +137,12 @@ def test_a_prelu_with_a_slope_per_channel_is_part_of_the_op_and_runs_as_in_the_w
 def test_whole_model_plans_with_blocked_activations_match_onnxruntime(expected):
     """MLAS's NCHWc rewrite keeps HardSwish and scalar arithmetic blocked; XNNPack runs them as
     operators of its own. Both compute what ONNX Runtime's default session does."""
-    from kselect.plugins.mlas import nchwc
+    from kselect.plugins.mlas.layout import nchwc_block_size
+    from kselect.plugins.mlas.rewrite import rewrite_model
 
     model = _conv_then(*PATTERNS[expected])
     info: dict = {}
-    nchwc.rewrite_model(model.proto, {"conv": "NCHWc"}, nchwc.nchwc_block_size(), info=info)
+    rewrite_model(model.proto, {"conv": "NCHWc"}, nchwc_block_size(), info=info)
     activation_nodes = [n.name for n in model.proto.graph.node if n.name != "conv"]
     assert set(info["blocked_ops"]) == set(activation_nodes)  # no reorder between the conv and its activation
     feeds = random_feeds(model)

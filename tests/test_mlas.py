@@ -240,30 +240,32 @@ def test_a_plan_for_another_device_or_model_is_refused(tuned_small, tmp_path):
 def test_default_layout_is_what_onnxruntime_picks(name):
     """The baseline config says NCHWc exactly for the convs ONNX Runtime's own transformer
     converts (in resnetxy, with 51/77/97-channel convs, it converts almost none)."""
-    from kselect.plugins.mlas import nchwc
+    from kselect.plugins.mlas.ort_session import ort_nchwc_convs, ort_optimized
 
     model = load_model(name)
     library, device = plugins.get_library("mlas"), this_device()
     library.prepare_model(model)
     default_nchwc = {node for task in extract_tasks(model) if task.kind == "conv"
                      and library.default_config(task, device)["layout"] == "NCHWc" for node in task.nodes}
-    optimized = nchwc.ort_optimized(model.proto)
+    optimized = ort_optimized(model.proto)
     ort_nchwc_count = sum(n.domain == "com.microsoft.nchwc" and n.op_type == "Conv" for n in optimized.graph.node)
     assert len(default_nchwc) == ort_nchwc_count
-    assert default_nchwc == nchwc.ort_nchwc_convs(model.proto)
+    assert default_nchwc == ort_nchwc_convs(model.proto)
 
 
 def test_mixed_layouts_on_a_zoo_model_match_the_original():
     """Alternating NCHW / NCHWc convs in MobileNetV2 (depthwise, residual adds, 1x1s)."""
-    from kselect.plugins.mlas import nchwc
+    from kselect.plugins.mlas.layout import nchwc_block_size
+    from kselect.plugins.mlas.ort_session import session_options
+    from kselect.plugins.mlas.rewrite import rewrite_model
 
     model = load_model("mobilenetv2")
     convs = [n.name for n in model.proto.graph.node if n.op_type == "Conv"]
     layouts = {name: ("NCHWc" if i % 3 else "NCHW") for i, name in enumerate(convs)}
-    rewritten = nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size())
+    rewritten = rewrite_model(model.proto, layouts, nchwc_block_size())
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
     expected = ort.InferenceSession(model.proto.SerializeToString()).run(None, {"input": x})[0]
-    got = ort.InferenceSession(rewritten.SerializeToString(), nchwc.session_options()).run(None, {"input": x})[0]
+    got = ort.InferenceSession(rewritten.SerializeToString(), session_options()).run(None, {"input": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert sum(n.domain == "com.microsoft.nchwc" and n.op_type == "Conv" for n in rewritten.graph.node) > len(convs) // 2
 

@@ -1,6 +1,7 @@
-"""Tests for kselect.plugins.mlas.nchwc (kselect's writer of ORT com.microsoft.nchwc nodes).
+"""Tests for kselect's writer of ORT com.microsoft.nchwc nodes (kselect.plugins.mlas: layout,
+rewrite, single_op and ort_session).
 
-The module is loaded straight from its file so that these tests depend on no other kselect module.
+Those modules import no other kselect module, so these tests depend on no other kselect module.
 All graphs are built here with onnx.helper and compared against the original model in ORT.
 """
 
@@ -15,12 +16,17 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.plugins.mlas import nchwc
+from kselect.plugins.mlas.layout import (conv_takes_blocked_input, from_blocked, nchwc_block_size, nchwc_feed,
+                                         to_blocked)
+from kselect.plugins.mlas.ort_session import (CONFIG_KEYS, DISABLE_OPTIMIZERS_KEY, NCHWC_DOMAIN, NCHWC_TRANSFORMER,
+                                              ort_optimized, session_options)
+from kselect.plugins.mlas.rewrite import anchor_inputs, rewrite_model
+from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
 
 RTOL = 1e-4
 ATOL = 1e-4
 
-BLOCK = nchwc.nchwc_block_size()
+BLOCK = nchwc_block_size()
 pytestmark = pytest.mark.skipif(BLOCK <= 1, reason="no MLAS NCHWc kernels on this CPU")
 
 
@@ -115,7 +121,7 @@ def run(model, feeds, rewritten=True, level=ort.GraphOptimizationLevel.ORT_ENABL
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
     if rewritten:
-        nchwc.session_options(so, level=level)
+        session_options(so, level=level)
     else:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -126,7 +132,7 @@ def ops(model):
     return [(n.domain, n.op_type) for n in model.graph.node]
 
 
-def count(model, op, domain=nchwc.NCHWC_DOMAIN):
+def count(model, op, domain=NCHWC_DOMAIN):
     return sum(1 for n in model.graph.node if n.op_type == op and n.domain == domain)
 
 
@@ -135,7 +141,7 @@ def blocked_tensors(model):
     than ReorderOutput, and of standard nodes reading a blocked first input (except Pad)."""
     blocked = set()
     for n in model.graph.node:
-        if n.domain == nchwc.NCHWC_DOMAIN:
+        if n.domain == NCHWC_DOMAIN:
             if n.op_type != "ReorderOutput":
                 blocked.update(n.output)
         elif n.input and n.input[0] in blocked and n.op_type != "Pad":
@@ -150,7 +156,7 @@ def check_reorder_invariants(model):
     blocked = blocked_tensors(model)
     seen = set()
     for n in model.graph.node:
-        if n.domain == nchwc.NCHWC_DOMAIN and n.op_type in ("ReorderInput", "ReorderOutput"):
+        if n.domain == NCHWC_DOMAIN and n.op_type in ("ReorderInput", "ReorderOutput"):
             key = (n.op_type, n.input[0])
             assert key not in seen, f"duplicate reorder {key}"
             seen.add(key)
@@ -159,7 +165,7 @@ def check_reorder_invariants(model):
                 src = producers.get(src.input[0])
             if src is not None:
                 other = "ReorderOutput" if n.op_type == "ReorderInput" else "ReorderInput"
-                assert not (src.domain == nchwc.NCHWC_DOMAIN and src.op_type == other), \
+                assert not (src.domain == NCHWC_DOMAIN and src.op_type == other), \
                     f"{src.name} -> {n.name} cancels out"
             # ReorderInput reads NCHW, ReorderOutput reads NCHWc
             assert (n.input[0] in blocked) == (n.op_type == "ReorderOutput"), n.name
@@ -171,7 +177,7 @@ def layout_changes(rewritten):
     blocked = blocked_tensors(rewritten)
     reorder_src = {}
     for n in rewritten.graph.node:
-        if n.domain == nchwc.NCHWC_DOMAIN and n.op_type in ("ReorderInput", "ReorderOutput"):
+        if n.domain == NCHWC_DOMAIN and n.op_type in ("ReorderInput", "ReorderOutput"):
             reorder_src[n.output[0]] = n.input[0]
     producers = {o: n for n in rewritten.graph.node for o in n.output}
 
@@ -186,7 +192,7 @@ def layout_changes(rewritten):
 
     changed = set()
     for n in rewritten.graph.node:
-        if n.domain == nchwc.NCHWC_DOMAIN and n.op_type in ("ReorderInput", "ReorderOutput"):
+        if n.domain == NCHWC_DOMAIN and n.op_type in ("ReorderInput", "ReorderOutput"):
             continue
         if n.op_type == "Pad" and n.name.endswith(".pad_c"):
             continue
@@ -206,7 +212,7 @@ def feeds_for(model, seed=1):
 
 def assert_same(model, layouts, **kw):
     info = {}
-    rewritten = nchwc.rewrite_model(model, layouts, BLOCK, info=info)
+    rewritten = rewrite_model(model, layouts, BLOCK, info=info)
     onnx.checker.check_model(rewritten)
     feeds = feeds_for(model)
     ref = run(model, feeds, rewritten=False)
@@ -224,17 +230,17 @@ def assert_same(model, layouts, **kw):
 
 def test_block_size_is_16_or_8_and_cached():
     assert BLOCK in (8, 16)
-    assert nchwc.nchwc_block_size() == BLOCK
+    assert nchwc_block_size() == BLOCK
 
 
 def test_disable_key_really_disables_nchwc_transformer(tmp_path):
     m = chain_model(c1=32, c2=32, c3=32)
-    so = nchwc.session_options()
+    so = session_options()
     so.optimized_model_filepath = str(tmp_path / "o.onnx")
     so.log_severity_level = 3
     ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     opt = onnx.load(so.optimized_model_filepath)
-    assert not any(n.domain == nchwc.NCHWC_DOMAIN for n in opt.graph.node)
+    assert not any(n.domain == NCHWC_DOMAIN for n in opt.graph.node)
 
 
 @pytest.mark.parametrize("chans", [(24, 51, 77), (32, 48, 64), (16, 16, 16), (8, 20, 36)])
@@ -253,8 +259,8 @@ def test_chain_matches_original(chans, pattern):
     wanted = sorted(c for c, v in layouts.items() if v == "NCHWc")
     assert sorted(info["nchwc_convs"]) == wanted
     if pattern == "all_nchw":
-        assert rewritten.SerializeToString() == nchwc.rewrite_model(model, {}, BLOCK).SerializeToString()
-        assert not any(n.domain == nchwc.NCHWC_DOMAIN for n in rewritten.graph.node)
+        assert rewritten.SerializeToString() == rewrite_model(model, {}, BLOCK).SerializeToString()
+        assert not any(n.domain == NCHWC_DOMAIN for n in rewritten.graph.node)
     reorders = count(rewritten, "ReorderInput") + count(rewritten, "ReorderOutput")
     assert reorders == layout_changes(rewritten)
     assert reorders == len(info["reorder_inputs"]) + len(info["reorder_outputs"])
@@ -278,7 +284,7 @@ def test_all_nchwc_chain_has_only_the_final_reorder(chans):
         assert info["reorder_outputs"] == ["conv_br1_out", "conv_br2_out", "gap_out"]
         assert info["channel_pads"] == (["concat_out"] if (2 * chans[2]) % 4 else [])
     first = next(n for n in rewritten.graph.node if n.name == "conv_a")
-    assert first.domain == nchwc.NCHWC_DOMAIN and first.input[0] == "x"
+    assert first.domain == NCHWC_DOMAIN and first.input[0] == "x"
     # pools propagated
     assert count(rewritten, "MaxPool") == 1 and count(rewritten, "GlobalAveragePool") == 1
     # relu_a fused as activation, add_res fused as Sum input, relu_res fused after the Sum
@@ -300,7 +306,7 @@ def test_all_nchwc_chain_has_only_the_final_reorder(chans):
 
 def test_weight_formats_and_padding():
     model = chain_model(24, 51, 77)
-    rewritten = nchwc.rewrite_model(model, {c: "NCHWc" for c in CHAIN_CONVS}, BLOCK)
+    rewritten = rewrite_model(model, {c: "NCHWc" for c in CHAIN_CONVS}, BLOCK)
     inits = {t.name: t for t in rewritten.graph.initializer}
     nodes = {n.name: n for n in rewritten.graph.node}
     pad = lambda c: -(-c // BLOCK) * BLOCK  # noqa: E731
@@ -334,12 +340,12 @@ def test_packed_weights_equal_ort_own_reorder(tmp_path):
     so.log_severity_level = 3
     ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     theirs = onnx.load(so.optimized_model_filepath)
-    ours = nchwc.rewrite_model(model, {c: "NCHWc" for c in ("c0", "c2", "c3", "c4")}, BLOCK)
+    ours = rewrite_model(model, {c: "NCHWc" for c in ("c0", "c2", "c3", "c4")}, BLOCK)
     t_inits = {t.name: numpy_helper.to_array(t) for t in theirs.graph.initializer}
     o_inits = {t.name: numpy_helper.to_array(t) for t in ours.graph.initializer}
     theirs_w = [t_inits[n.input[1]] for n in theirs.graph.node
-                if n.domain == nchwc.NCHWC_DOMAIN and n.op_type == "Conv"]
-    ours_convs = [n for n in ours.graph.node if n.domain == nchwc.NCHWC_DOMAIN and n.op_type == "Conv"]
+                if n.domain == NCHWC_DOMAIN and n.op_type == "Conv"]
+    ours_convs = [n for n in ours.graph.node if n.domain == NCHWC_DOMAIN and n.op_type == "Conv"]
     assert len(ours_convs) == 4
     for n in ours_convs:
         w = o_inits[n.input[1]]
@@ -422,7 +428,7 @@ def test_grouped_and_unsupported_fall_back():
     assert info["nchwc_convs"] == ["grp_ok"]
     assert set(info["fallback"]) == {"grp_bad", "dw_mult"}
     with pytest.raises(ValueError):
-        nchwc.rewrite_model(model, {"grp_bad": "NCHWc"}, BLOCK, strict=True)
+        rewrite_model(model, {"grp_bad": "NCHWc"}, BLOCK, strict=True)
 
 
 def test_ops_not_propagated_and_broadcast_add():
@@ -466,51 +472,51 @@ def test_single_conv_model_matches_reference(cin, cout, k, attrs, activation):
     w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype(np.float32)
     b = rng.standard_normal(cout).astype(np.float32)
     x = rng.standard_normal((1, cin, 11, 13)).astype(np.float32)
-    ref_model, in_ref, out_ref = nchwc.single_conv_model(attrs, x.shape, w, b, "NCHW", BLOCK,
+    ref_model, in_ref, out_ref = single_conv_model(attrs, x.shape, w, b, "NCHW", BLOCK,
                                                          activation=activation)
     onnx.checker.check_model(ref_model)
     (ref,) = run(ref_model, {"x": x})
     assert ref.shape == out_ref and in_ref == x.shape
-    model, in_shape, out_shape = nchwc.single_conv_model(attrs, x.shape, w, b, "NCHWc", BLOCK,
+    model, in_shape, out_shape = single_conv_model(attrs, x.shape, w, b, "NCHWc", BLOCK,
                                                          activation=activation)
     onnx.checker.check_model(model)
-    assert all(n.domain == nchwc.NCHWC_DOMAIN for n in model.graph.node)
-    blocked_in = nchwc.conv_takes_blocked_input(cin, group, BLOCK)
-    feed = nchwc.nchwc_feed(x, BLOCK) if blocked_in else x
+    assert all(n.domain == NCHWC_DOMAIN for n in model.graph.node)
+    blocked_in = conv_takes_blocked_input(cin, group, BLOCK)
+    feed = nchwc_feed(x, BLOCK) if blocked_in else x
     assert feed.shape == in_shape
     if blocked_in:
-        np.testing.assert_array_equal(feed, nchwc.to_blocked(x, BLOCK).reshape(in_shape))
+        np.testing.assert_array_equal(feed, to_blocked(x, BLOCK).reshape(in_shape))
     (y,) = run(model, {"x": feed})
     assert y.shape == out_shape and out_shape[1] % BLOCK == 0
-    np.testing.assert_allclose(nchwc.from_blocked(y, cout, BLOCK), ref, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(nchwc.from_blocked(y.reshape(out_shape[0], -1, *out_shape[2:], BLOCK), cout),
+    np.testing.assert_allclose(from_blocked(y, cout, BLOCK), ref, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(from_blocked(y.reshape(out_shape[0], -1, *out_shape[2:], BLOCK), cout),
                                ref, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("shape", [(1, 32, 5, 7), (2, 24, 3, 3), (1, 51, 4, 4), (1, 3, 6, 6)])
 def test_reorder_model_roundtrip(shape):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    m_in, s_in, s_out = nchwc.reorder_model(shape, "NCHW->NCHWc", BLOCK)
+    m_in, s_in, s_out = reorder_model(shape, "NCHW->NCHWc", BLOCK)
     onnx.checker.check_model(m_in)
     assert s_in == shape
     (yb,) = run(m_in, {"x": x})
     assert yb.shape == s_out
-    np.testing.assert_array_equal(yb, nchwc.nchwc_feed(x, BLOCK))
-    m_out, s_in2, s_out2 = nchwc.reorder_model(shape, "NCHWc->NCHW", BLOCK)
+    np.testing.assert_array_equal(yb, nchwc_feed(x, BLOCK))
+    m_out, s_in2, s_out2 = reorder_model(shape, "NCHWc->NCHW", BLOCK)
     onnx.checker.check_model(m_out)
     assert s_in2 == s_out and s_out2 == shape
     (back,) = run(m_out, {"x": yb})
     np.testing.assert_array_equal(back, x)
-    np.testing.assert_array_equal(nchwc.from_blocked(nchwc.to_blocked(x, BLOCK), shape[1]), x)
+    np.testing.assert_array_equal(from_blocked(to_blocked(x, BLOCK), shape[1]), x)
 
 
 def test_config_keys_exist_in_binary():
     so_path = Path(ort.__file__).parent / "capi"
     blobs = list(so_path.glob("onnxruntime_pybind11_state*.so")) + list(so_path.glob("libonnxruntime.so*"))
     data = b"".join(p.read_bytes() for p in blobs)
-    for key in itertools.chain(nchwc.CONFIG_KEYS, [nchwc.DISABLE_OPTIMIZERS_KEY]):
+    for key in itertools.chain(CONFIG_KEYS, [DISABLE_OPTIMIZERS_KEY]):
         assert key.encode() in data, key
-    assert nchwc.NCHWC_TRANSFORMER.encode() in data
+    assert NCHWC_TRANSFORMER.encode() in data
 
 
 @pytest.mark.parametrize("level", ["BASIC", "EXTENDED"])
@@ -535,7 +541,7 @@ def test_rewrite_of_ort_preoptimized_model(tmp_path, level):
     ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     pre = onnx.load(so.optimized_model_filepath)
     info = {}
-    rewritten = nchwc.rewrite_model(pre, {"c0": "NCHWc", "c1": "NCHWc"}, BLOCK, info=info)
+    rewritten = rewrite_model(pre, {"c0": "NCHWc", "c1": "NCHWc"}, BLOCK, info=info)
     onnx.checker.check_model(rewritten)
     assert [n.op_type for n in rewritten.graph.node] == ["Conv", "Conv", "ReorderOutput"]
     assert info["fused"]["c1"] == ["add", "r1"]
@@ -556,15 +562,15 @@ def segment_like_model():
 
 def test_a_residual_branch_arriving_as_a_graph_input_stays_blocked_in_onnxruntimes_own_transformer():
     model = segment_like_model()
-    plain, anchored = nchwc.ort_optimized(model), nchwc.ort_optimized(nchwc.anchor_inputs(model, BLOCK))
+    plain, anchored = ort_optimized(model), ort_optimized(anchor_inputs(model, BLOCK))
     assert ("", "Add") in ops(plain)  # ORT alone leaves the Add in NCHW, with reorders around it
-    assert ("", "Add") not in ops(anchored) and ops(anchored).count((nchwc.NCHWC_DOMAIN, "Conv")) == 1
+    assert ("", "Add") not in ops(anchored) and ops(anchored).count((NCHWC_DOMAIN, "Conv")) == 1
     assert sum(op == "ReorderInput" for _, op in ops(anchored)) == 1
     feeds = feeds_for(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = ort.InferenceSession(nchwc.anchor_inputs(model, BLOCK).SerializeToString(), so,
+    got = ort.InferenceSession(anchor_inputs(model, BLOCK).SerializeToString(), so,
                                providers=["CPUExecutionProvider"]).run(None, feeds)
     np.testing.assert_allclose(got[0], ref[0], rtol=RTOL, atol=ATOL)
 
@@ -572,10 +578,10 @@ def test_a_residual_branch_arriving_as_a_graph_input_stays_blocked_in_onnxruntim
 def test_the_rewriter_blocks_graph_inputs_that_an_add_reads_when_asked():
     model = segment_like_model()
     info = {}
-    nchwc.rewrite_model(model, {"c1": "NCHWc"}, BLOCK, info=info)
+    rewrite_model(model, {"c1": "NCHWc"}, BLOCK, info=info)
     assert info["fused"] == {}
     blocked_info = {}
-    rewritten = nchwc.rewrite_model(model, {"c1": "NCHWc"}, BLOCK, info=blocked_info, block_inputs=True)
+    rewritten = rewrite_model(model, {"c1": "NCHWc"}, BLOCK, info=blocked_info, block_inputs=True)
     assert blocked_info["fused"] == {"c1": ["add", "relu"]} and blocked_info["reorder_inputs"] == ["x"]
     feeds = feeds_for(model)
     np.testing.assert_allclose(run(rewritten, feeds)[0], run(model, feeds, rewritten=False)[0], rtol=RTOL, atol=ATOL)

@@ -4,6 +4,10 @@ loaded like the built-ins; KSELECT_PLUGINS restricts what loads; ``kselect plugi
 import json
 import textwrap
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
 from conftest import run_kselect
 
 PLUGIN = textwrap.dedent('''
@@ -59,3 +63,95 @@ def test_kselect_plugins_env_restricts_libraries_and_third_party(tmp_path):
     found = plugins_json({"PYTHONPATH": str(tmp_path), "KSELECT_PLUGINS": "mlas"})
     assert "mlas" in found and "reverse" not in found and "xnnpack" not in found and "acl" not in found
     assert {"random", "exhaustive", "zoo"} <= set(found)  # core plugins always load
+
+
+OP_KIND_PLUGIN = textwrap.dedent('''
+    import numpy as np
+    from onnx import helper
+
+    from kselect.core.hookspecs import hookimpl
+    from kselect.core.opkind import OnnxOp, OpKind
+    from kselect.core.tasks import Op, node_attr, tensor_shape
+
+
+    class MaxPoolKind(OpKind):
+        """2-D MaxPool without pads, a kind no built-in library tunes."""
+
+        name = "maxpool"
+        onnx_ops = ("MaxPool",)
+
+        def read(self, model, node):
+            if any(node_attr(node, "pads", [0])):
+                return "padded MaxPool: not this kind"
+            x, y = tensor_shape(model, node.input[0], node), tensor_shape(model, node.output[0], node)
+            return Op(node.name, self.name, x, [], y, {"kernel": list(node_attr(node, "kernel_shape"))}, False)
+
+        def macs(self, op):
+            return int(np.prod(op.output_shape)) * int(np.prod(op.attrs["kernel"]))
+
+        def inputs(self, task, rng):
+            return {"x": rng.standard_normal(task.input_shape, dtype=np.float32)}
+
+        def reference(self, task, inputs):
+            k = task.attrs["kernel"]
+            n, c, h, w = inputs["x"].shape
+            return inputs["x"].astype(np.float64).reshape(n, c, h // k[0], k[0], w // k[1], k[1]).max(axis=(3, 5))
+
+        def onnx_op(self, task, inputs, output):
+            node = helper.make_node("MaxPool", ["x"], [output], kernel_shape=task.attrs["kernel"], strides=task.attrs["kernel"])
+            return OnnxOp(node, task.input_shape, task.output_shape, np.zeros(0, np.float32))
+
+
+    @hookimpl
+    def register_op_kinds(register):
+        register(MaxPoolKind())
+''')
+
+
+def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its_ops(tmp_path):
+    """A new kind of op is one OpKind in a plugin: ``kselect tasks`` lists the model's MaxPool as
+    a task of that kind, and the core's reference for it (used to check every candidate) comes
+    from the kind and matches ONNX Runtime running the kind's own one-op model."""
+    (tmp_path / "kselect_maxpool.py").write_text(OP_KIND_PLUGIN)
+    info = tmp_path / "kselect_maxpool-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kselect-maxpool\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kselect]\nmaxpool = kselect_maxpool\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    model_path = tmp_path / "conv_pool.onnx"
+    weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("MaxPool", ["c"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2])], "conv_pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weights])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model_path)
+    found = plugins_json(env)
+    assert found["maxpool"]["kind"] == "op kinds" and found["maxpool"]["provides"] == ["maxpool"]
+    assert found["ops"]["provides"] == ["conv", "deconv", "fc"]
+
+    script = textwrap.dedent(f'''
+        import json, numpy as np, onnxruntime as ort
+        from kselect.core.measure import reference_output, task_inputs, task_model
+        from kselect.core.model import load_model
+        from kselect.core.tasks import extract_tasks
+        tasks = extract_tasks(load_model({str(model_path)!r}))
+        pool = [t for t in tasks if t.kind == "maxpool"]
+        inputs = task_inputs(pool[0])
+        session = ort.InferenceSession(task_model(pool[0], inputs).SerializeToString())
+        ran = session.run(None, {{"x": inputs["x"]}})[0]
+        print(json.dumps({{"kinds": sorted({{t.kind for t in tasks}}), "pools": len(pool), "macs": pool[0].macs,
+                           "error": float(np.abs(ran - reference_output(pool[0], inputs)).max())}}))
+    ''')
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={**os.environ, **env}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report == {"kinds": ["conv", "maxpool"], "pools": 1, "macs": 8 * 8 * 8 * 4, "error": 0.0}
+    listed = run_kselect("tasks", model_path, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [task["kind"] for task in json.loads(listed.stdout)["tasks"]] == ["conv", "maxpool"]

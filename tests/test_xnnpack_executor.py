@@ -17,7 +17,7 @@ from conftest import small_cnn
 from kselect.core import plugins
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError
-from kselect.core.measure import conv_reference
+from kselect.plugins.ops.conv import conv_reference
 from kselect.core.model import load_model
 from kselect.core.tasks import extract_tasks
 from kselect.plugins.xnnpack import xnnpack_api as xa

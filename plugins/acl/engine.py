@@ -26,7 +26,8 @@ from onnx import numpy_helper
 
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.model import Model
-from kselect.core.tasks import _attr, deconv_attrs, explicit_pads
+from kselect.core.tasks import explicit_pads, node_attr
+from kselect.plugins.ops.conv import deconv_attrs
 
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")
 FLOAT_MAX = 3.4028234e38
@@ -104,7 +105,7 @@ class _Lowering:
 
     def activation(self, node) -> dict | None:
         """The runner's activation for an activation node; None for a Clip without bounds."""
-        low, high = _attr(node, "min", -math.inf), _attr(node, "max", math.inf)
+        low, high = node_attr(node, "min", -math.inf), node_attr(node, "max", math.inf)
         if node.op_type == "Clip":
             for position in (1, 2):
                 if len(node.input) > position and node.input[position]:
@@ -115,7 +116,7 @@ class _Lowering:
                         low = float(value)
                     else:
                         high = float(value)
-        return runner_activation(node.op_type, float(_attr(node, "alpha", 0.01)), low, high)
+        return runner_activation(node.op_type, float(node_attr(node, "alpha", 0.01)), low, high)
 
     def fusable_activation(self, index: int, output: str):
         """The activation node that is the only consumer of ``output`` (not a graph output)."""
@@ -185,10 +186,10 @@ class _Lowering:
         x_shape = self.shape(x, node)
         if len(x_shape) != 4:
             self.refuse(node, "only 2-D convolutions")
-        strides = list(_attr(node, "strides", [1, 1]))
-        dilations = list(_attr(node, "dilations", [1, 1]))
+        strides = list(node_attr(node, "strides", [1, 1]))
+        dilations = list(node_attr(node, "dilations", [1, 1]))
         pads = explicit_pads(node, x_shape, list(w.shape)[2:], strides, dilations)
-        group = int(_attr(node, "group", 1))
+        group = int(node_attr(node, "group", 1))
         b = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if len(node.input) > 2 and node.input[2] and b is None:
             self.refuse(node, "bias computed at run time")
@@ -221,13 +222,13 @@ class _Lowering:
         self._emit_weighted(index, node, "fc", a, weights_nk, bias, input=a_shape)
 
     def op_Gemm(self, index, node):
-        if _attr(node, "transA", 0):
+        if node_attr(node, "transA", 0):
             self.refuse(node, "transA=1")
         b = self.constant(node.input[1])
         if b is None:
             self.refuse(node, "weights computed at run time")
-        w = b if _attr(node, "transB", 0) else b.T
-        w = w * np.float32(_attr(node, "alpha", 1.0))
+        w = b if node_attr(node, "transB", 0) else b.T
+        w = w * np.float32(node_attr(node, "alpha", 1.0))
         bias = None
         if len(node.input) > 2 and node.input[2]:
             c = self.constant(node.input[2])
@@ -235,7 +236,7 @@ class _Lowering:
                 self.refuse(node, "bias computed at run time")
             if c.size not in (1, w.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
                 self.refuse(node, f"bias of shape {list(c.shape)}")
-            bias = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * np.float32(_attr(node, "beta", 1.0))
+            bias = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * np.float32(node_attr(node, "beta", 1.0))
         self._fc(index, node, node.input[0], w, bias)
 
     def op_MatMul(self, index, node):
@@ -245,20 +246,20 @@ class _Lowering:
         self._fc(index, node, node.input[0], b.T, None)
 
     def _pool(self, node, kind: str):
-        if _attr(node, "ceil_mode", 0):
+        if node_attr(node, "ceil_mode", 0):
             self.refuse(node, "ceil_mode=1")
-        if any(d != 1 for d in _attr(node, "dilations", [1, 1])):
+        if any(d != 1 for d in node_attr(node, "dilations", [1, 1])):
             self.refuse(node, "dilated pooling")
-        auto_pad = _text(_attr(node, "auto_pad", "NOTSET"))
-        kernel = list(_attr(node, "kernel_shape"))
+        auto_pad = _text(node_attr(node, "auto_pad", "NOTSET"))
+        kernel = list(node_attr(node, "kernel_shape"))
         if auto_pad not in ("NOTSET", "VALID", ""):
             self.refuse(node, f"auto_pad={auto_pad}")
         if len(kernel) != 2:
             self.refuse(node, "only 2-D pooling")
-        pads = [0, 0, 0, 0] if auto_pad == "VALID" else list(_attr(node, "pads", [0, 0, 0, 0]))
+        pads = [0, 0, 0, 0] if auto_pad == "VALID" else list(node_attr(node, "pads", [0, 0, 0, 0]))
         self._emit(node, "pool", [node.input[0]], node.output[0], type=kind, kernel=kernel,
-                   stride=list(_attr(node, "strides", [1, 1])), pads=pads,
-                   count_include_pad=bool(_attr(node, "count_include_pad", 0)))
+                   stride=list(node_attr(node, "strides", [1, 1])), pads=pads,
+                   count_include_pad=bool(node_attr(node, "count_include_pad", 0)))
 
     def op_MaxPool(self, index, node):
         if len(node.output) > 1 and node.output[1]:
@@ -284,7 +285,7 @@ class _Lowering:
 
     def op_Concat(self, index, node):
         rank = len(self.shape(node.input[0], node))
-        axis = int(_attr(node, "axis", 1))
+        axis = int(node_attr(node, "axis", 1))
         if rank != 4 or axis % 4 != 1:
             self.refuse(node, "only channel concatenation of 4-D tensors")
         self._emit(node, "concat", list(node.input), node.output[0], axis=1)
@@ -301,7 +302,7 @@ class _Lowering:
         self.refuse(node, f"reshape {shape} -> {out}")
 
     def op_Flatten(self, index, node):
-        if int(_attr(node, "axis", 1)) != 1:
+        if int(node_attr(node, "axis", 1)) != 1:
             self.refuse(node, "axis != 1")
         self._flatten_like(node)
 
@@ -310,7 +311,7 @@ class _Lowering:
 
     def op_Softmax(self, index, node):
         shape = self.shape(node.input[0], node)
-        if len(shape) != 2 or int(_attr(node, "axis", -1)) not in (1, -1):
+        if len(shape) != 2 or int(node_attr(node, "axis", -1)) not in (1, -1):
             self.refuse(node, "only over the last axis of a 2-D tensor")
         self._emit(node, "softmax", [node.input[0]], node.output[0])
 

@@ -21,8 +21,11 @@ from pathlib import Path
 import onnx
 
 from kselect.core.plan import write_atomically
-from kselect.plugins.mlas import nchwc
+from kselect.plugins.mlas.int8 import int8_nodes, quantized_model
+from kselect.plugins.mlas.layout import nchwc_block_size
 from kselect.plugins.mlas.library import add_config_entries, session_config_entries, session_options
+from kselect.plugins.mlas.ort_session import ort_nchwc_convs
+from kselect.plugins.mlas.rewrite import anchor_inputs, rewrite_model
 
 
 def layouts_are_onnxruntimes(model, plan) -> bool:
@@ -31,26 +34,30 @@ def layouts_are_onnxruntimes(model, plan) -> bool:
     scalar: the ops were measured blocked): then the original model is kept and ORT converts it
     itself (the baseline's graph, bit for bit)."""
     chosen = {node for node, entry in plan.nodes.items() if entry["config"].get("layout") == "NCHWc"}
-    if chosen != nchwc.ort_nchwc_convs(model.proto):
+    if chosen != ort_nchwc_convs(model.proto):
         return False
     info: dict = {}
-    nchwc.rewrite_model(model.proto, dict.fromkeys(chosen, "NCHWc"), nchwc.nchwc_block_size(), info=info)
+    rewrite_model(model.proto, dict.fromkeys(chosen, "NCHWc"), nchwc_block_size(), info=info)
     return not info["beyond_ort"]
 
 
 def original_model(model, segment: bool = False) -> onnx.ModelProto:
     """What ORT's own transformer gets: the model, or for ``segment`` (a segment of a plan across
     libraries, whose residual branches come in as graph inputs) the model with them anchored
-    (nchwc.anchor_inputs)."""
-    return nchwc.anchor_inputs(model.proto, nchwc.nchwc_block_size()) if segment else model.proto
+    (rewrite.anchor_inputs)."""
+    return anchor_inputs(model.proto, nchwc_block_size()) if segment else model.proto
 
 
 def rewritten_model(model, plan, keep_original: bool, segment: bool = False) -> onnx.ModelProto:
-    """``segment``: see ``original_model``; kselect's rewriter blocks those inputs itself."""
+    """``segment``: see ``original_model``; kselect's rewriter blocks those inputs itself. A plan
+    with int8 nodes is the QDQ model onnxruntime.quantization writes (int8.py), whose float ops
+    ORT lays out itself."""
+    if int8_nodes(plan):
+        return quantized_model(model, plan)
     if keep_original:
         return original_model(model, segment)
     layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items() if "layout" in entry["config"]}
-    return nchwc.rewrite_model(model.proto, layouts, nchwc.nchwc_block_size(), block_inputs=segment)
+    return rewrite_model(model.proto, layouts, nchwc_block_size(), block_inputs=segment)
 
 
 def session_settings(plan, keep_original: bool) -> dict:
@@ -66,7 +73,7 @@ def write_optimized_model(plan, model, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / f"{model.name}.kselect.onnx"
     options_path = out_dir / f"{model.name}.kselect.session.json"
-    keep_original = layouts_are_onnxruntimes(model, plan)
+    keep_original = bool(int8_nodes(plan)) or layouts_are_onnxruntimes(model, plan)
     write_atomically(model_path, rewritten_model(model, plan, keep_original).SerializeToString())
     write_atomically(options_path, json.dumps(session_settings(plan, keep_original), indent=2) + "\n")
     return [model_path, options_path]
@@ -97,7 +104,7 @@ def default_session(model, extra_entries: dict | None = None, segment: bool = Fa
 def plan_session(model, plan, extra_entries: dict | None = None, segment: bool = False):
     import onnxruntime as ort
 
-    keep_original = layouts_are_onnxruntimes(model, plan)
+    keep_original = bool(int8_nodes(plan)) or layouts_are_onnxruntimes(model, plan)
     options = add_config_entries(session_options(plan.plan_level, keep_nchwc_transformer=keep_original), extra_entries)
     return ort.InferenceSession(rewritten_model(model, plan, keep_original, segment).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])

@@ -79,7 +79,11 @@ class MlasLibrary(Library):
     baseline = True
     spin_dim = "spinning"  # ONNX Runtime's default session: the reference, and the runner of any ONNX op
     fresh_instances = 3  # sessions of one config can settle at different speeds
-    plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking")
+    # int8 ops: the activation type and weight granularity are one choice for the whole quantized
+    # model, as onnxruntime.quantization makes it (int8.py)
+    plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking", "activations",
+                       "weights")
+    precisions = ("fp32", "int8")
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -97,11 +101,16 @@ class MlasLibrary(Library):
         self.ort_nchwc_nodes: set[str] | None = None  # convs ORT's default session runs as NCHWc
 
     def prepare_model(self, model) -> None:
-        from kselect.plugins.mlas import nchwc
+        from kselect.plugins.mlas.ort_session import ort_nchwc_convs
 
-        self.ort_nchwc_nodes = nchwc.ort_nchwc_convs(model.proto)
+        self.ort_nchwc_nodes = ort_nchwc_convs(model.proto)
 
     def supports(self, task: Task) -> bool:
+        if task.precision == "int8":
+            from kselect.plugins.mlas.int8 import int8_epilogue_supported
+
+            return (task.kind == "fc" or (task.kind == "conv" and not task.conv1d)) \
+                and int8_epilogue_supported(task.epilogue)
         return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
@@ -109,15 +118,15 @@ class MlasLibrary(Library):
         return 1e-4
 
     def _block(self) -> int:
-        from kselect.plugins.mlas import nchwc
+        from kselect.plugins.mlas.layout import nchwc_block_size
 
-        return nchwc.nchwc_block_size()
+        return nchwc_block_size()
 
     def nchwc_possible(self, task: Task) -> bool:
         """Whether kselect can write this conv as an NCHWc node (a 2-D conv only, as in ORT)."""
-        from kselect.plugins.mlas import nchwc
+        from kselect.plugins.mlas.layout import conv_nchwc_unsupported
 
-        return not task.conv1d and nchwc.conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
+        return not task.conv1d and conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
 
     def ort_converts(self, task: Task) -> bool:
         """Whether ONNX Runtime's default session runs this task's convs as NCHWc. Known exactly
@@ -142,6 +151,14 @@ class MlasLibrary(Library):
 
     def space(self, task: Task, device: Device) -> Space:
         space = Space()
+        if task.precision == "int8":
+            from kselect.plugins.mlas.int8 import ACTIVATION_TYPES, WEIGHT_GRANULARITY
+
+            space.add(Categorical("activations", ACTIVATION_TYPES, role="precision"))
+            space.add(Categorical("weights", WEIGHT_GRANULARITY, role="precision"))
+            space.add(Integer("threads", 1, device.cores))
+            space.add(Categorical("spinning", (1, 0)))
+            return space
         if task.kind == "conv":
             layouts = ("NCHWc", "NCHW") if self.nchwc_possible(task) else ("NCHW",)
             space.add(Categorical("layout", layouts, role="layout"))
@@ -159,6 +176,8 @@ class MlasLibrary(Library):
         """What a default ONNX Runtime session does: NCHWc where its NCHWc transformer converts the
         conv, all cores, spinning, sliding depthwise kernel, MLAS's own channel batch, prepacking."""
         config: dict = {}
+        if task.precision == "int8":  # what onnxruntime.quantization.quantize_static writes for x86
+            return {"activations": "u8", "weights": "per-channel", "threads": device.cores, "spinning": 1}
         if task.kind == "conv":
             config["layout"] = "NCHWc" if self.ort_converts(task) else "NCHW"
             # the NCHWc-only knobs, where ORT runs the conv as NCHWc (the space's `when`)
@@ -175,7 +194,18 @@ class MlasLibrary(Library):
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         import onnxruntime as ort
 
-        from kselect.plugins.mlas import nchwc
+        if task.precision == "int8":
+            from kselect.plugins.mlas import int8
+
+            params, activations = inputs["quant"], config["activations"]
+            session = ort.InferenceSession(int8.single_op_model(task, inputs, config).SerializeToString(),
+                                           session_options(config), providers=["CPUExecutionProvider"])
+            feed = int8.quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations)
+            return OrtCandidate(session, {"x_q": feed}, lambda y: int8.dequantize_activation(
+                y, params.y_scale, params.y_zero_point, activations))
+
+        from kselect.plugins.mlas.layout import conv_takes_blocked_input, from_blocked, nchwc_feed
+        from kselect.plugins.mlas.single_op import single_conv_model
 
         epilogue = task.epilogue
         if task.kind == "conv" and not task.conv1d:
@@ -187,21 +217,22 @@ class MlasLibrary(Library):
                 # as the whole-model rewrite does: the activation reading only the conv becomes its attribute
                 fused = {"activation": epilogue[0][0], "activation_params": mlas_activation_params(epilogue[0])}
                 epilogue = epilogue[1:]
-            model, _, _ = nchwc.single_conv_model(attrs, task.input_shape, inputs["w"], inputs.get("b"),
-                                                  config["layout"], block, **fused)
+            model, _, _ = single_conv_model(attrs, task.input_shape, inputs["w"], inputs.get("b"),
+                                            config["layout"], block, **fused)
             x, unblock = inputs["x"], (lambda y: y)
             if config["layout"] == "NCHWc":
-                if nchwc.conv_takes_blocked_input(task.input_shape[1], a["group"], block):
-                    x = nchwc.nchwc_feed(inputs["x"], block)
+                if conv_takes_blocked_input(task.input_shape[1], a["group"], block):
+                    x = nchwc_feed(inputs["x"], block)
                 channels = task.output_shape[1]
                 if any(step[0] == "PRelu" for step in epilogue):
                     # a PRelu reads NCHW (its slope is per channel): the conv's output is reordered first,
                     # as ORT's transformer and kselect's rewrite do
                     reordered_output(model, channels)
                 else:
-                    unblock = lambda y: nchwc.from_blocked(y, channels, block)  # noqa: E731
+                    unblock = lambda y: from_blocked(y, channels, block)  # noqa: E731
         else:  # a Gemm, ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im) or 1-D Conv, with the epilogue
-            from kselect.core.measure import as_conv1d, task_model
+            from kselect.core.measure import task_model
+            from kselect.plugins.ops.conv import as_conv1d
 
             model, epilogue = task_model(task, inputs), []
             x, unblock = inputs["x"], (lambda y: y)
@@ -221,10 +252,10 @@ class MlasLibrary(Library):
     def input_label(self, task: Task, label: str) -> str:
         """An NCHWc conv with fewer input channels than a block (a model's first conv, on RGB)
         reads NCHW directly, as measured: entering it costs no ReorderInput."""
-        from kselect.plugins.mlas import nchwc
+        from kselect.plugins.mlas.layout import conv_takes_blocked_input
 
         if (label == "mlas:NCHWc" and task.kind == "conv"
-                and not nchwc.conv_takes_blocked_input(task.input_shape[1], task.attrs["group"], self._block())):
+                and not conv_takes_blocked_input(task.input_shape[1], task.attrs["group"], self._block())):
             return "mlas:NCHW"
         return label
 
@@ -234,17 +265,28 @@ class MlasLibrary(Library):
         import onnxruntime as ort
         from onnx import TensorProto, helper
 
-        from kselect.plugins.mlas import nchwc
+        from kselect.plugins.mlas.layout import from_blocked, nchwc_feed
+        from kselect.plugins.mlas.single_op import reorder_model
 
         layout = label.split(":", 1)[1]
-        if layout == "NCHWc":
+        if layout == "int8":  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one
+            from kselect.core.quant import asymmetric_u8
+            from kselect.plugins.mlas import int8
+
+            scale, zero_point = asymmetric_u8(x.min(), x.max())
+            model = int8.boundary_model(x.shape, direction, scale, zero_point)
+            if direction == "in":
+                feed, unblock = x, (lambda y: int8.dequantize_activation(y, scale, zero_point, "u8"))
+            else:
+                feed, unblock = int8.quantize_activation(x, scale, zero_point, "u8"), (lambda y: y)
+        elif layout == "NCHWc":
             block = self._block()
             if direction == "in":
-                model, _, _ = nchwc.reorder_model(x.shape, "NCHW->NCHWc", block)
-                feed, unblock = x, (lambda y: nchwc.from_blocked(y, x.shape[1], block))
+                model, _, _ = reorder_model(x.shape, "NCHW->NCHWc", block)
+                feed, unblock = x, (lambda y: from_blocked(y, x.shape[1], block))
             else:
-                model, _, _ = nchwc.reorder_model(x.shape, "NCHWc->NCHW", block)
-                feed, unblock = nchwc.nchwc_feed(x, block), (lambda y: y)
+                model, _, _ = reorder_model(x.shape, "NCHWc->NCHW", block)
+                feed, unblock = nchwc_feed(x, block), (lambda y: y)
         elif direction == "out":
             return None
         else:  # a session call that reads the tensor in place (Shape), as a segment's session does
@@ -282,7 +324,7 @@ MLAS_ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid
 
 def fused_by_mlas(epilogue: list) -> bool:
     """Whether the epilogue's first step is an activation MLAS fuses and reads the conv alone
-    (nchwc.py's rewrite fuses it then; a second reader keeps the conv's output)."""
+    (rewrite.py fuses it then; a second reader keeps the conv's output)."""
     if not epilogue or epilogue[0][0] not in MLAS_ACTIVATIONS:
         return False
     return not any("x" in step[1] for step in epilogue[1:])
@@ -319,12 +361,12 @@ def reordered_output(model, channels: int) -> None:
     import onnx
     from onnx import helper
 
-    from kselect.plugins.mlas import nchwc
+    from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN
 
     graph = model.graph
     output = _divert_output(graph, "blocked_out")
     graph.node.append(helper.make_node("ReorderOutput", ["blocked_out"], [output], name="reorder_out",
-                                       domain=nchwc.NCHWC_DOMAIN, channels=channels))
+                                       domain=NCHWC_DOMAIN, channels=channels))
     graph.output[0].CopyFrom(helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None))
 
 

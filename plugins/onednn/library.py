@@ -149,7 +149,8 @@ class OnednnLibrary(Library):
             raise
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        from kselect.core.measure import as_conv1d, task_model
+        from kselect.core.measure import task_model
+        from kselect.plugins.ops.conv import as_conv1d
         from kselect.core.model import model_from_proto
         from kselect.core.plan import Plan
         from kselect.plugins.onednn.executor import Executor

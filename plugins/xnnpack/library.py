@@ -235,7 +235,8 @@ class XnnpackLibrary(Library):
         """An op with its activation, or a 1-D conv, run as the executor runs it in a whole model:
         the clamps fused into the operator, other activations as operators of their own; a 1-D
         conv's [N, C, W] tensors copied into and out of the NHWC operator's height-1 buffers."""
-        from kselect.core.measure import as_conv1d, task_model
+        from kselect.core.measure import task_model
+        from kselect.plugins.ops.conv import as_conv1d
         from kselect.core.model import model_from_proto
         from kselect.core.plan import Plan
         from kselect.plugins.xnnpack.executor import Executor

@@ -1,0 +1,205 @@
+"""Calibration and held-out data for int8 plans.
+
+``--calibration PATH`` is a folder of
+
+- ``.npz`` files, one feed each: an array per model input, named as the input (a model with one
+  input also takes ``.npy`` files, or an ``.npz`` with one array whatever its name);
+- or images (``.jpg``, ``.jpeg``, ``.png``, ``.bmp``), for a model with one image input: each is
+  decoded as RGB, resized to the input's height and width (bilinear), scaled to [0, 1], then
+  normalised with ``mean`` and ``std`` per channel (ImageNet's by default) and laid out as the
+  input is (NCHW, or NHWC when its last dim is 3).
+
+From Python, any iterable of feeds (dicts of input name -> array) does.
+
+The feeds are split: the first half calibrates (onnxruntime.quantization's calibrators:
+min-max, percentile or entropy), the second half is held out, to measure accuracy. The built-in
+zoo has no data: for it alone, seeded random feeds stand in, and every output says
+``synthetic``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from kselect.core.errors import KselectError
+from kselect.core.model import Model
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
+SYNTHETIC_FEEDS = 48  # 16 calibrate, 32 held out
+
+
+@dataclass
+class Calibration:
+    calibrate: list[dict]  # feeds that set the quantization ranges
+    held_out: list[dict]  # feeds accuracy is measured on
+    source: str  # the folder, "python", or "synthetic"
+    synthetic: bool = False
+    method: str = "minmax"
+    ranges: dict = field(default_factory=dict)  # onnxruntime.quantization's calibration cache (JSON)
+
+    def describe(self) -> str:
+        text = f"{len(self.calibrate)} calibration + {len(self.held_out)} held-out feeds from {self.source}"
+        return text + (" (SYNTHETIC: random inputs, not data)" if self.synthetic else "")
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "synthetic": self.synthetic, "method": self.method,
+                "calibration_feeds": len(self.calibrate), "held_out_feeds": len(self.held_out)}
+
+
+def synthetic_feeds(model: Model, count: int = SYNTHETIC_FEEDS, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{name: rng.standard_normal(shape, dtype=np.float32) for name, shape in model.input_shapes.items()}
+            for _ in range(count)]
+
+
+def _image(path: Path, shape: list[int], mean, std) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    channels_last = shape[-1] == 3
+    height, width = (shape[1], shape[2]) if channels_last else (shape[2], shape[3])
+    try:
+        with Image.open(path) as image:
+            rgb = image.convert("RGB").resize((width, height), Image.BILINEAR)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise KselectError(f"--calibration: cannot read image {path.name}: {exc}") from None
+    array = (np.asarray(rgb, np.float32) / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    array = array if channels_last else array.transpose(2, 0, 1)
+    return np.broadcast_to(array[None], shape).astype(np.float32)
+
+
+def _feed_from_arrays(path: Path, model: Model) -> dict:
+    names = list(model.input_shapes)
+    try:
+        if path.suffix == ".npy":
+            arrays = {names[0]: np.load(path, allow_pickle=False)}
+            if len(names) != 1:
+                raise KselectError(f"--calibration: {path.name} is one array but the model has inputs "
+                                   f"{', '.join(names)}: use .npz files with an array per input")
+        else:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {key: npz[key] for key in npz.files}
+            if len(names) == 1 and len(arrays) == 1:
+                arrays = {names[0]: next(iter(arrays.values()))}
+    except (OSError, ValueError) as exc:
+        raise KselectError(f"--calibration: cannot read {path.name}: {exc}") from None
+    return arrays
+
+
+def check_feed(feed: dict, model: Model, where: str) -> dict:
+    missing = [name for name in model.input_shapes if name not in feed]
+    if missing:
+        raise KselectError(f"--calibration: {where} has no array for input {missing[0]!r} "
+                           f"(it has {', '.join(feed) or 'none'})")
+    checked = {}
+    for name, shape in model.input_shapes.items():
+        array = np.asarray(feed[name])
+        if list(array.shape) != list(shape):
+            raise KselectError(f"--calibration: {where}: input {name!r} has shape {list(array.shape)}, the model "
+                               f"takes {list(shape)}")
+        if not np.all(np.isfinite(array)):
+            raise KselectError(f"--calibration: {where}: input {name!r} has NaN or infinite values")
+        checked[name] = array.astype(np.float32)
+    return checked
+
+
+def load_feeds(path: str | Path, model: Model, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> list[dict]:
+    """The feeds in a calibration folder (module docstring), checked against the model's inputs."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise KselectError(f"--calibration: {folder} is not a folder")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz", *IMAGE_SUFFIXES))
+    if not files:
+        raise KselectError(f"--calibration: {folder} has no .npy, .npz or image files")
+    images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+    if images and len(model.input_shapes) != 1:
+        raise KselectError(f"--calibration: images feed a model with one input; this one has "
+                           f"{', '.join(model.input_shapes)}")
+    feeds = []
+    for file in files:
+        if file in images:
+            name, shape = next(iter(model.input_shapes.items()))
+            if len(shape) != 4 or 3 not in (shape[1], shape[-1]):
+                raise KselectError(f"--calibration: images need an NCHW or NHWC input with 3 channels; "
+                                   f"{name!r} is {shape}")
+            feed = {name: _image(file, shape, mean, std)}
+        else:
+            feed = _feed_from_arrays(file, model)
+        feeds.append(check_feed(feed, model, file.name))
+    return feeds
+
+
+def calibration_for(model: Model, data: str | Path | Iterable[dict] | None, method: str = "minmax") -> Calibration:
+    """Splits the feeds (half calibrate, half held out); ``data`` None is allowed for the built-in
+    zoo only (synthetic feeds). Refuses, in one line, data that does not fit the model."""
+    if method not in METHODS:
+        raise KselectError(f"--calibration-method {method!r}: choose from {', '.join(METHODS)}")
+    if data is None:
+        if model.source != "builtin":
+            raise KselectError(f"{model.name}: int8 needs calibration data (--calibration FOLDER of .npz/.npy feeds "
+                               f"or images); synthetic data is for the built-in zoo only")
+        feeds, source, synthetic = synthetic_feeds(model), "synthetic", True
+    elif isinstance(data, (str, Path)):
+        feeds, source, synthetic = load_feeds(data, model), str(data), False
+    else:
+        feeds = [check_feed(feed, model, f"feed {i}") for i, feed in enumerate(data)]
+        source, synthetic = "python", False
+    if len(feeds) < 2:
+        raise KselectError(f"--calibration: {len(feeds)} feed(s); at least 2 are needed (half calibrate, half "
+                           f"measure accuracy)")
+    half = (len(feeds) + 2) // 3 if synthetic else (len(feeds) + 1) // 2
+    return Calibration(feeds[:half], feeds[half:], source, synthetic, method)
+
+
+class _Reader:
+    """onnxruntime.quantization's CalibrationDataReader over a list of feeds."""
+
+    def __init__(self, feeds: list[dict]):
+        self.feeds = iter(feeds)
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+    def rewind(self):  # not needed by the calibrators used here
+        pass
+
+
+def compute_ranges(model: Model, calibration: Calibration) -> dict:
+    """The tensor ranges onnxruntime.quantization's calibrator finds on the calibration feeds, as
+    its calibration cache (JSON), so every quantized variant of the model shares them."""
+    import onnxruntime.quantization as q
+
+    with tempfile.TemporaryDirectory(prefix="kselect-calibrate-") as tmp, quiet_quantizer():
+        cache, source = Path(tmp) / "ranges.json", Path(tmp) / "model.onnx"
+        source.write_bytes(model.proto.SerializeToString())  # quantize_static changes a ModelProto it is given
+        q.quantize_static(source, Path(tmp) / "probe.onnx", _Reader(calibration.calibrate),
+                          quant_format=q.QuantFormat.QDQ, per_channel=True, activation_type=q.QuantType.QUInt8,
+                          weight_type=q.QuantType.QInt8,
+                          calibrate_method=getattr(q.CalibrationMethod, METHODS[calibration.method]),
+                          calibration_cache_path=cache)
+        calibration.ranges = json.loads(cache.read_text())
+    return calibration.ranges
+
+
+@contextlib.contextmanager
+def quiet_quantizer():
+    """onnxruntime.quantization advises on the root logger (pre-processing); kselect's output
+    stays its own."""
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)

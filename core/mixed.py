@@ -1,0 +1,217 @@
+"""Mixed precision: which ops of a library's plan run in int8, under an accuracy budget.
+
+The flow (NNCF's accuracy-controlled quantization is the anchor):
+
+1. Each op's int8 time comes from the int8 twins' records (tuned like any task), its float time
+   from the fp32 plan; the quantize / dequantize a tensor pays between a float and an int8 op
+   is measured like a layout conversion (the label ``<library>:int8``) and counted.
+2. The ops whose int8 kernel is faster are the candidates. Each alone in int8 gives its
+   sensitivity: the drop of the metric (core/accuracy.py) on held-out feeds.
+3. All candidates in int8 first; while the drop exceeds the budget, the most sensitive candidate
+   (ties, common with a coarse metric such as top-1 on few feeds, broken by the lowest output
+   SQNR) goes back to float, and the metric is measured again on the whole model. Every step is a
+   point of the front (predicted latency, metric, weight bytes): the fp32 plan, full int8, and
+   the mixed plans between.
+4. The chosen plan is the fastest point within the budget; ``core.api`` then times it end to end
+   against the fp32 side with the rounds protocol.
+
+A plan's int8 ops are entries of their int8 tasks (``Task.precision``); ``plan.extra["precision"]``
+holds the calibration ranges the library's runner quantizes with, the metric, the budget and
+the front.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kselect.core.accuracy import Metric, run_outputs, sqnr
+from kselect.core.calibration import Calibration
+from kselect.core.conversions import GRAPH_LABEL, ConversionTable, measure_conversions, sides_needed
+from kselect.core.cross_problem import data_edges
+from kselect.core.errors import KselectError
+from kselect.core.library import Library
+from kselect.core.model import Model
+from kselect.core.plan import Plan, choose, plan_node, plan_task
+from kselect.core.records import RecordDB
+from kselect.core.tasks import Task
+from kselect.core.tune import library_defaults, stored_outcomes
+
+MAX_BACKOFF_STEPS = 24  # more candidates than this go back to float in groups
+
+
+@dataclass
+class FrontPoint:
+    name: str
+    int8_nodes: list[str]
+    predicted_us: float
+    score: float
+    drop: float
+    weight_bytes: int
+    within_budget: bool = False
+    measured_ms: float | None = None  # end to end, when timed
+
+    def to_json(self) -> dict:
+        data = {"name": self.name, "int8_ops": len(self.int8_nodes), "predicted_us": round(self.predicted_us, 1),
+                "score": round(self.score, 6), "drop": round(self.drop, 6), "weight_bytes": self.weight_bytes,
+                "within_budget": self.within_budget}
+        if self.measured_ms is not None:
+            data["measured_ms"] = round(self.measured_ms, 4)
+        return data
+
+
+@dataclass
+class PrecisionSearch:
+    front: list[FrontPoint]
+    chosen: FrontPoint
+    plan: Plan  # the chosen point's plan
+    sensitivity: dict[str, float] = field(default_factory=dict)  # node -> drop alone in int8
+    plans: dict[str, Plan] = field(default_factory=dict)  # front point name -> its plan
+
+
+def int8_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
+                 int8_tasks: list[Task]) -> tuple[dict, dict[str, dict]]:
+    """The int8 plan-level settings and, per int8 task key, its chosen entry, from the records:
+    within the fp32 plan's session-wide settings (one session runs both precisions)."""
+    records = stored_outcomes(int8_tasks, library, device, db)
+    shared = {k: v for k, v in fp32_plan.plan_level.items()}
+    records = {key: [r for r in rs if all(r.config.get(k, v) == v for k, v in shared.items())]
+               for key, rs in records.items()}
+    defaults = library_defaults(int8_tasks, library, device)
+    defaults = {key: {**config, **{k: v for k, v in shared.items() if k in config}} for key, config in defaults.items()}
+    measured = [t for t in int8_tasks if any(r.result.status == "ok" for r in records.get(t.key, []))]
+    if not measured:
+        return {}, {}
+    assignment, choices = choose(measured, records, defaults, library.plan_level_dims)
+    entries = {c.task.key: plan_task(c.task, c.task.nodes, library.name, c.config, c.time_us, c.default_config,
+                                     c.default_us, c.samples, c.emulated) for c in choices}
+    return {**shared, **assignment}, entries
+
+
+def mixed_plan(fp32_plan: Plan, int8_entries: dict[str, dict], int8_settings: dict, nodes: set[str],
+               precision: dict) -> Plan:
+    """``fp32_plan`` with ``nodes`` run by their int8 tasks."""
+    plan = copy.deepcopy(fp32_plan)
+    if not nodes:
+        return plan
+    tasks = []
+    for entry in plan.tasks:
+        kept = [node for node in entry["nodes"] if node not in nodes]
+        if kept:
+            tasks.append({**entry, "nodes": kept})
+    for entry in int8_entries.values():
+        chosen = [node for node in entry["nodes"] if node in nodes]
+        if chosen:
+            tasks.append({**entry, "nodes": chosen})
+            task = Task.from_json(entry)
+            for node in chosen:
+                plan.nodes[node] = plan_node(task, entry["library"], entry["config"])
+    plan.tasks = tasks
+    plan.plan_level = dict(int8_settings)
+    plan.library_settings = {plan.library: dict(int8_settings)}
+    plan.extra["precision"] = precision
+    return plan
+
+
+def weight_bytes(model: Model, int8_nodes: set[str]) -> int:
+    """Bytes of the weights: 1 per weight of an int8 op (its bias stays 32-bit), 4 otherwise."""
+    quantized = {node.input[1] for node in model.proto.graph.node if node.name in int8_nodes}
+    total = 0
+    for name, tensor in model.initializers.items():
+        count = 1
+        for d in tensor.dims:
+            count *= d
+        itemsize = 1 if name in quantized else 4
+        total += count * itemsize
+    return total
+
+
+class _Predictor:
+    """Summed op times of a labelling of the nodes in fp32 / int8, with the quantize and
+    dequantize of every tensor that changes precision on the way (measured conversions)."""
+
+    def __init__(self, model, library, device, db, settings, fp32_plan, int8_entries):
+        tuned = set(fp32_plan.nodes)
+        self.edges = data_edges(model, tuned)
+        self.fp32_us = {node: entry["time_us"] for entry in fp32_plan.tasks for node in entry["nodes"]}
+        self.int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
+        self.label = {False: f"{library.name}:NCHW", True: f"{library.name}:int8"}
+        sides = set()
+        for edge in self.edges:
+            for a in (False, True):
+                for b in (False, True):
+                    sides.update(sides_needed(self._label(edge.producer, a), self._label(edge.consumer, b), edge.shape))
+        self.table: ConversionTable = measure_conversions(sides, {library.name: library}, device, db, settings)
+
+    def _label(self, node: str, int8: bool) -> str:
+        return GRAPH_LABEL if node.startswith(("input:", "output:")) else self.label[int8]
+
+    def __call__(self, int8_nodes: set[str]) -> float:
+        ops = sum(self.int8_us[n] if n in int8_nodes else us for n, us in self.fp32_us.items())
+        conversions = sum(self.table.cost_us(self._label(e.producer, e.producer in int8_nodes),
+                                             self._label(e.consumer, e.consumer in int8_nodes), e.shape)
+                          for e in self.edges)
+        return ops + conversions
+
+
+def search_precision(model: Model, library: Library, device, db: RecordDB, settings, fp32_plan: Plan,
+                     int8_tasks: list[Task], calibration: Calibration, metric: Metric, metric_name: str,
+                     max_drop: float, on_step: Callable[[str], None] | None = None) -> PrecisionSearch:
+    """Steps 1-3 of the module docstring; returns the front and the chosen point's plan."""
+    say = on_step or (lambda text: None)
+    int8_settings, int8_entries = int8_choices(model, library, device, db, fp32_plan, int8_tasks)
+    predict = None
+    candidates: list[str] = []
+    if int8_entries:
+        int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
+        fp32_us = {node: entry["time_us"] for entry in fp32_plan.tasks for node in entry["nodes"]}
+        candidates = [node for node in fp32_plan.nodes if node in int8_us and int8_us[node] < fp32_us[node]]
+        say("measuring quantize / dequantize conversions")
+        predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
+    precision = {"calibration": calibration.to_json(), "ranges": calibration.ranges, "metric": metric_name,
+                 "max_drop": max_drop}
+    baseline = library.model_runner(model, None)
+    reference = run_outputs(baseline, calibration.held_out)
+    fp32_score = metric(reference, reference, calibration.held_out)
+
+    plans: dict[str, Plan] = {}
+
+    def point(name: str, nodes: set[str]) -> FrontPoint:
+        plan = mixed_plan(fp32_plan, int8_entries, int8_settings, nodes, precision)
+        score = fp32_score
+        if nodes:
+            score = metric(run_outputs(library.model_runner(model, plan), calibration.held_out), reference,
+                           calibration.held_out)
+        plans[name] = plan
+        drop = fp32_score - score
+        predicted = predict(nodes) if predict else fp32_plan.estimated_us()
+        return FrontPoint(name, sorted(nodes), predicted, score, drop, weight_bytes(model, nodes), drop <= max_drop)
+
+    front = [point("fp32", set())]
+    sensitivity: dict[str, float] = {}
+    noise: dict[str, float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
+    if candidates:
+        say(f"sensitivity of {len(candidates)} ops, each alone in int8")
+        for node in candidates:
+            plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
+            outputs = run_outputs(library.model_runner(model, plan), calibration.held_out)
+            sensitivity[node] = fp32_score - metric(outputs, reference, calibration.held_out)
+            noise[node] = sqnr(outputs, reference, calibration.held_out)
+        say("all candidates in int8, then backing off the most sensitive")
+        current = set(candidates)
+        front.append(point("int8", current))
+        order = sorted(candidates, key=lambda n: (-sensitivity[n], noise[n]))
+        group = max(1, -(-len(order) // MAX_BACKOFF_STEPS))
+        step = 0
+        while not front[-1].within_budget and order:
+            back, order = order[:group], order[group:]
+            current -= set(back)
+            step += 1
+            if current:
+                front.append(point(f"mixed-{step}", current))
+    within = [p for p in front if p.within_budget]
+    if not within:
+        raise KselectError("no plan met the accuracy budget")  # the fp32 plan always does
+    chosen = min(within, key=lambda p: p.predicted_us)
+    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans)

@@ -1,0 +1,85 @@
+"""INT8 as kselect measures it per op: the quantization every int8 candidate of a task is given,
+and how far its output may be from the float reference.
+
+A task of precision "int8" (``Task.precision``) is measured on the same kind of seeded data as
+its fp32 twin. The core derives the quantization parameters from that data, as min-max
+calibration would (``QuantParams``): activations asymmetric uint8 (a library running signed int8
+activations uses the same scale with zero point minus 128), weights symmetric int8 per output
+channel (a per-tensor candidate takes the largest channel scale), the output's range from the
+reference (after the activation). A candidate reads them from ``inputs["quant"]``.
+
+Its output is compared with the float64 reference, as every candidate's is, within a tolerance
+derived from these steps (``int8_tolerance``): the error an exact implementation of this
+quantization makes on this data, per-tensor weights included, plus two output steps for rounding
+and fixed-point requantization. An int8 candidate beyond that is invalid, never selected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PRECISIONS = ("fp32", "int8")
+INT8_KINDS = ("conv", "fc")  # op kinds with int8 twins
+OUTPUT_STEPS = 2.0  # output quantization steps allowed beyond the exact implementation's error
+
+
+@dataclass
+class QuantParams:
+    x_scale: float
+    x_zero_point: int  # uint8
+    w_scales: np.ndarray  # per output channel (symmetric int8, zero point 0)
+    y_scale: float
+    y_zero_point: int  # uint8
+
+    @property
+    def w_scale_per_tensor(self) -> float:
+        return float(self.w_scales.max())
+
+    def weight_scales(self, w: np.ndarray, per_channel: bool = True):
+        """The scales of ``w`` (output channels first), shaped to broadcast against it."""
+        return self.w_scales.reshape([-1] + [1] * (w.ndim - 1)) if per_channel else self.w_scale_per_tensor
+
+    def quantized_weights(self, w: np.ndarray, per_channel: bool = True) -> np.ndarray:
+        return np.clip(np.round(w / self.weight_scales(w, per_channel)), -127, 127).astype(np.int8)
+
+
+def asymmetric_u8(low: float, high: float) -> tuple[float, int]:
+    """(scale, zero point) mapping [low, high] (widened to include 0) onto uint8."""
+    low, high = min(float(low), 0.0), max(float(high), 0.0)
+    scale = (high - low) / 255.0 or 1.0
+    return scale, int(np.clip(round(-low / scale), 0, 255))
+
+
+def quantize_u8(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    return np.clip(np.round(x / scale) + zero_point, 0, 255).astype(np.uint8)
+
+
+def dequantize(q: np.ndarray, scale, zero_point: int = 0) -> np.ndarray:
+    return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+
+
+def quant_params(task, inputs: dict[str, np.ndarray], reference: np.ndarray) -> QuantParams:
+    x_scale, x_zero_point = asymmetric_u8(inputs["x"].min(), inputs["x"].max())
+    w = inputs["w"]  # conv OIHW, fc (N, K): output channels first
+    per_channel = np.abs(w).reshape(w.shape[0], -1).max(axis=1)
+    w_scales = (np.maximum(per_channel, 1e-12) / 127.0).astype(np.float32)
+    y_scale, y_zero_point = asymmetric_u8(reference.min(), reference.max())
+    return QuantParams(float(x_scale), x_zero_point, w_scales, float(y_scale), y_zero_point)
+
+
+def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, params: QuantParams) -> float:
+    """Relative error (of the reference's largest magnitude) allowed for an int8 candidate."""
+    from kselect.core import activations
+    from kselect.core.opkind import op_kind
+
+    kind = op_kind(task.kind)
+    x = dequantize(quantize_u8(inputs["x"], params.x_scale, params.x_zero_point), params.x_scale, params.x_zero_point)
+    worst = 0.0
+    for per_channel in (True, False):
+        w = params.quantized_weights(inputs["w"], per_channel) * params.weight_scales(inputs["w"], per_channel)
+        exact = activations.reference(task.epilogue, kind.reference(task, {**inputs, "x": x, "w": w}))
+        worst = max(worst, float(np.max(np.abs(exact - reference))))
+    scale = max(float(np.max(np.abs(reference))), 1e-12)
+    return (worst + OUTPUT_STEPS * params.y_scale) / scale

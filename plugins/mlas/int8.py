@@ -1,0 +1,145 @@
+"""MLAS's int8 kernels as ONNX Runtime reaches them: QDQ graphs (DequantizeLinear -> Conv or Gemm
+-> QuantizeLinear), which ONNX Runtime's QDQ transformers fuse into QLinearConv and QGemm on
+MLAS's integer GEMMs. Per int8 task a candidate is one such op on already-quantized data (the
+timed work is the int8 kernel alone); Q and DQ at a boundary with float ops are the conversions
+of the label "mlas:int8"; a whole model is quantized with onnxruntime.quantization (int8.py in
+core's terms: ``quantized_model``), so the exported plan is the QDQ model a user would write
+with ONNX Runtime's own tools."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from kselect.core.activations import clamp_range
+from kselect.core.quant import QuantParams
+
+ACTIVATION_TYPES = ("u8", "s8")
+WEIGHT_GRANULARITY = ("per-channel", "per-tensor")
+# Activations ONNX Runtime folds into the output quantization (QDQ Relu / Clip removal): the int8
+# op with one of these after it is still one integer kernel.
+FOLDED_ACTIVATIONS = ("Relu", "Clip")
+
+
+def int8_epilogue_supported(epilogue: list) -> bool:
+    return not epilogue or (len(epilogue) == 1 and epilogue[0][0] in FOLDED_ACTIVATIONS)
+
+
+def _zero_point(zero_point_u8: int, activations: str) -> tuple[int, int]:
+    """(zero point, ONNX element type) of an asymmetric uint8 quantization in ``activations``."""
+    if activations == "s8":
+        return zero_point_u8 - 128, TensorProto.INT8
+    return zero_point_u8, TensorProto.UINT8
+
+
+def quantize_activation(x: np.ndarray, scale: float, zero_point_u8: int, activations: str) -> np.ndarray:
+    zero_point, _ = _zero_point(zero_point_u8, activations)
+    low, high, dtype = (-128, 127, np.int8) if activations == "s8" else (0, 255, np.uint8)
+    return np.clip(np.round(x / scale) + zero_point, low, high).astype(dtype)
+
+
+def dequantize_activation(q: np.ndarray, scale: float, zero_point_u8: int, activations: str) -> np.ndarray:
+    zero_point, _ = _zero_point(zero_point_u8, activations)
+    return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+
+
+def single_op_model(task, inputs: dict, config: dict):
+    """The task as x_q -> DequantizeLinear -> op (weights and bias through DequantizeLinear) ->
+    its activation -> QuantizeLinear -> y_q, on the parameters in ``inputs["quant"]``."""
+    params: QuantParams = inputs["quant"]
+    activations, per_channel = config["activations"], config["weights"] == "per-channel"
+    x_zp, element = _zero_point(params.x_zero_point, activations)
+    y_zp, _ = _zero_point(params.y_zero_point, activations)
+    w = inputs["w"]
+    w_scales = params.w_scales if per_channel else np.array(params.w_scale_per_tensor, np.float32)
+    initializers = [
+        helper.make_tensor("x_scale", TensorProto.FLOAT, [], [params.x_scale]),
+        helper.make_tensor("x_zp", element, [], [x_zp]),
+        helper.make_tensor("y_scale", TensorProto.FLOAT, [], [params.y_scale]),
+        helper.make_tensor("y_zp", element, [], [y_zp]),
+        numpy_helper.from_array(params.quantized_weights(w, per_channel), "w_q"),
+        numpy_helper.from_array(w_scales.astype(np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(w_scales.shape, np.int8), "w_zp"),
+    ]
+    axis = {"axis": 0} if per_channel else {}
+    nodes = [helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zp"], ["x"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w"], **axis)]
+    op_inputs = ["x", "w"]
+    if "b" in inputs:
+        bias_scale = (params.x_scale * (params.w_scales if per_channel else np.full(w.shape[0], w_scales))).astype(np.float32)
+        b = inputs["b"] * (task.attrs["beta"] if task.kind == "fc" else 1.0)
+        initializers += [numpy_helper.from_array(np.round(b / bias_scale).astype(np.int32), "b_q"),
+                         numpy_helper.from_array(bias_scale, "b_scale"),
+                         numpy_helper.from_array(np.zeros(w.shape[0], np.int32), "b_zp")]
+        nodes.append(helper.make_node("DequantizeLinear", ["b_q", "b_scale", "b_zp"], ["b"], axis=0))
+        op_inputs.append("b")
+    a = task.attrs
+    if task.kind == "conv":
+        nodes.append(helper.make_node("Conv", op_inputs, ["y"], kernel_shape=a["kernel"], strides=a["strides"],
+                                      pads=a["pads"], dilations=a["dilations"], group=a["group"]))
+    else:
+        nodes.append(helper.make_node("Gemm", op_inputs, ["y"], transB=1, alpha=a["alpha"]))
+    last = "y"
+    for step in task.epilogue:  # Relu or Clip (int8_epilogue_supported)
+        extra = []
+        if step[0] == "Clip":
+            low, high = clamp_range([step])
+            limit = float(np.finfo(np.float32).max)
+            initializers += [helper.make_tensor("clip_min", TensorProto.FLOAT, [], [max(low, -limit)]),
+                             helper.make_tensor("clip_max", TensorProto.FLOAT, [], [min(high, limit)])]
+            extra = ["clip_min", "clip_max"]
+        nodes.append(helper.make_node(step[0], [last, *extra], ["y_act"]))
+        last = "y_act"
+    nodes.append(helper.make_node("QuantizeLinear", [last, "y_scale", "y_zp"], ["y_q"]))
+    graph = helper.make_graph(nodes, "int8_op", [helper.make_tensor_value_info("x_q", element, task.input_shape)],
+                              [helper.make_tensor_value_info("y_q", element, task.output_shape)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def boundary_model(shape, direction: str, scale: float, zero_point_u8: int, activations: str = "u8"):
+    """A QuantizeLinear ("in": float -> int8, entering an int8 op) or DequantizeLinear ("out")."""
+    zero_point, element = _zero_point(zero_point_u8, activations)
+    source, target = (TensorProto.FLOAT, element) if direction == "in" else (element, TensorProto.FLOAT)
+    op = "QuantizeLinear" if direction == "in" else "DequantizeLinear"
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "scale", "zp"], ["y"])], "boundary",
+        [helper.make_tensor_value_info("x", source, list(shape))],
+        [helper.make_tensor_value_info("y", target, list(shape))],
+        [helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]), helper.make_tensor("zp", element, [], [zero_point])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def int8_nodes(plan) -> set[str]:
+    """The nodes a plan runs in int8 (its tasks of precision int8)."""
+    return {node for task in plan.tasks if task.get("precision") == "int8" for node in task["nodes"]}
+
+
+def quantized_model(model, plan):
+    """The QDQ model of a plan with int8 nodes, written by onnxruntime.quantization.quantize_static
+    as a user would call it (QDQ format), from the plan's calibration ranges (its calibration
+    cache), with the plan's activation type and weight granularity; the tunable nodes the plan
+    keeps in float are excluded, every other op is quantized where ONNX Runtime's quantizer does."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    import onnxruntime.quantization as q
+
+    from kselect.core.calibration import quiet_quantizer
+    from kselect.core.tasks import extract_tasks
+
+    quantized = int8_nodes(plan)
+    tunable = {node for task in extract_tasks(model) for node in task.nodes}
+    settings = plan.library_settings.get("mlas", plan.plan_level)
+    with tempfile.TemporaryDirectory(prefix="kselect-int8-") as tmp, quiet_quantizer():
+        cache, source = Path(tmp) / "ranges.json", Path(tmp) / "model.onnx"
+        cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
+        source.write_bytes(model.proto.SerializeToString())  # quantize_static changes a ModelProto it is given
+        output = Path(tmp) / "model.int8.onnx"
+        q.quantize_static(source, output, None, quant_format=q.QuantFormat.QDQ,
+                          per_channel=settings.get("weights", "per-channel") == "per-channel",
+                          activation_type=q.QuantType.QInt8 if settings.get("activations") == "s8" else q.QuantType.QUInt8,
+                          weight_type=q.QuantType.QInt8, nodes_to_exclude=sorted(tunable - quantized),
+                          calibration_cache_path=cache)
+        return onnx.load(str(output))

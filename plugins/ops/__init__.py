@@ -1,0 +1,15 @@
+"""The op kinds built into kselect (core/opkind.py), registered like a third-party plugin's:
+"conv" (Conv, 1-D and 2-D), "deconv" (ConvTranspose) and "fc" (Gemm, MatMul)."""
+
+from __future__ import annotations
+
+from kselect.core.hookspecs import hookimpl
+from kselect.plugins.ops.conv import ConvKind, DeconvKind
+from kselect.plugins.ops.fc import FullyConnectedKind
+
+
+@hookimpl
+def register_op_kinds(register):
+    register(ConvKind())
+    register(DeconvKind())
+    register(FullyConnectedKind())
