@@ -106,6 +106,15 @@ class _Subject:
         return [task for task in extract_tasks(self.model) if self.library.supports(task)]
 
     @cached_property
+    def int8_tasks(self):
+        """The int8 twins the library supports (none unless it lists int8 in ``precisions``)."""
+        from kselect.core.tune import library_tasks
+
+        if "int8" not in self.library.precisions:
+            return []
+        return [t for t in library_tasks(self.model, self.library, ("int8",)) if t.precision == "int8"]
+
+    @cached_property
     def tuned(self):
         from kselect.core.api import tune
         from kselect.core.errors import KselectError
@@ -168,7 +177,7 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
                      f"{task.id}: default_config changes between calls")
 
     def plan_level_dims_are_dims():
-        names = {dim.name for task in s.tasks for dim in library.space(task, s.device).dims}
+        names = {dim.name for task in s.tasks + s.int8_tasks for dim in library.space(task, s.device).dims}
         missing = [d for d in library.plan_level_dims if d not in names]
         _require(not missing, f"plan_level_dims {missing} are in no task's space")
 
@@ -228,9 +237,25 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
                     result = worker.measure(conversion_task(label, direction, [1, 16, 12, 12]), {})
                     _require(result.status == "ok", f"conversion {direction} of {label}: {result.status} {result.reason}")
 
+    def int8_defaults_match_the_reference():
+        """A library listing int8: each int8 twin it supports has a space holding its default,
+        which measures ok within the int8 tolerance (core/quant.py)."""
+        from kselect.core.worker import MeasureWorker
+
+        if "int8" not in library.precisions:
+            return
+        _require(bool(s.int8_tasks), "precisions lists int8 but no int8 twin of a conv or fc is supported")
+        with MeasureWorker(library, QUICK) as worker:
+            for task in s.int8_tasks:
+                space = library.space(task, s.device)
+                default = space.normalise(library.default_config(task, s.device))
+                _require(default in space, f"{task.id}: the int8 default {default} is not in its space")
+                result = worker.measure(task, default)
+                _require(result.status == "ok", f"{task.id}: int8 default {result.status}: {result.reason}")
+
     checks = [identity, supports_a_conv, spaces_hold_their_defaults, plan_level_dims_are_dims,
               tunes_and_measures_its_defaults, a_plan_names_every_supported_node, default_runner_matches_onnxruntime,
-              plan_runner_matches_onnxruntime, runs_op_answers, conversions_keep_values]
+              plan_runner_matches_onnxruntime, runs_op_answers, conversions_keep_values, int8_defaults_match_the_reference]
     return [Check(f.__name__, f) for f in checks]
 
 

@@ -100,6 +100,9 @@ class Library(ABC):
     # int8 (``--precision fp32,int8``); ``supports``, ``space`` and ``default_config`` answer for
     # it as for any task, and its candidates quantize as ``inputs["quant"]`` says.
     precisions: tuple[str, ...] = ("fp32",)
+    # The precisions ``model_runner`` runs a whole plan in: a library measuring int8 kernels per op
+    # whose runner has no int8 path yet keeps ("fp32",) here, and int8 tunes refuse it up front.
+    plan_precisions: tuple[str, ...] = ("fp32",)
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

@@ -199,19 +199,32 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             sensitivity[node] = fp32_score - metric(outputs, reference, calibration.held_out)
             noise[node] = sqnr(outputs, reference, calibration.held_out)
         say("all candidates in int8, then backing off the most sensitive")
-        current = set(candidates)
-        front.append(point("int8", current))
-        order = sorted(candidates, key=lambda n: (-sensitivity[n], noise[n]))
-        group = max(1, -(-len(order) // MAX_BACKOFF_STEPS))
-        step = 0
-        while not front[-1].within_budget and order:
-            back, order = order[:group], order[group:]
-            current -= set(back)
-            step += 1
-            if current:
-                front.append(point(f"mixed-{step}", current))
+        front += back_off(candidates, sensitivity, noise, point)
+    chosen = fastest_within_budget(front)
+    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans)
+
+
+def back_off(candidates: list[str], sensitivity: dict[str, float], noise: dict[str, float],
+             point: Callable[[str, set[str]], FrontPoint]) -> list[FrontPoint]:
+    """All ``candidates`` in int8 ("int8"), then the most sensitive going back to float, one at a
+    time (in groups past MAX_BACKOFF_STEPS candidates), each step measured by ``point(name,
+    int8 nodes)``, until a point is within the budget or none is left in int8."""
+    current = set(candidates)
+    front = [point("int8", current)]
+    order = sorted(candidates, key=lambda n: (-sensitivity[n], noise.get(n, 0.0)))
+    group = max(1, -(-len(order) // MAX_BACKOFF_STEPS))
+    step = 0
+    while not front[-1].within_budget and order:
+        back, order = order[:group], order[group:]
+        current -= set(back)
+        step += 1
+        if current:
+            front.append(point(f"mixed-{step}", set(current)))
+    return front
+
+
+def fastest_within_budget(front: list[FrontPoint]) -> FrontPoint:
     within = [p for p in front if p.within_budget]
     if not within:
-        raise KselectError("no plan met the accuracy budget")  # the fp32 plan always does
-    chosen = min(within, key=lambda p: p.predicted_us)
-    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans)
+        raise KselectError("no plan met the accuracy budget")  # the fp32 point always does
+    return min(within, key=lambda p: p.predicted_us)

@@ -84,6 +84,7 @@ class MlasLibrary(Library):
     plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking", "activations",
                        "weights")
     precisions = ("fp32", "int8")
+    plan_precisions = ("fp32", "int8")  # a plan with int8 ops runs as the QDQ model (int8.py)
 
     def availability(self) -> tuple[bool, str]:
         try:

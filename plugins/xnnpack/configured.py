@@ -79,8 +79,11 @@ _PRISTINE: list[tuple[int, bytes]] | None = None
 def _table_regions() -> list[tuple[int, int]]:
     b = uk.verify_build()
     t = b.table
-    regions = [(ctypes.addressof(t.f32.gemm), ctypes.sizeof(uk.GemmParams))]
-    regions += [(ctypes.addressof(e), ctypes.sizeof(uk.DwconvParams)) for e in t.f32.dwconv]
+    regions = []
+    for family in ("f32",) + uk.INT8_FAMILIES:  # every entry an override (f32 or 8-bit) may rewrite
+        entries = getattr(t, family)
+        regions.append((ctypes.addressof(entries.gemm), ctypes.sizeof(uk.GemmParams)))
+        regions += [(ctypes.addressof(e), ctypes.sizeof(uk.DwconvParams)) for e in entries.dwconv]
     return regions
 
 
@@ -254,6 +257,9 @@ def build(spec: OpSpec, config: dict, w: np.ndarray, b: np.ndarray | None, x: np
     abort (only ever true in the measuring child)."""
     if unsafe is None:
         unsafe = False
+    if "variant" in config:  # an int8 task's config (int8.py): never built as a float operator
+        raise ConfigError(f"{config['variant']} is an 8-bit config: XNNPack's whole-model executor has no int8 "
+                          "path yet (int8 ops are measured per op only, int8.py)")
     threads = int(config.get("threads", 1))
     pool = pool_for(threads)
     path = config.get("path", "nhwc")

@@ -192,3 +192,131 @@ def resolve(cls: str, name: str, mr: int | None, taps: int | None = None, *, uns
             if c.name == name:
                 return dataclasses.replace(c, mr=int(mr), fn1=None)
     raise KeyError(f"{short(name)} at mr={mr} is not a {cls} choice of this build")
+
+
+# -- 8-bit kernels (qc8, qs8, qu8) ----------------------------------------------------------
+INT8_DWCONV_TAPS = (9, 25)  # primary tiles of this build's 8-bit dwconv tables (no 3/4 taps, no vmulcaddc)
+INT8_ISA_RANK = {"avx512skx": 0, "avx2": 1, "xop": 2, "avx": 3, "sse41": 4, "sse2": 5}
+
+
+def _int8_cache_file(build: uk.Build) -> Path:
+    return _cache_file(build).with_name(_cache_file(build).name.replace("catalog-", "catalog-int8-"))
+
+
+@functools.lru_cache(maxsize=None)
+def int8_catalog() -> dict[str, dict[str, list]]:
+    """``ukernels.catalog_int8()`` through a disk cache (raises ``OverrideRefused``)."""
+    build = uk.verify_build()
+    path = _int8_cache_file(build)
+    try:
+        data = json.loads(path.read_text())
+        return {family: {"gemm": [uk.GemmChoice(**c) for c in entries["gemm"]],
+                         "igemm": [uk.GemmChoice(**c) for c in entries["igemm"]],
+                         "dwconv": [uk.DwconvChoice(**c) for c in entries["dwconv"]]}
+                for family, entries in data.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    cat = uk.catalog_int8()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({family: {k: [dataclasses.asdict(c) for c in v] for k, v in entries.items()}
+                                   for family, entries in cat.items()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return cat
+
+
+@functools.lru_cache(maxsize=None)
+def int8_override_status() -> tuple[bool, str]:
+    """(True, description) when the f32 override is on (a known build, the table found) and the
+    8-bit entries of every ISA tier could be read; else (False, why)."""
+    ok, why = override_status()
+    if not ok:
+        return False, why
+    try:
+        uk.check_int8_table()
+        cat = int8_catalog()
+    except uk.OverrideRefused as exc:
+        return False, str(exc)
+    except Exception as exc:
+        return False, f"8-bit catalog failed ({type(exc).__name__}: {exc})"
+    counts = ", ".join(f"{family} {len(v['gemm'])}/{len(v['igemm'])}/{len(v['dwconv'])}" for family, v in cat.items())
+    return True, f"8-bit micro-kernel override on (gemm/igemm/dwconv: {counts})"
+
+
+@functools.lru_cache(maxsize=None)
+def int8_table_defaults() -> dict:
+    """What XNNPack's initialisation put in the 8-bit entries (this process, no override):
+    {family: {"gemm": {gemm, igemm, gemm1, igemm1 names, mr, nr}, "dwconv": {taps: name}}}."""
+    out = {}
+    for family, entries in uk.snapshot_int8(uk.verify_build()).items():
+        g = entries["gemm"]
+        out[family] = {"gemm": {**{slot: short(n) for slot, n in g["names"].items()}, "mr": g["mr"], "nr": g["nr"]},
+                       "dwconv": {d["primary_tile"]: short(d["name"]) for d in entries["dwconv"] if d["name"]}}
+    return out
+
+
+def int8_op_class(task) -> str:
+    """XNNPack's micro-kernel family for the 8-bit NHWC operator (convolution-nhwc.c at ae108ef:
+    no vmulcaddc for 8-bit; dwconv for depthwise multiplier 1 with 9 or 25 taps; gemm for 1x1
+    stride-1 unpadded convs and fully connected; else igemm)."""
+    if task.kind == "fc":
+        return "gemm"
+    a = task.attrs
+    groups = a["group"]
+    cin_g, cout_g = task.input_shape[1] // groups, task.weight_shape[0] // groups
+    kh, kw = a["kernel"]
+    if cin_g == 1 and cout_g == 1 and kh * kw in INT8_DWCONV_TAPS:
+        return "dwconv"
+    if kh * kw == 1 and a["strides"] == [1, 1] and not any(a["pads"]):
+        return "gemm"
+    return "igemm"
+
+
+def int8_family(name: str) -> str:
+    """The 8-bit family (qc8, qs8, qu8) of a kernel name."""
+    return short(name).split("_", 1)[0]
+
+
+def int8_kernel_names(family: str, cls: str, taps: int | None = None) -> list[str]:
+    entries = int8_catalog()[family]
+    if cls == "dwconv":
+        return [short(c.name) for c in entries["dwconv"] if c.primary_tile == taps]
+    return [short(c.name) for c in entries[cls]]
+
+
+def int8_default_kernel(family: str, cls: str, rows: int, taps: int | None = None) -> str | None:
+    """The kernel XNNPack itself runs for this family and op (the mr=1 sibling for one row)."""
+    t = int8_table_defaults()[family]
+    if cls == "dwconv":
+        return t["dwconv"].get(taps)
+    if rows == 1 and t["gemm"].get(cls + "1"):
+        return t["gemm"][cls + "1"]
+    return t["gemm"][cls]
+
+
+def int8_promise(name: str) -> tuple:
+    """Sort key: wider ISA first, then larger tiles."""
+    isa = name.rsplit("__", 1)[-1].split("_")[0]
+    if "_dwconv_" in name:
+        m = re.search(r"up(\d+)x(\d+)", name)
+        size = int(m.group(1)) if m else 0
+    else:
+        p = uk.parse_gemm_name(full(name))
+        size = p["mr"] * p["nr"]
+    return INT8_ISA_RANK.get(isa, 9), -size, name
+
+
+def int8_resolve(cls: str, name: str, taps: int | None = None):
+    """The catalog choice for an 8-bit kernel name (its family is in the name)."""
+    family = int8_family(name)
+    if family not in uk.INT8_FAMILIES:
+        raise KeyError(f"{name} is not an 8-bit (qc8, qs8, qu8) micro-kernel")
+    name = full(name)
+    for c in int8_catalog()[family].get(cls, []):
+        if c.name == name and (cls != "dwconv" or c.primary_tile == taps):
+            return c
+    raise KeyError(f"{short(name)} is not a {family} {cls} choice of this build"
+                   + (f" for {taps} taps" if cls == "dwconv" else ""))

@@ -93,6 +93,8 @@ class XnnpackLibrary(Library):
     # workers spin or sleep between parallel loops is one setting for the whole model.
     plan_level_dims = ("spinning",)
     spin_dim = "spinning"
+    # int8 twins of conv / fc tasks run XNNPack's 8-bit operators (int8.py): qc8, qs8, qu8.
+    precisions = ("fp32", "int8")
 
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -108,12 +110,25 @@ class XnnpackLibrary(Library):
             parts.append("spinning on through the pthreadpool shim; no work split (it needs the override's nr)")
         else:
             parts.append("work split (tile_n, loop) and spinning on through the pthreadpool shim")
+        int8_ok, int8_why = xa.int8_availability()
+        if not int8_ok:
+            parts.append(f"no int8 ({int8_why})")
+        elif override_ok:
+            q_ok, q_why = kernels.int8_override_status()
+            parts.append(f"int8: qc8 / qs8 / qu8 operators, {q_why}" if q_ok else
+                         f"int8: qc8 / qs8 / qu8 operators, no 8-bit micro-kernel override ({q_why})")
+        else:
+            parts.append("int8: qc8 / qs8 / qu8 operators")
         return True, "; ".join(parts)
 
     def version(self) -> str:
         return f"{xa.DEBIAN_PACKAGE} {xa.library_version() or 'unknown'} ({_loaded_file_sha256()[:12]})"
 
     def supports(self, task: Task) -> bool:
+        if task.precision != "fp32":
+            from kselect.plugins.xnnpack import int8
+
+            return int8.supports(task)
         if not all(self.runs_op(step[0]) for step in task.epilogue):
             return False
         if task.kind == "fc":
@@ -147,6 +162,10 @@ class XnnpackLibrary(Library):
         return sorted(names, key=lambda n: (n != default, *kernels.promise(n)))
 
     def space(self, task: Task, device: Device) -> Space:
+        if task.precision == "int8":
+            from kselect.plugins.xnnpack import int8
+
+            return int8.space(task, device)
         spec = configured.OpSpec(task)
         space = Space()
         nchw_ok, nchw_kind = spec.nchw_path()
@@ -187,7 +206,12 @@ class XnnpackLibrary(Library):
 
     def default_config(self, task: Task, device: Device) -> dict:
         """XNNPack's own choice: the NHWC operator, the kernel its initialisation put in the table
-        (the mr=1 sibling for a single-row GEMM / IGEMM), its own tile, all cores."""
+        (the mr=1 sibling for a single-row GEMM / IGEMM), its own tile, all cores. For an int8
+        task: qc8 convs, qs8 fully connected (int8.default_config)."""
+        if task.precision == "int8":
+            from kselect.plugins.xnnpack import int8
+
+            return int8.default_config(task, device)
         spec = configured.OpSpec(task)
         config: dict = {}
         if spec.nchw_path()[0]:
@@ -207,12 +231,16 @@ class XnnpackLibrary(Library):
 
     # -- candidates (in the measuring child) --------------------------------------------------
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        spec = configured.OpSpec(task)
         shim = tileshim.shim()
         if shim is not None and configured.in_measuring_child():
             shim.clear()  # one candidate at a time in the child: no rule of an earlier one survives
         if kernels.override_status()[0]:
             configured.check_table_pristine()
+        if task.precision == "int8":
+            from kselect.plugins.xnnpack import int8
+
+            return int8.prepare(task, config, inputs)
+        spec = configured.OpSpec(task)
         if task.epilogue or task.conv1d:
             return self._prepare_in_executor(task, config, inputs)
         w, b = inputs["w"], inputs.get("b")

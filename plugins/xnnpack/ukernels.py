@@ -211,7 +211,7 @@ TIERS = {
     "avx": {"clear": ["avx512f", "fma3"], "uarch": None, "needs": ["avx"]},
     "sse": {"clear": ["avx512f", "fma3", "avx"], "uarch": None, "needs": []},
 }
-_PROC_FLAG = {"avx512f": "avx512f", "fma3": "fma", "avx": "avx", "avx2": "avx2"}
+_PROC_FLAG = {"avx512f": "avx512f", "fma3": "fma", "avx": "avx", "avx2": "avx2", "sse4_1": "sse4_1", "xop": "xop"}
 
 
 def _tier_isa(tier: str, flags: set[str]) -> str:
@@ -228,6 +228,35 @@ def _tier_isa(tier: str, flags: set[str]) -> str:
 _INIT_FOR_ISA = {"avx512f": "xnn_init_f32_minmax_scalar_params",
                  "fma3": "xnn_init_f32_minmax_avx_params", "avx": "xnn_init_f32_minmax_avx_params",
                  "sse": "xnn_init_f32_minmax_sse_params"}
+
+# 8-bit kernels (qc8, qs8, qu8 GEMM / IGEMM / DWCONV). init.c (x86 branch, ae108ef) picks them
+# by a chain of its own: avx512skx (avx512f+bw+dq+vl) > xop > avx2 > avx > sse4.1 > sse2, for
+# each family alike. Each tier is read in a child that clears the cpuinfo_isa flags above it (a
+# tier is probed only where the CPU has the ISA it needs; clearing a flag the CPU lacks changes
+# nothing). "default" is the CPU's own tier.
+INT8_FAMILIES = ("qc8", "qs8", "qu8")
+INT8_TIERS = {
+    "default": {"clear": [], "uarch": None, "needs": []},
+    "avx2": {"clear": ["avx512f", "xop"], "uarch": None, "needs": ["avx2"]},
+    "avx": {"clear": ["avx512f", "xop", "avx2"], "uarch": None, "needs": ["avx"]},
+    "sse41": {"clear": ["avx512f", "xop", "avx2", "avx"], "uarch": None, "needs": ["sse4_1"]},
+    "sse2": {"clear": ["avx512f", "xop", "avx2", "avx", "sse4_1"], "uarch": None, "needs": []},
+}
+# The params-init function init.c pairs with each family's kernels of an ISA (the requantization
+# parameters' layout differs per ISA; the init functions are not exported, so they are named by
+# the ISA of the kernels they sit next to in each tier's table, and every address must get one
+# name and every name one address).
+_INT8_INIT_ISA = {"avx512skx": "avx512", "avx2": "avx2", "xop": "sse4", "avx": "sse4", "sse41": "sse4", "sse2": "sse2"}
+_INT8_INIT_PREFIX = {"qc8": "xnn_init_qs8_minmax_", "qs8": "xnn_init_qs8_conv_minmax_fp32_",
+                     "qu8": "xnn_init_qu8_conv_minmax_fp32_"}
+
+
+def int8_init_name(family: str, kernel: str) -> str:
+    isa = kernel.rsplit("__", 1)[1].split("_")[0]
+    suffix = _INT8_INIT_ISA[isa]
+    if family == "qu8" and suffix == "sse4":  # qu8 has no sse4 variant: its xop/avx/sse41 kernels take sse2's
+        suffix = "sse2"
+    return f"{_INT8_INIT_PREFIX[family]}{suffix}_params"
 
 # --------------------------------------------------------------------------------------------
 # ELF reading (the library file on disk)
@@ -358,8 +387,11 @@ class Build:
 _BUILD: Build | None = None
 
 
-def verify_build() -> Build:
-    """Identify the loaded library and locate ``xnn_params``; raise :class:`OverrideRefused`."""
+def verify_build(known_offset_ok: bool = False) -> Build:
+    """Identify the loaded library and locate ``xnn_params``; raise :class:`OverrideRefused`.
+    ``known_offset_ok``: where the f16 anchor is not in the table (a probe child that cleared
+    AVX2, so XNNPack left the f16 entries empty), take the offset listed for this build (the
+    parent found it by the scan in the very same file); every kernel entry is checked either way."""
     global _BUILD
     if _BUILD is not None:
         return _BUILD
@@ -379,7 +411,12 @@ def verify_build() -> Build:
     for sym in (ANCHOR_GEMM, ANCHOR_GEMM1):
         if elf.addr_by_name.get(sym) != elf.dynsym.get(sym):
             raise OverrideRefused(f"assert-name map disagrees with the exported {sym}")
-    params_addr = _locate_params(elf, base)
+    try:
+        params_addr = _locate_params(elf, base)
+    except OverrideRefused:
+        if not (known_offset_ok and info.get("params_offset") is not None):
+            raise
+        params_addr = base + info["params_offset"]
     if info.get("params_offset") is not None and params_addr - base != info["params_offset"]:
         raise OverrideRefused(f"xnn_params found at base+{params_addr - base:#x}, expected "
                               f"base+{info['params_offset']:#x} for this build")
@@ -415,15 +452,22 @@ def _locate_params(elf: ElfInfo, base: int) -> int:
 
 _GEMM_RE = re.compile(r"xnn_f32_(gemm|igemm)_minmax_ukernel_(\d+)x(\d+)(?:c(\d+))?(?:s(\d+))?__(\w+)")
 _DW_RE = re.compile(r"xnn_f32_dwconv_minmax_ukernel_up(\d+)x(\d+)__(\w+)")
+_Q_GEMM_RE = re.compile(r"xnn_(qc8|qs8|qu8)_(gemm|igemm)_minmax_fp32_ukernel_(\d+)x(\d+)(?:c(\d+))?(?:s(\d+))?__(\w+)")
+_Q_DW_RE = re.compile(r"xnn_(qc8|qs8|qu8)_dwconv_minmax_fp32_ukernel_up(\d+)x(\d+)__(\w+)")
 
 
 def parse_gemm_name(name: str) -> dict:
+    """MRxNR, kr, sr and ISA of an f32 or 8-bit (qc8, qs8, qu8) GEMM / IGEMM kernel name."""
     m = _GEMM_RE.fullmatch(name)
-    if not m:
-        raise ValueError(name)
-    kind, mr, nr, kr, sr, isa = m.groups()
+    if m:
+        family, (kind, mr, nr, kr, sr, isa) = "f32", m.groups()
+    else:
+        m = _Q_GEMM_RE.fullmatch(name)
+        if not m:
+            raise ValueError(name)
+        family, kind, mr, nr, kr, sr, isa = m.groups()
     return {"kind": kind, "mr": int(mr), "nr": int(nr), "log2_kr": int(kr or 1).bit_length() - 1,
-            "log2_sr": int(sr or 1).bit_length() - 1, "isa": isa}
+            "log2_sr": int(sr or 1).bit_length() - 1, "isa": isa, "family": family}
 
 
 def _check_table(b: Build) -> None:
@@ -482,6 +526,52 @@ def snapshot(b: Build | None = None) -> dict:
     }
 
 
+def snapshot_int8(b: Build | None = None) -> dict:
+    """The qc8 / qs8 / qu8 gemm and dwconv entries of the live table (base offsets + names)."""
+    b = b or verify_build()
+    t = b.table
+    out = {}
+    for family in INT8_FAMILIES:
+        entry = getattr(t, family)
+        g = entry.gemm
+        d = {slot: _rel(b, getattr(g.minmax, slot)) for slot in ("gemm", "igemm", "gemm1", "igemm1")}
+        d.update(names={k: b.elf.names_by_addr.get(v) for k, v in d.items() if v is not None},
+                 init=_rel(b, g.init), mr=g.mr, nr=g.nr, log2_kr=g.log2_kr, log2_sr=g.log2_sr)
+        out[family] = {"gemm": d, "dwconv": [
+            {"fn": _rel(b, e.minmax), "name": b.elf.names_by_addr.get(_rel(b, e.minmax) or -1),
+             "init": _rel(b, e.init), "channel_tile": e.channel_tile, "primary_tile": e.primary_tile,
+             "incremental_tile": e.incremental_tile} for e in entry.dwconv]}
+    return out
+
+
+def check_int8_table(b: Build | None = None) -> None:
+    """The live 8-bit entries must name kernels of their family whose tiles match the stored ones."""
+    b = b or verify_build()
+    t = b.table
+    for family, entries in snapshot_int8(b).items():
+        g = entries["gemm"]
+        for slot in ("gemm", "igemm", "gemm1", "igemm1"):
+            if g[slot] is None:
+                raise OverrideRefused(f"{family}.gemm.{slot} is empty (was xnn_initialize called?)")
+            name = g["names"].get(slot)
+            if name is None:
+                raise OverrideRefused(f"{family}.gemm.{slot} = base+{g[slot]:#x} is not a known micro-kernel")
+            p = parse_gemm_name(name)
+            want_mr = 1 if slot.endswith("1") else g["mr"]
+            if (p["family"] != family or p["kind"] != slot.rstrip("1") or p["mr"] != want_mr or p["nr"] != g["nr"]
+                    or p["log2_kr"] != g["log2_kr"] or p["log2_sr"] != g["log2_sr"]):
+                raise OverrideRefused(f"{family}.gemm.{slot} = {name} disagrees with mr={g['mr']} nr={g['nr']} "
+                                      f"kr={1 << g['log2_kr']}")
+        for i, d in enumerate(entries["dwconv"]):
+            m = _Q_DW_RE.fullmatch(d["name"] or "")
+            if (not m or m.group(1) != family or int(m.group(2)) != d["channel_tile"]
+                    or int(m.group(3)) != d["primary_tile"]):
+                raise OverrideRefused(f"{family}.dwconv[{i}] = {d['name']} disagrees with tiles "
+                                      f"{d['channel_tile']}/{d['primary_tile']}")
+    if not (t.init_flags & XNN_INIT_FLAG_XNNPACK):
+        raise OverrideRefused("xnn_params is not initialized")
+
+
 def _proc_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
@@ -493,9 +583,10 @@ def _proc_flags() -> set[str]:
     return set()
 
 
-def _probe_in_this_process(tier: str) -> dict:
-    """Child side: edit cpuinfo before XNNPack initializes, then read the table."""
-    spec = TIERS[tier]
+def _probe_in_this_process(tier: str, int8: bool = False) -> dict:
+    """Child side: edit cpuinfo before XNNPack initializes, then read the table (its f32 entries,
+    or with ``int8`` its qc8 / qs8 / qu8 ones)."""
+    spec = (INT8_TIERS if int8 else TIERS)[tier]
     cpuinfo = ctypes.CDLL("libcpuinfo.so.0", mode=ctypes.RTLD_GLOBAL)
     cpuinfo.cpuinfo_initialize.restype = ctypes.c_bool
     if not cpuinfo.cpuinfo_initialize():
@@ -519,6 +610,11 @@ def _probe_in_this_process(tier: str) -> dict:
             raise OverrideRefused(f"cpuinfo_core layout check failed (vendor={core.vendor:#x}, "
                                   f"uarch={core.uarch:#x})")
         core.uarch = spec["uarch"]
+    if int8:
+        # xa.lib() runs xnn_initialize here; below AVX2 the f16 anchor is absent (see verify_build)
+        b = verify_build(known_offset_ok=True)
+        check_int8_table(b)
+        return {"tier": tier, "families": snapshot_int8(b)}
     snap = snapshot(verify_build())  # xa.lib() runs xnn_initialize here
     snap["tier"] = tier
     return snap
@@ -552,6 +648,20 @@ def probe_tier(tier: str) -> dict:
         raise OverrideRefused(f"probe {tier}: {err}")
     if "error" in res:
         raise OverrideRefused(f"probe {tier}: {res['error']}")
+    return res
+
+
+@functools.lru_cache(maxsize=None)
+def probe_tier_int8(tier: str) -> dict:
+    """8-bit table entries of the given tier (INT8_TIERS), read in a child process."""
+    if tier not in INT8_TIERS:
+        raise KeyError(tier)
+    verify_build()
+    res, err = _run_child(["--probe-int8", tier], timeout=120)
+    if res is None:
+        raise OverrideRefused(f"probe int8 {tier}: {err}")
+    if "error" in res:
+        raise OverrideRefused(f"probe int8 {tier}: {res['error']}")
     return res
 
 
@@ -656,6 +766,48 @@ def catalog(tiers: tuple[str, ...] = tuple(TIERS)) -> dict[str, list]:
     return {"gemm": list(gemm.values()), "igemm": list(igemm.values()), "dwconv": list(dw.values())}
 
 
+@functools.lru_cache(maxsize=None)
+def catalog_int8() -> dict[str, dict[str, list]]:
+    """Per 8-bit family, every GEMM / IGEMM / DWCONV kernel this build can run on this CPU:
+    {"qc8": {"gemm": [...], "igemm": [...], "dwconv": [...]}, ...}. Each kernel at its native MR
+    only (with its mr=1 sibling as XNNPack pairs them), with the params-init function of its own
+    table entry."""
+    flags = _proc_flags()
+    snaps = {t: probe_tier_int8(t) for t, spec in INT8_TIERS.items()
+             if all(_PROC_FLAG[f] in flags for f in spec["needs"])}
+    by_addr: dict[int, str] = {}
+    by_name: dict[str, int] = {}
+
+    def init_name_for(off: int, family: str, kernel: str) -> str:
+        name = int8_init_name(family, kernel)
+        if by_addr.setdefault(off, name) != name or by_name.setdefault(name, off) != off:
+            raise OverrideRefused(f"{kernel} is paired with the init at base+{off:#x}, which is also "
+                                  f"{by_addr[off]} / {name} is also at base+{by_name[name]:#x}")
+        return name
+
+    out: dict[str, dict[str, list]] = {}
+    for family in INT8_FAMILIES:
+        gemm: dict[str, GemmChoice] = {}
+        igemm: dict[str, GemmChoice] = {}
+        dw: dict[str, DwconvChoice] = {}
+        for tier, snap in snaps.items():
+            g = snap["families"][family]["gemm"]
+            init_name = init_name_for(g["init"], family, g["names"]["gemm"])
+            common = dict(init=g["init"], init_name=init_name, nr=g["nr"], log2_kr=g["log2_kr"],
+                          log2_sr=g["log2_sr"], tier=tier)
+            for kind, table in (("gemm", gemm), ("igemm", igemm)):
+                c = GemmChoice(g["names"][kind], kind, g[kind], g[kind + "1"], mr=g["mr"], **common)
+                table.setdefault(c.id, c)
+                c = GemmChoice(g["names"][kind + "1"], kind, g[kind + "1"], None, mr=1, **common)
+                table.setdefault(c.id, c)
+            for d in snap["families"][family]["dwconv"]:
+                c = DwconvChoice(d["name"], d["fn"], d["init"], init_name_for(d["init"], family, d["name"]),
+                                 d["channel_tile"], d["primary_tile"], tier)
+                dw.setdefault(c.id, c)
+        out[family] = {"gemm": list(gemm.values()), "igemm": list(igemm.values()), "dwconv": list(dw.values())}
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Applying an override (child processes only)
 # --------------------------------------------------------------------------------------------
@@ -669,21 +821,24 @@ class forced_kernels:
     """
 
     def __init__(self, gemm: GemmChoice | None = None, dwconv: DwconvChoice | None = None,
-                 *, allow_in_process: bool = False):
+                 *, allow_in_process: bool = False, family: str = "f32"):
         if os.environ.get(CHILD_ENV) != "1" and not allow_in_process:
             raise OverrideRefused("micro-kernel overrides run only in a child process "
                                   "(run_candidate), or pass allow_in_process=True")
-        self.gemm, self.dwconv = gemm, dwconv
+        if family not in ("f32",) + INT8_FAMILIES:
+            raise ValueError(f"no table entries for {family!r}")
+        self.gemm, self.dwconv, self.family = gemm, dwconv, family
         self._saved: list[tuple[int, bytes]] = []
 
     def __enter__(self):
         b = verify_build()
         t = b.table
+        entries = getattr(t, self.family)  # the f32 or the 8-bit family's gemm / dwconv entries
         if self.gemm is not None:
             g = self.gemm
-            addr = ctypes.addressof(t.f32.gemm)
+            addr = ctypes.addressof(entries.gemm)
             self._saved.append((addr, ctypes.string_at(addr, ctypes.sizeof(GemmParams))))
-            gp = t.f32.gemm
+            gp = entries.gemm
             gp.minmax.gemm = gp.minmax.igemm = gp.minmax.gemm1 = gp.minmax.igemm1 = None
             if g.kind == "gemm":
                 gp.minmax.gemm = b.base + g.fn
@@ -695,7 +850,7 @@ class forced_kernels:
             gp.mr, gp.nr, gp.log2_kr, gp.log2_sr = g.mr, g.nr, g.log2_kr, g.log2_sr
         if self.dwconv is not None:
             d = self.dwconv
-            for entry in t.f32.dwconv:
+            for entry in entries.dwconv:
                 if entry.primary_tile == d.primary_tile:
                     addr = ctypes.addressof(entry)
                     self._saved.append((addr, ctypes.string_at(addr, ctypes.sizeof(DwconvParams))))
@@ -704,7 +859,7 @@ class forced_kernels:
                     entry.channel_tile = d.channel_tile
                     break
             else:
-                raise OverrideRefused(f"no f32.dwconv entry with primary_tile {d.primary_tile}")
+                raise OverrideRefused(f"no {self.family}.dwconv entry with primary_tile {d.primary_tile}")
         return self
 
     def __exit__(self, *exc):
@@ -830,6 +985,7 @@ def _main(argv: list[str]) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m kselect.plugins.xnnpack.ukernels")
     ap.add_argument("--probe", choices=list(TIERS))
+    ap.add_argument("--probe-int8", choices=list(INT8_TIERS))
     ap.add_argument("--candidate")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--demo", action="store_true")
@@ -838,6 +994,12 @@ def _main(argv: list[str]) -> int:
     if a.probe:
         try:
             print(json.dumps(_probe_in_this_process(a.probe)))
+        except OverrideRefused as e:
+            print(json.dumps({"error": str(e)}))
+        return 0
+    if a.probe_int8:
+        try:
+            print(json.dumps(_probe_in_this_process(a.probe_int8, int8=True)))
         except OverrideRefused as e:
             print(json.dumps({"error": str(e)}))
         return 0

@@ -1022,9 +1022,200 @@ class _CopyNC(Operator):
                self._setup_name)
 
 
+# --------------------------------------------------------------------------------------------
+# 8-bit operators (qc8, qs8, qu8): optional symbols, prototypes set on first use
+# --------------------------------------------------------------------------------------------
+# The 2022 snapshot's int8 conv / fully connected operators (xnnpack.h at ae108ef):
+#   qc8: int8 activations, int8 weights with one scale per output channel (convolution only: no
+#        per-channel fully connected operator in this snapshot);
+#   qs8: int8 activations, int8 weights with one scale;
+#   qu8: uint8 activations, uint8 weights with one scale and a weight zero point.
+# Every one takes int32 bias (scale input_scale * kernel_scale), an output zero point and scale,
+# and an output clamp [output_min, output_max] in the output's integers.
+
+INT8_VARIANTS = ("qc8", "qs8", "qu8")
+_i8, _u8 = ctypes.c_int8, ctypes.c_uint8
+_CONV_GEOMETRY = [_u32] * 11 + [_sz] * 4
+_INT8_PROTOS = {
+    "xnn_create_convolution2d_nhwc_qc8": _CONV_GEOMETRY + [_i8, _f32, _vp, _vp, _vp, _i8, _f32, _i8, _i8, _u32, _op_out],
+    "xnn_create_convolution2d_nhwc_qs8": _CONV_GEOMETRY + [_i8, _f32, _f32, _vp, _vp, _i8, _f32, _i8, _i8, _u32, _op_out],
+    "xnn_create_convolution2d_nhwc_qu8": _CONV_GEOMETRY + [_u8, _f32, _u8, _f32, _vp, _vp, _u8, _f32, _u8, _u8, _u32,
+                                                           _op_out],
+    "xnn_create_fully_connected_nc_qs8": [_sz] * 4 + [_i8, _f32, _f32, _vp, _vp, _i8, _f32, _i8, _i8, _u32, _op_out],
+    "xnn_create_fully_connected_nc_qu8": [_sz] * 4 + [_u8, _f32, _u8, _f32, _vp, _vp, _u8, _f32, _u8, _u8, _u32, _op_out],
+}
+for _variant in INT8_VARIANTS:
+    _INT8_PROTOS[f"xnn_setup_convolution2d_nhwc_{_variant}"] = [_vp, _sz, _sz, _sz, _vp, _vp, _vp]
+for _variant in ("qs8", "qu8"):
+    _INT8_PROTOS[f"xnn_setup_fully_connected_nc_{_variant}"] = [_vp, _sz, _vp, _vp, _vp]
+
+
+@functools.lru_cache(maxsize=None)
+def int8_availability() -> tuple[bool, str]:
+    """Whether the loaded build has the 8-bit conv / fully connected operators (prototypes set)."""
+    ok, why = availability()
+    if not ok:
+        return False, why
+    xnn = lib().xnn
+    missing = [name for name in _INT8_PROTOS if not hasattr(xnn, name)]
+    if missing:
+        return False, f"{LIBXNNPACK} lacks {', '.join(missing)}"
+    for name, argtypes in _INT8_PROTOS.items():
+        fn = getattr(xnn, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    return True, "qc8 / qs8 / qu8 convolution, qs8 / qu8 fully connected"
+
+
+def _require_int8() -> None:
+    ok, why = int8_availability()
+    if not ok:
+        raise XNNPackUnavailable(why)
+
+
+def int8_dtype(variant: str):
+    """numpy type of the activations (and weights) of a variant."""
+    if variant not in INT8_VARIANTS:
+        raise ValueError(f"unknown 8-bit variant {variant!r} (one of {INT8_VARIANTS})")
+    return np.uint8 if variant == "qu8" else np.int8
+
+
+def _as_q(a, variant: str, name: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype != int8_dtype(variant):
+        raise TypeError(f"{name}: expected {np.dtype(int8_dtype(variant)).name} for {variant}, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    return a
+
+
+class _QuantizedOperator(Operator):
+    """Shared by the 8-bit operators: the variant, the quantization of input and output."""
+
+    def _quant_args(self, variant, weights, bias, input_zero_point, input_scale, kernel_scale, output_zero_point,
+                    output_scale, output_min, output_max, kernel_zero_point, channels):
+        self.variant = variant
+        w = _as_q(weights, variant, "weights")
+        b = None
+        if bias is not None:
+            b = np.ascontiguousarray(bias, dtype=np.int32).reshape(-1)
+            if b.size != channels:
+                raise ValueError(f"bias has {b.size} elements, expected {channels}")
+        if variant == "qc8":
+            scales = np.ascontiguousarray(kernel_scale, dtype=np.float32).reshape(-1)
+            if scales.size != channels:
+                raise ValueError(f"qc8 needs one kernel scale per output channel ({channels}), got {scales.size}")
+            kernel = [float(input_scale), _ptr(scales)]
+            self._keep = (w, b, scales)
+        elif variant == "qs8":
+            kernel = [float(input_scale), float(kernel_scale)]
+            self._keep = (w, b)
+        else:
+            kernel = [float(input_scale), int(kernel_zero_point), float(kernel_scale)]
+            self._keep = (w, b)
+        return ([int(input_zero_point)] + kernel + [_ptr(w), None if b is None else _ptr(b), int(output_zero_point),
+                                                    float(output_scale), int(output_min), int(output_max), 0])
+
+    def _release(self) -> None:
+        self._keep = None  # XNNPack packed weights, bias and scales at creation
+
+
+class QConvolution2DNHWC(_QuantizedOperator):
+    """``xnn_create_convolution2d_nhwc_{qc8,qs8,qu8}``: dense, grouped and depthwise (groups == C_in).
+
+    ``weights``: OIHW int8 (qc8, qs8) or uint8 (qu8, with ``kernel_zero_point``); ``kernel_scale``:
+    one per output channel (qc8) or one (qs8, qu8); ``bias``: int32 at input_scale * kernel_scale.
+    Input (N, H, W, C_in) -> output (N, OH, OW, C_out), both int8 (qc8, qs8) or uint8 (qu8).
+    """
+
+    def __init__(self, variant: str, weights, bias=None, *, input_zero_point: int, input_scale: float, kernel_scale,
+                 output_zero_point: int, output_scale: float, output_min: int, output_max: int,
+                 kernel_zero_point: int = 0, stride=1, dilation=1, padding=0, groups=1,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_int8()
+        w = _as_q(weights, variant, "weights")
+        if w.ndim != 4:
+            raise ValueError("weights must be 4-D (OIHW)")
+        O, Ig, kh, kw = w.shape
+        groups = int(groups)
+        if groups < 1 or O % groups:
+            raise ValueError(f"output channels {O} not divisible by groups {groups}")
+        self.groups, self.group_input_channels, self.group_output_channels = groups, Ig, O // groups
+        self.input_channels, self.output_channels = Ig * groups, O
+        self.kernel = (kh, kw)
+        self.stride, self.dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+        self.padding = _pads(padding)
+        # XNNPack's NHWC kernel layout: [groups][group_output_channels][kh][kw][group_input_channels]
+        ohwi = np.ascontiguousarray(w.transpose(0, 2, 3, 1))
+        quant = self._quant_args(variant, ohwi, bias, input_zero_point, input_scale, kernel_scale, output_zero_point,
+                                 output_scale, output_min, output_max, kernel_zero_point, O)
+        t, l, b, r = self.padding
+        self._create(f"xnn_create_convolution2d_nhwc_{variant}", t, r, b, l, kh, kw, self.stride[0], self.stride[1],
+                     self.dilation[0], self.dilation[1], groups, Ig, O // groups, self.input_channels, O, *quant)
+        self._release()
+
+    def _describe(self) -> str:
+        return (f"{type(self).__name__} {getattr(self, 'variant', '')} k={self.kernel} s={self.stride} "
+                f"d={self.dilation} pad(t,l,b,r)={self.padding} groups={self.groups}")
+
+    def output_shape(self, input_shape) -> tuple:
+        n, h, w, _ = input_shape
+        t, l, b, r = self.padding
+        return (n, conv_output_size(h, self.kernel[0], self.stride[0], self.dilation[0], t, b),
+                conv_output_size(w, self.kernel[1], self.stride[1], self.dilation[1], l, r), self.output_channels)
+
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_q(x, self.variant, "x")
+        if x.ndim != 4 or x.shape[3] != self.input_channels:
+            raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
+        shape = self.output_shape(x.shape)
+        out = np.empty(shape, int8_dtype(self.variant)) if out is None else _as_q(out, self.variant, "out")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
+
+
+class QFullyConnected(_QuantizedOperator):
+    """``xnn_create_fully_connected_nc_{qs8,qu8}``: y = x @ W.T + b on 8-bit data (one weight scale;
+    this snapshot has no per-channel fully connected operator). ``weights``: (C_out, C_in)."""
+
+    def __init__(self, variant: str, weights, bias=None, *, input_zero_point: int, input_scale: float,
+                 kernel_scale: float, output_zero_point: int, output_scale: float, output_min: int, output_max: int,
+                 kernel_zero_point: int = 0, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_int8()
+        if variant not in ("qs8", "qu8"):
+            raise ValueError(f"no {variant} fully connected operator in this build (qs8, qu8)")
+        w = _as_q(weights, variant, "weights")
+        if w.ndim != 2:
+            raise ValueError("weights must be 2-D")
+        self.output_channels, self.input_channels = w.shape
+        quant = self._quant_args(variant, w, bias, input_zero_point, input_scale, kernel_scale, output_zero_point,
+                                 output_scale, output_min, output_max, kernel_zero_point, self.output_channels)
+        self._create(f"xnn_create_fully_connected_nc_{variant}", self.input_channels, self.output_channels,
+                     self.input_channels, self.output_channels, *quant)
+        self._release()
+
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_q(x, self.variant, "x")
+        if x.ndim < 1 or x.shape[-1] != self.input_channels:
+            raise ValueError(f"x: expected (..., {self.input_channels}), got {x.shape}")
+        shape = x.shape[:-1] + (self.output_channels,)
+        out = np.empty(shape, int8_dtype(self.variant)) if out is None else _as_q(out, self.variant, "out")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+        _check(self._setup_fn(self.handle, x.size // self.input_channels, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
 __all__ = [
     "XNNPackError", "XNNPackUnavailable", "availability", "library_version", "lib", "Threadpool",
     "Operator", "Convolution2DNHWC", "Convolution2DNCHW", "nchw_convolution_supported",
     "FullyConnected", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling", "Add", "Binary", "Clamp",
     "Unary", "PReLU", "ResizeBilinear", "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
+    "INT8_VARIANTS", "int8_availability", "QConvolution2DNHWC", "QFullyConnected",
 ]

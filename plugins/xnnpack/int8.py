@@ -1,0 +1,300 @@
+"""XNNPack's 8-bit conv and fully connected operators as int8 candidates (core/quant.py).
+
+This snapshot (libxnnpack0 0.0~git20220216, xnnpack.h at ae108ef) has three 8-bit variants:
+
+- ``qc8``: int8 activations, int8 weights with one scale per output channel
+  (``xnn_create_convolution2d_nhwc_qc8``). It has no per-channel fully connected operator: a
+  qc8 fc runs as a 1x1 qc8 convolution on (M, 1, 1, K), the GEMM path with the same qc8 kernels;
+- ``qs8``: int8 activations, int8 weights with one scale (``..._convolution2d_nhwc_qs8``,
+  ``xnn_create_fully_connected_nc_qs8``);
+- ``qu8``: uint8 activations, uint8 weights with one scale and zero point 128
+  (``..._convolution2d_nhwc_qu8``, ``xnn_create_fully_connected_nc_qu8``).
+
+A candidate quantizes its input as ``inputs["quant"]`` says (uint8 asymmetric; signed variants
+take the same scale with zero point minus 128) before it is timed; the timed run is the 8-bit
+operator alone (``xnn_run_operator``) on NHWC (conv) or (M, K) (fc) integers; its output is the
+8-bit result dequantized, in the task's NCHW / (M, N) layout. A Relu or Clip after the op is the
+operator's output clamp [output_min, output_max] in the output's integers (as TFLite's delegate
+folds it); any other activation makes the int8 twin unsupported.
+
+Micro-kernels: the verified table override of ukernels.py rewrites the family's own gemm / dwconv
+entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read in
+child processes (``ukernels.catalog_int8``), at their native MR only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from kselect.core.activations import clamp_range
+from kselect.core.device import Device
+from kselect.core.quant import QuantParams, quantize_u8
+from kselect.core.space import Categorical, Integer, Space
+from kselect.plugins.xnnpack import configured, kernels, tileshim
+from kselect.plugins.xnnpack import ukernels as uk
+from kselect.plugins.xnnpack import xnnpack_api as xa
+from kselect.plugins.xnnpack.library import XnnCandidate
+
+VARIANTS = xa.INT8_VARIANTS  # ("qc8", "qs8", "qu8")
+QU8_KERNEL_ZERO_POINT = 128  # symmetric int8 weights q stored as q + 128
+
+
+def epilogue_supported(epilogue: list) -> bool:
+    """No activation, or one Relu / Clip: the operator's output clamp."""
+    return not epilogue or clamp_range(epilogue) is not None
+
+
+def supports(task) -> bool:
+    if task.precision != "int8" or not xa.int8_availability()[0] or not epilogue_supported(task.epilogue):
+        return False
+    if task.kind == "fc":
+        return len(task.input_shape) == 2
+    if task.kind != "conv" or task.conv1d or len(task.input_shape) != 4:
+        return False
+    groups = task.attrs["group"]
+    return task.input_shape[1] % groups == 0 and task.weight_shape[0] % groups == 0
+
+
+def default_variant(task) -> str:
+    """What XNNPack runs for a TFLite-style int8 model (its subgraph API at this snapshot):
+    per-channel weights for convolutions (qc8); fully connected ops take only per-tensor int8
+    weights there (qs8)."""
+    return "qs8" if task.kind == "fc" else "qc8"
+
+
+def offset(variant: str) -> int:
+    """What to subtract from the core's uint8 zero points for this variant's activations."""
+    return 0 if variant == "qu8" else 128
+
+
+def quantize_activations(x: np.ndarray, scale: float, zero_point_u8: int, variant: str) -> np.ndarray:
+    q = quantize_u8(x, scale, zero_point_u8)
+    if variant == "qu8":
+        return q
+    return (q.astype(np.int16) - 128).astype(np.int8)
+
+
+def output_range(epilogue: list, params: QuantParams, variant: str) -> tuple[int, int]:
+    """The output clamp in the output's integers: the whole type, narrowed by a Relu / Clip."""
+    low, high = 0, 255
+    bounds = clamp_range(epilogue) if epilogue else None
+    if bounds is not None:
+        def q(v: float, default: int) -> int:
+            if math.isinf(v):
+                return default
+            return int(np.clip(np.round(v / params.y_scale) + params.y_zero_point, 0, 255))
+        low, high = q(bounds[0], 0), q(bounds[1], 255)
+    return low - offset(variant), high - offset(variant)
+
+
+def quantized_operands(task, inputs: dict, params: QuantParams, variant: str) -> dict:
+    """Weights (OIHW conv / (N, K) fc, int8, uint8 for qu8), int32 bias and kernel scale(s) of
+    the op under ``params``; a fully connected op's alpha and beta folded in."""
+    w = inputs["w"]
+    per_channel = variant == "qc8"
+    q = params.quantized_weights(w, per_channel)
+    scales = (params.w_scales if per_channel else np.full(w.shape[0], params.w_scale_per_tensor)).astype(np.float64)
+    b = inputs.get("b")
+    if task.kind == "fc":
+        alpha = float(task.attrs.get("alpha", 1.0))
+        if alpha < 0:  # kernel scales must be positive: the sign goes into the weights
+            q = (-q.astype(np.int16)).astype(np.int8)
+        scales = scales * abs(alpha)
+        if b is not None:
+            b = b.astype(np.float64) * float(task.attrs.get("beta", 1.0))
+    bias = None
+    if b is not None:
+        bias = np.round(b.astype(np.float64) / (params.x_scale * scales)).astype(np.int32)
+    if variant == "qu8":
+        q = (q.astype(np.int16) + QU8_KERNEL_ZERO_POINT).astype(np.uint8)
+    return {"weights": q, "bias": bias,
+            "kernel_scale": scales.astype(np.float32) if per_channel else float(scales[0]),
+            "kernel_zero_point": QU8_KERNEL_ZERO_POINT if variant == "qu8" else 0}
+
+
+def buffer(shape, dtype) -> np.ndarray:
+    """An uninitialised 64-byte aligned array with readable slack after its end (the 8-bit
+    kernels read inputs in 8-byte chunks and XNNPack allows XNN_EXTRA_BYTES past a tensor)."""
+    size = int(np.prod(shape)) if len(shape) else 1
+    raw = np.empty(size + 64 + 64, np.uint8).view(np.dtype(dtype))
+    start = -raw.ctypes.data % 64
+    return raw[start:start + size].reshape(shape)
+
+
+# -- spaces and defaults ----------------------------------------------------------------------
+def op_class(task) -> str:
+    return kernels.int8_op_class(task)
+
+
+def _taps(task) -> int | None:
+    return task.attrs["kernel"][0] * task.attrs["kernel"][1] if task.kind == "conv" else None
+
+
+def override_on() -> bool:
+    return kernels.int8_override_status()[0]
+
+
+def kernel_options(task, variant: str) -> list[str]:
+    """The variant family's kernels for this op, XNNPack's own first, then wider ISA and larger
+    tiles; for a single-row GEMM / IGEMM only the mr=1 kernels (XNNPack runs a larger kernel's
+    mr=1 sibling there)."""
+    cls, rows = op_class(task), kernels.gemm_rows(task)
+    names = kernels.int8_kernel_names(variant, cls, _taps(task))
+    if cls != "dwconv" and rows == 1:
+        names = [n for n in names if kernels.native_mr(n) == 1]
+    default = kernels.int8_default_kernel(variant, cls, rows, _taps(task))
+    return sorted(names, key=lambda n: (n != default, *kernels.int8_promise(n)))
+
+
+def space(task, device: Device) -> Space:
+    space = Space()
+    space.add(Categorical("variant", VARIANTS, role="precision"))
+    if override_on():
+        options = [name for variant in VARIANTS for name in kernel_options(task, variant)]
+        space.add(Categorical("ukernel", tuple(options), role="micro-kernel"))
+        space.constrain("ukernel is a kernel of the variant's family (qc8, qs8, qu8)",
+                        lambda c: "ukernel" not in c or kernels.int8_family(c["ukernel"]) == c["variant"])
+    space.add(Integer("threads", 1, device.cores))
+    if device.cores > 1 and tileshim.shim() is not None:
+        space.add(Categorical("spinning", (1, 0), role="knob", when={"threads": list(range(2, device.cores + 1))}))
+    return space
+
+
+def default_config(task, device: Device) -> dict:
+    """XNNPack's own choice for a TFLite-style int8 model: qc8 convs (per-channel weights), qs8
+    fully connected, the kernel its initialisation put in the family's table, all cores."""
+    variant = default_variant(task)
+    config: dict = {"variant": variant}
+    if override_on():
+        config["ukernel"] = kernels.int8_default_kernel(variant, op_class(task), kernels.gemm_rows(task), _taps(task))
+    config["threads"] = device.cores
+    if device.cores > 1 and tileshim.shim() is not None:
+        config["spinning"] = 1
+    return config
+
+
+# -- building and running ---------------------------------------------------------------------
+def choice_for(task, config: dict):
+    """The table override for ``config["ukernel"]`` (None: XNNPack's own kernel, or no key)."""
+    if "ukernel" not in config:
+        return None
+    ok, why = kernels.int8_override_status()
+    if not ok:
+        raise configured.ConfigError(f"8-bit micro-kernel override unavailable: {why}")
+    name, variant, cls = config["ukernel"], config["variant"], op_class(task)
+    if kernels.int8_family(name) != variant:
+        raise configured.ConfigError(f"{name} is not a {variant} kernel")
+    rows = kernels.gemm_rows(task)
+    if cls != "dwconv" and rows == 1 and kernels.native_mr(name) != 1:
+        raise configured.ConfigError("a single-row GEMM / IGEMM runs the mr=1 kernel: choose an mr=1 kernel")
+    if name == kernels.int8_default_kernel(variant, cls, rows, _taps(task)):
+        return None
+    try:
+        return kernels.int8_resolve(cls, name, _taps(task))
+    except KeyError as exc:
+        raise configured.ConfigError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _forced(choice, family: str):
+    if choice is None:
+        yield
+        return
+    configured.check_table_pristine()
+    gemm = choice if isinstance(choice, uk.GemmChoice) else None
+    dwconv = choice if isinstance(choice, uk.DwconvChoice) else None
+    try:
+        with uk.forced_kernels(gemm, dwconv, allow_in_process=True, family=family):
+            yield
+    finally:
+        configured.check_table_pristine()
+
+
+def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> configured.Built:
+    """The 8-bit operator for ``config`` on the task's input, quantized as ``inputs["quant"]``
+    says, bound to its input and output buffers. ``kernel_quant`` (default: the same) is what the
+    operator is told the quantization is: only a test gives it another one."""
+    params: QuantParams = inputs["quant"]
+    kq = kernel_quant or params
+    variant = config.get("variant", default_variant(task))
+    if variant not in VARIANTS:
+        raise configured.ConfigError(f"unknown variant {variant!r} (one of {VARIANTS})")
+    if config.get("path", "nhwc") != "nhwc" or config.get("tile_n", "default") != "default" \
+            or config.get("loop", "rows") != "rows":
+        raise configured.ConfigError("8-bit operators take variant, ukernel, threads and spinning only")
+    dtype = xa.int8_dtype(variant)
+    pool = configured.pool_for(config.get("threads", 1))
+    operands = quantized_operands(task, inputs, kq, variant)
+    out_min, out_max = output_range(task.epilogue, kq, variant)
+    quant = dict(input_zero_point=kq.x_zero_point - offset(variant), input_scale=kq.x_scale,
+                 kernel_scale=operands["kernel_scale"], kernel_zero_point=operands["kernel_zero_point"],
+                 output_zero_point=kq.y_zero_point - offset(variant), output_scale=kq.y_scale,
+                 output_min=out_min, output_max=out_max, threadpool=pool)
+    x_q = quantize_activations(inputs["x"], params.x_scale, params.x_zero_point, variant)
+    choice = choice_for(task, config)
+    a = task.attrs
+    if task.kind == "fc":
+        m, k = task.input_shape
+        n = task.output_shape[1]
+        if variant == "qc8":  # no per-channel fully connected operator: a 1x1 qc8 convolution on (M, 1, 1, K)
+            x = buffer((m, 1, 1, k), dtype)
+            y = buffer((m, 1, 1, n), dtype)
+            with _forced(choice, variant):
+                op = xa.QConvolution2DNHWC(variant, operands["weights"].reshape(n, k, 1, 1), operands["bias"], **quant)
+        else:
+            x = buffer((m, k), dtype)
+            y = buffer((m, n), dtype)
+            with _forced(choice, variant):
+                op = xa.QFullyConnected(variant, operands["weights"], operands["bias"], **quant)
+        np.copyto(x, x_q.reshape(x.shape))
+    else:
+        n, c, h, w = task.input_shape
+        _, oc, oh, ow = task.output_shape
+        x = buffer((n, h, w, c), dtype)
+        np.copyto(x, x_q.transpose(0, 2, 3, 1))
+        y = buffer((n, oh, ow, oc), dtype)
+        with _forced(choice, variant):
+            op = xa.QConvolution2DNHWC(variant, operands["weights"], operands["bias"], stride=a["strides"],
+                                       dilation=a["dilations"], padding=a["pads"], groups=a["group"], **quant)
+    try:
+        notes: dict = {"variant": variant}
+        if "ukernel" in config:
+            held = [kernels.short(name) for name in uk.kernels_in_operator(op)]
+            notes["kernels"] = held
+            if config["ukernel"] not in held:
+                raise RuntimeError(f"the operator holds {held}, not the configured {config['ukernel']}")
+        op.setup(x, y)
+        return configured.Built(op, [(xa.lib().xnn.xnn_run_operator, op.handle, None if pool is None else pool.handle)],
+                                x, y, notes)
+    except BaseException:
+        op.close()
+        raise
+
+
+class Int8Candidate(XnnCandidate):
+    """The timed run is ``xnn_run_operator`` on the quantized input; ``output()`` dequantizes."""
+
+    def __init__(self, built: configured.Built, task, params: QuantParams, variant: str, flags: int = 0):
+        super().__init__(built, task.kind != "fc", flags)
+        self.task = task
+        self.y_scale = np.float32(params.y_scale)
+        self.y_zero_point = np.float32(params.y_zero_point - offset(variant))
+
+    def output(self) -> np.ndarray:
+        y = (self.built.y.astype(np.float32) - self.y_zero_point) * self.y_scale
+        if self.task.kind == "fc":
+            return y.reshape(self.task.output_shape)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+
+def prepare(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> Int8Candidate:
+    built = build(task, config, inputs, kernel_quant)
+    try:
+        flags = configured.pool_flags(config)
+    except BaseException:
+        built.close()
+        raise
+    return Int8Candidate(built, task, inputs["quant"], built.notes["variant"], flags)

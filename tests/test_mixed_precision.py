@@ -1,0 +1,181 @@
+"""Mixed precision (issue 27): int8 candidates verified against the float reference, calibration
+input refused in one line, the accuracy budget honoured, and an int8 plan's export reproducing
+its measured metric in plain onnxruntime."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import run_kselect, small_cnn
+from kselect.core.device import this_device
+from kselect.core.measure import MeasureSettings, measure_in_this_process
+from kselect.core.mixed import FrontPoint, back_off, fastest_within_budget
+from kselect.core.model import load_model
+from kselect.core.tasks import extract_tasks
+from kselect.plugins.mlas.library import MlasLibrary
+
+FAST = MeasureSettings(min_repeats=5, min_time_s=0.02, max_time_s=0.3, timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def int8_tasks(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "small.onnx"
+    onnx.save(small_cnn(), path)
+    library = MlasLibrary()
+    library.prepare_model(load_model(str(path)))
+    return library, [t.at_precision("int8") for t in extract_tasks(load_model(str(path)))]
+
+
+@pytest.mark.parametrize("weights", ["per-channel", "per-tensor"])
+@pytest.mark.parametrize("kind", ["dense", "depthwise", "fc"])
+def test_an_int8_op_on_mlas_matches_the_float_reference_within_its_quantization_step(int8_tasks, kind, weights):
+    library, tasks = int8_tasks
+    pick = {"dense": lambda t: t.kind == "conv" and t.attrs["group"] == 1 and t.attrs["kernel"] == [3, 3],
+            "depthwise": lambda t: t.is_depthwise, "fc": lambda t: t.kind == "fc"}[kind]
+    task = next(t for t in tasks if pick(t))
+    assert library.supports(task)
+    config = {**library.default_config(task, this_device()), "weights": weights}
+    assert config in library.space(task, this_device())
+    result = measure_in_this_process(library, task, config, FAST, {})
+    assert result.status == "ok", result.reason
+    assert 0 < result.error < 0.05  # int8 is not exact, and not far off
+
+
+def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks):
+    """The kernel writes its output with a zero point 16 steps off the one its result is read
+    with: the core's quantization-derived tolerance catches it, so it could never be selected."""
+    from kselect.core.quant import QuantParams
+    from kselect.plugins.mlas.int8 import dequantize_activation
+
+    class WrongScale(MlasLibrary):
+        def prepare(self, task, config, inputs):
+            p = inputs["quant"]
+            shifted = p.y_zero_point + (16 if p.y_zero_point < 128 else -16)
+            wrong = QuantParams(p.x_scale, p.x_zero_point, p.w_scales, p.y_scale, shifted)
+            candidate = super().prepare(task, config, {**inputs, "quant": wrong})
+            candidate.unblock = lambda y: dequantize_activation(y, p.y_scale, p.y_zero_point, config["activations"])
+            return candidate
+
+    _, tasks = int8_tasks
+    task = next(t for t in tasks if t.kind == "conv" and t.attrs["group"] == 1)
+    library = WrongScale()
+    result = measure_in_this_process(library, task, library.default_config(task, this_device()), FAST, {})
+    assert result.status == "invalid" and "differs from reference" in result.reason
+
+
+def test_the_budget_is_honoured_on_a_synthetic_sensitivity_table():
+    """SYNTHETIC (made-up drops and times, not measurements): each op adds its own drop in int8
+    and saves its own time; the search backs off the most sensitive first and keeps the fastest
+    point within the budget."""
+    drop = {"a": 0.004, "b": 0.0, "c": 0.012, "d": 0.001, "e": 0.0}
+    saves = {"a": 30.0, "b": 10.0, "c": 50.0, "d": 5.0, "e": 1.0}
+    noise = {"b": 40.0, "e": 30.0}  # the metric ties b and e: the noisier (lower SQNR) e goes back first
+
+    def point(name, nodes):
+        total = sum(drop[n] for n in nodes)
+        return FrontPoint(name, sorted(nodes), 100.0 - sum(saves[n] for n in nodes), 1 - total, total, 0,
+                          total <= 0.006)
+
+    front = [point("fp32", set())] + back_off(list(drop), drop, noise, point)
+    assert [p.name for p in front] == ["fp32", "int8", "mixed-1"]
+    assert front[1].int8_nodes == ["a", "b", "c", "d", "e"] and not front[1].within_budget
+    assert front[2].int8_nodes == ["a", "b", "d", "e"] and front[2].drop == pytest.approx(0.005)
+    assert fastest_within_budget(front) is front[2]
+
+    tight = {n: d + 0.003 for n, d in drop.items()}
+    front = [point("fp32", set())] + back_off(list(drop), tight, noise,
+                                                lambda name, nodes: point(name, nodes if name == "x" else nodes))
+    chosen = fastest_within_budget(front)
+    assert chosen.within_budget and chosen.drop <= 0.006
+    order = [set(p.int8_nodes) for p in front[1:]]
+    assert all(later < earlier for earlier, later in zip(order, order[1:]))  # one op back per step
+
+
+def _feeds_folder(folder: Path, count: int, shape=(1, 3, 32, 32), seed=0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        np.savez(folder / f"feed{i:02d}.npz", input=rng.standard_normal(shape).astype(np.float32))
+    return folder
+
+
+@pytest.mark.parametrize("case", ["empty folder", "wrong shape", "unreadable image", "no folder", "no int8",
+                                  "calibration without int8", "bad drop"])
+def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_model_path, case):
+    folder = tmp_path / "calibration"
+    args = ["--precision", "fp32,int8", "--calibration", folder]
+    if case == "empty folder":
+        folder.mkdir()
+        says = "has no .npy, .npz or image files"
+    elif case == "wrong shape":
+        _feeds_folder(folder, 2, shape=(1, 3, 16, 16))
+        says = "has shape [1, 3, 16, 16], the model takes [1, 3, 32, 32]"
+    elif case == "unreadable image":
+        folder.mkdir()
+        (folder / "cat.jpg").write_bytes(b"not a jpeg at all")
+        says = "cannot read image cat.jpg"
+    elif case == "no folder":
+        says = "is not a folder"
+    elif case == "no int8":
+        args = ["--precision", "fp32,int8"]
+        says = "needs calibration data"
+    elif case == "calibration without int8":
+        _feeds_folder(folder, 2)
+        args = ["--calibration", folder]
+        says = "--calibration is for int8"
+    else:
+        _feeds_folder(folder, 2)
+        args += ["--max-accuracy-drop", "1.5"]
+        says = "must be below 1"
+    db = tmp_path / "records.db"
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--db", db, *args)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not db.exists()  # refused before anything was measured
+
+
+def test_kselect_tune_with_int8_stores_the_front_metric_and_budget_in_the_plan(tmp_path, small_model_path):
+    folder = _feeds_folder(tmp_path / "calibration", 16)
+    plan_path = tmp_path / "small.plan.json"
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration",
+                         folder, "--max-accuracy-drop", "0.02", "--metric", "cosine", "--budget", "3", "--min-time",
+                         "0.02", "--no-verify", "--db", tmp_path / "r.db", "-o", plan_path)
+    assert result.returncode == 0, result.stderr
+    assert "precision front" in result.stdout
+    precision = json.loads(plan_path.read_text())["extra"]["precision"]
+    assert precision["metric"] == "cosine" and precision["max_drop"] == 0.02
+    assert precision["calibration"] == {"source": str(folder), "synthetic": False, "method": "minmax",
+                                        "calibration_feeds": 8, "held_out_feeds": 8}
+    assert [p["name"] for p in precision["front"]][:2] == ["fp32", "int8"]
+    chosen = next(p for p in precision["front"] if p["name"] == precision["chosen"])
+    assert chosen["within_budget"] and chosen["drop"] <= 0.02
+
+
+def test_an_int8_plan_exports_a_qdq_model_that_plain_onnxruntime_runs_at_the_plans_metric(tmp_path, small_model_path):
+    """The full-int8 point of the front, exported by the MLAS plugin: a QDQ ONNX model plain
+    onnxruntime loads, whose outputs on the held-out feeds score what the front says."""
+    import kselect
+    from kselect.core import plugins
+
+    folder = _feeds_folder(tmp_path / "calibration", 16)
+    result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
+                          max_accuracy_drop=0.02, budget=2, verify=False, settings=FAST, db=tmp_path / "r.db")
+    search = result.tunings["mlas"].precision
+    point = next(p for p in search.front if p.name == "int8")
+    assert point.int8_nodes
+    written = plugins.get_library("mlas").apply(search.plans["int8"], result.model, tmp_path / "out")
+    exported = onnx.load(str(written[0]))
+    assert sum(node.op_type == "QuantizeLinear" for node in exported.graph.node) >= len(point.int8_nodes)
+    session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(small_model_path), providers=["CPUExecutionProvider"])
+    cosines = []
+    for path in sorted(folder.iterdir())[8:]:
+        feed = {"input": np.load(path)["input"]}
+        a, b = session.run(None, feed)[0].ravel(), reference.run(None, feed)[0].ravel()
+        cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    assert np.mean(cosines) == pytest.approx(point.score, abs=1e-6)
