@@ -35,7 +35,9 @@ def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_proces
                 min_time_s: float = 0.5, timeout_s: float = 600.0, max_rounds: int | None = None,
                 more=None) -> dict[str, dict]:
     """Times each candidate on the whole model in processes of its own. ``candidates``: name ->
-    a Plan (run through core/runtime.py), or a library name (that library's defaults). In each of
+    a Plan (run through core/runtime.py), a library name (that library's defaults), or
+    ``{"library": name, "model": path}`` (its defaults on another ONNX file with the same inputs,
+    e.g. ONNX Runtime's own quantized model). In each of
     ``rounds`` rounds every candidate gets a fresh ``python -m kselect.core.alone`` process
     (order reversed every other round) that builds it, warms it up and times at least
     ``runs_per_process`` runs and ``min_time_s``. Returns, per candidate: ``times`` (ms of every
@@ -55,7 +57,9 @@ def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_proces
         jobs = {}
         for index, (name, candidate) in enumerate(candidates.items()):
             runner = {"library": candidate}
-            if not isinstance(candidate, str):
+            if isinstance(candidate, dict):  # {"library": name, "model": path}: its defaults on another file
+                runner = dict(candidate)
+            elif not isinstance(candidate, str):
                 runner = {"plan": str(work / f"plan{index}.json")}
                 candidate.save(runner["plan"])
             jobs[name] = {"model": model_path, "inputs": model.input_shapes, "runner": runner,
@@ -119,8 +123,9 @@ def _alone_main(job: dict) -> None:
     from kselect.core.runtime import library_runner, load_plan
 
     try:
-        model = load_model(job["model"], [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()])
         spec = job["runner"]
+        shapes = [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()]
+        model = load_model(spec.get("model", job["model"]), shapes)
         runner = (load_plan(spec["plan"], model) if "plan" in spec
                   else library_runner(plugins.get_library(spec["library"]), model))
         feeds = random_feeds(model)

@@ -5,7 +5,7 @@ depthwise: what ACL's validate() accepts), the arm_gemm micro-kernel of GEMM-bas
 layout (NCHW / NHWC, once per plan), a CPU model hint, the thread count, and a workload split of
 every kernel's window over the threads (the runner's own scheduler); per fully connected layer the
 GEMM kernel, CPU model hint, threads and split. The baseline is ACL's own choice with ArmNN's
-thread rule. Everything runs in an aarch64 runner process (``runner/``, PROTOCOL.md); on other
+thread rule. INT8 twins of convs and fcs run in ACL's quantized forms (int8.py; README.md "int8"). Everything runs in an aarch64 runner process (``runner/``, PROTOCOL.md); on other
 hosts under qemu, and then every time is labelled emulated.
 """
 

@@ -1,6 +1,9 @@
 """The ACL library plugin: spaces from the runner's ``validate``, ACL's own choice as the default,
 measuring through a persistent runner process, and whole models through the runner's engine.
 
+INT8 twins of conv and fc tasks (``Task.precision == "int8"``) run in ACL's quantized forms
+(int8.py, README.md "int8").
+
 Everything is executed by the aarch64 runner (``runner/*.cpp``, PROTOCOL.md). On
 an x86_64 host it runs under qemu user-mode emulation: ``emulated`` is then true and every time
 this plugin produces is an emulated time, never Arm performance.
@@ -25,7 +28,7 @@ from kselect.core.library import Library
 from kselect.core.plan import write_atomically
 from kselect.core.space import Categorical, Integer, Space, WorkloadSplit
 from kselect.core.tasks import Task
-from kselect.plugins.acl import build
+from kselect.plugins.acl import build, int8
 
 CONV_METHODS = ("GEMM", "WINOGRAD", "DIRECT", "FFT")
 GEMM_METHODS = ("GEMM", "WINOGRAD", "AUTO")  # methods whose work is arm_gemm GEMMs
@@ -99,6 +102,8 @@ class AclLibrary(Library):
     # In a plan with other libraries each ACL segment is a runner call that exchanges its tensors
     # as files (engine.AclModelRunner): measured per tensor shape as the "acl:boundary" sides.
     boundary_cost = True
+    # int8 twins of conv and fc tasks: ACL's quantized functions (int8.py, README.md "int8")
+    precisions = ("fp32", "int8")
 
     def __init__(self):
         self.emulated = build.is_emulated()
@@ -175,6 +180,8 @@ class AclLibrary(Library):
         op, _, attrs = task.epilogue[0]
         low, high = clamp_range(task.epilogue) if op == "Clip" else (-math.inf, math.inf)
         act = runner_activation(op, attrs.get("alpha", 0.01), low, high)
+        if task.precision == "int8":  # only what the quantized output stage clamps (int8.FUSED)
+            return (act is None or act["fn"] in int8.FUSED), act
         if task.kind == "fc" and act not in (None, {"fn": "RELU"}):
             return False, None  # the runner's single fc takes a fused Relu only
         return True, act
@@ -182,6 +189,8 @@ class AclLibrary(Library):
     @classmethod
     def op_spec(cls, task: Task) -> dict:
         act = cls.fused_activation(task)[1]
+        if task.kind == "fc" and task.precision == "int8":  # the runner's fc takes any "act"
+            return {"input": task.input_shape, "weights": task.weight_shape, "bias": task.has_bias, "act": act}
         if task.kind == "fc":
             return {"input": task.input_shape, "weights": task.weight_shape, "bias": task.has_bias, "relu": act is not None}
         a = task.attrs
@@ -198,8 +207,10 @@ class AclLibrary(Library):
 
     def validation(self, task: Task, device: Device | None = None) -> dict:
         """The runner's ``validate`` answer for the task (every method x layout x fast_math, ACL's
-        own pick, the arm_gemm GEMMs each method sets up with their eligible kernels); cached in
-        memory and on disk (keyed by the runner build and the thread count)."""
+        own pick, the arm_gemm GEMMs each method sets up with their eligible kernels); for an int8
+        task one answer per activation type and weight granularity (``{"int8": {"QASYMM8/per-tensor":
+        answer, ...}}``, int8.py); cached in memory and on disk (keyed by the runner build and the
+        thread count)."""
         device = device or this_device()
         if task.key in self._validated:
             return self._validated[task.key]
@@ -210,24 +221,35 @@ class AclLibrary(Library):
                 result = json.loads(path.read_text())
             except ValueError:
                 result = None
+        fresh = result is None
+        if result is None and task.precision == "int8":
+            # one validate per (activation type, weight granularity): {"int8": {"QASYMM8/per-tensor": answer}}
+            result = {"ok": True, "int8": {
+                f"{activations}/{weights}": self._validate(task, {"quant": int8.placeholder_quant(activations, weights)})
+                for activations in int8.ACTIVATION_TYPES for weights in int8.WEIGHT_GRANULARITY}}
         if result is None:
-            request = {"action": "validate", "op": task.kind, **self.op_spec(task), "with_gemms": True,
-                       "config": {"threads": device.cores}}
-            from kselect.plugins.acl.client import RunnerError
-
-            try:
-                result = self._query_runner().request(request)
-            except RunnerError as exc:
-                raise KselectError(f"ACL runner failed validating task {task.id}: {exc}") from None
-            if not result.get("ok"):
-                raise KselectError(f"ACL runner could not validate task {task.id}: {result.get('error')}")
-            result.pop("emulated", None)
+            result = self._validate(task, {"with_gemms": True, "config": {"threads": device.cores}})
+        if fresh:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(result, f)
             os.replace(tmp, path)
         self._validated[task.key] = result
+        return result
+
+    def _validate(self, task: Task, extra: dict) -> dict:
+        """One runner ``validate`` answer for the task (``extra``: further request fields)."""
+        from kselect.plugins.acl.client import RunnerError
+
+        request = {"action": "validate", "op": task.kind, **self.op_spec(task), **extra}
+        try:
+            result = self._query_runner().request(request)
+        except RunnerError as exc:
+            raise KselectError(f"ACL runner failed validating task {task.id}: {exc}") from None
+        if not result.get("ok"):
+            raise KselectError(f"ACL runner could not validate task {task.id}: {result.get('error')}")
+        result.pop("emulated", None)
         return result
 
     def _analyse(self, task: Task, device: Device) -> dict:
@@ -246,6 +268,31 @@ class AclLibrary(Library):
         return {"valid": valid, "kernels": kernels, "defaults": defaults, "pick": v.get("acl_pick", {}),
                 "depthwise": bool(v.get("depthwise"))}
 
+    def _analyse_int8(self, task: Task, device: Device) -> dict:
+        """An int8 task's valid (activations, weights, method, layout) combinations (fc: method
+        "FC", layout "NCHW") and ACL's own method pick (NCHW, no fast math) per (activations, weights)."""
+        valid, picks, depthwise = set(), {}, False
+        for combo, answer in self.validation(task, device)["int8"].items():
+            activations, weights = combo.split("/")
+            depthwise = depthwise or bool(answer.get("depthwise"))
+            for c in answer["candidates"]:
+                if c["ok"] and not c.get("fast_math", False):
+                    valid.add((activations, weights, c["method"], c.get("layout", "NCHW")))
+            picks[(activations, weights)] = answer.get("acl_pick", {}).get("NCHW", {}).get("fast_math_false", "FC")
+        return {"valid": valid, "picks": picks, "depthwise": depthwise}
+
+    def _int8_methods(self, info: dict) -> list[str]:
+        """The methods of an int8 conv's space: those ACL validates for quantized data (20.08: GEMM;
+        DEPTHWISE for a depthwise conv), AUTO only if ACL's pick is none of them."""
+        valid = {(m, layout) for _, _, m, layout in info["valid"]}
+        if info["depthwise"]:
+            return ["DEPTHWISE"] if any(m == "DEPTHWISE" for m, _ in valid) else []
+        methods = [m for m in CONV_METHODS if any(v[0] == m for v in valid)]
+        picks = {p for p in info["picks"].values() if p not in ("NONE", "FC")}
+        if (picks - set(methods) or not methods) and any(m == "AUTO" for m, _ in valid):
+            methods.append("AUTO")
+        return methods
+
     def acl_pick(self, task: Task, layout: str = "NCHW", device: Device | None = None) -> str:
         """NEConvolutionLayer::get_convolution_method for the task (fast_math off), as the runner
         reports it: GEMM / WINOGRAD / DIRECT / FFT, DEPTHWISE, or NONE."""
@@ -254,6 +301,15 @@ class AclLibrary(Library):
     def supports(self, task: Task) -> bool:
         if not self.fused_activation(task)[0]:
             return False
+        if task.precision == "int8":
+            if task.kind == "conv" and (task.conv1d or (task.attrs["group"] != 1 and not task.is_depthwise)):
+                return False
+            if task.kind == "fc" and float(task.attrs.get("alpha", 1.0)) == 0.0:
+                return False  # no weights scale to fold alpha into
+            if task.kind not in ("conv", "fc"):
+                return False
+            info = self._analyse_int8(task, this_device())
+            return bool(info["valid"]) and (task.kind == "fc" or bool(self._int8_methods(info)))
         if task.kind == "conv":
             if task.conv1d:
                 return False  # ACL has no 1-D conv, and its engine holds no 3-D tensors to run one as 2-D
@@ -310,7 +366,39 @@ class AclLibrary(Library):
             self._detected = self._query_runner().info().get("detected_cpu_models", [])
         return self._detected
 
+    def _int8_space(self, task: Task, device: Device) -> Space:
+        """Activation type, weight granularity, method and layout (those ACL's validate() accepts
+        together), and the schedule dims as for fp32. No gemm_kernel or cpu_model: the runner
+        forces fp32 arm_gemm kernels only, and a CPU model hint with the dot-product kernels would
+        run them on cores without them."""
+        info = self._analyse_int8(task, device)
+        valid = info["valid"]
+        if not valid:
+            raise KselectError(f"ACL validates no int8 form of task {task.id}")
+        space = Space()
+        space.add(Categorical("activations", tuple(a for a in int8.ACTIVATION_TYPES if any(v[0] == a for v in valid)),
+                              role="precision"))
+        space.add(Categorical("weights", tuple(w for w in int8.WEIGHT_GRANULARITY if any(v[1] == w for v in valid)),
+                              role="precision"))
+        if task.kind == "conv":
+            methods = self._int8_methods(info)
+            if not methods:
+                raise KselectError(f"ACL validates no int8 method for task {task.id}")
+            space.add(Categorical("method", tuple(methods), role="algorithm"))
+            layouts = tuple(layout for layout in ("NCHW", "NHWC") if any(v[3] == layout and v[2] in methods for v in valid))
+            space.add(Categorical("layout", layouts, role="layout"))
+        self._schedule_dims(space, device)
+
+        def accepted(c: dict) -> bool:
+            return (c["activations"], c["weights"], c.get("method", "FC"), c.get("layout", "NCHW")) in valid
+
+        space.constrain("ACL's validate() accepts (activations, weights, method, layout) "
+                        "(20.08: fc takes per-tensor weights only)", accepted)
+        return space
+
     def space(self, task: Task, device: Device) -> Space:
+        if task.precision == "int8":
+            return self._int8_space(task, device)
         info = self._analyse(task, device)
         valid, kernels = info["valid"], info["kernels"]
         space = Space()
@@ -363,6 +451,8 @@ class AclLibrary(Library):
         default arm_gemm kernel and CPU model, ACL's scheduler, and ArmNN's thread count."""
         threads = armnn_threads(device)
         config: dict = {}
+        if task.precision == "int8":
+            return self._int8_default(task, device, threads)
         if task.kind == "conv":
             info = self._analyse(task, device)
             methods = self._methods(info)
@@ -380,6 +470,28 @@ class AclLibrary(Library):
         else:
             config["gemm_kernel"] = "default"
             config["cpu_model"] = "detected"
+        config["threads"] = threads
+        if threads > 1:
+            config["scheduler"] = "acl"
+        return self.space(task, device).normalise(config)
+
+    def _int8_default(self, task: Task, device: Device, threads: int) -> dict:
+        """ACL's own choice on what Arm NN gives it for a TFLite int8 model: QASYMM8_SIGNED
+        activations, per-channel weights (per-tensor where ACL takes no per-channel weights, e.g.
+        an fc), NEConvolutionLayer's method pick (DEPTHWISE for a depthwise conv), NCHW as for fp32,
+        ACL's scheduler, ArmNN's thread count."""
+        info = self._analyse_int8(task, device)
+        valid = info["valid"]
+        combos = [(a, w) for a in (int8.DEFAULT_ACTIVATIONS, *int8.ACTIVATION_TYPES)
+                  for w in (int8.DEFAULT_WEIGHTS, *int8.WEIGHT_GRANULARITY) if any(v[:2] == (a, w) for v in valid)]
+        activations, weights = combos[0]
+        config: dict = {"activations": activations, "weights": weights}
+        if task.kind == "conv":
+            methods = self._int8_methods(info)
+            pick = "DEPTHWISE" if info["depthwise"] else info["picks"].get((activations, weights), "NONE")
+            config["method"] = pick if pick in methods else "AUTO"
+            layouts = [v[3] for v in valid if v[:3] == (activations, weights, config["method"])]
+            config["layout"] = "NCHW" if "NCHW" in layouts or not layouts else layouts[0]
         config["threads"] = threads
         if threads > 1:
             config["scheduler"] = "acl"
@@ -409,12 +521,19 @@ class AclLibrary(Library):
                 "stable_within": settings.stable_within}
 
     def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
+        if label == f"{self.name}:int8":
+            # the quantize / dequantize between float and int8 ops of a mixed plan: not measured
+            # yet (no NEQuantizationLayer / NEDequantizationLayer run); never report it as free
+            raise KselectError("ACL: the quantize / dequantize conversions of int8 ops are not measured yet "
+                               "(whole-model int8 is not implemented for ACL)")
         if label == boundary_label(self.name):
             return self._measure_boundary(x, settings)
         return self._measure_permute(label, direction, x, self._runner_timing(settings))
 
     def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
         timing = self._runner_timing(settings)
+        if task.precision == "int8":
+            return self._measure_int8(task, config, inputs, timing)
         arrays = {"input": inputs["x"], "weights": inputs["w"]}
         if "b" in inputs:
             arrays["bias"] = inputs["b"]
@@ -430,6 +549,27 @@ class AclLibrary(Library):
         if not result.get("ok"):
             raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
         return {"times_us": [result["times_us"]], "output": output.reshape(task.output_shape)}
+
+    @staticmethod
+    def int8_weight_type(activations: str, weights: str) -> str:
+        """ACL's data type of an int8 candidate's weights (int8.weight_type)."""
+        return int8.weight_type(activations, weights)
+
+    def _measure_int8(self, task: Task, config: dict, inputs: dict[str, np.ndarray], timing: dict) -> dict:
+        """The op on data quantized here (outside the timed work) with ``inputs["quant"]``; its
+        quantized output dequantized (NCHW for a conv, (M, N) for an fc)."""
+        activations = config["activations"]
+        quant, arrays = int8.quantized_op(task, inputs, activations, config["weights"],
+                                          self.int8_weight_type(activations, config["weights"]))
+        spec = {**self.op_spec(task), "quant": quant}
+        output_dtype = np.int8 if activations == "QASYMM8_SIGNED" else np.uint8
+        result, output = self._measurer.run_op(task.kind, spec, runner_config(config), arrays, want_output=True,
+                                               output_dtype=output_dtype, **timing)
+        self.last_result = result
+        if not result.get("ok"):
+            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        y = int8.dequantize_output(output, inputs["quant"], activations)
+        return {"times_us": [result["times_us"]], "output": y.reshape(task.output_shape)}
 
     def _measure_permute(self, label: str, direction: str, x: np.ndarray, timing: dict) -> dict:
         """The NEPermute the engine runs where a tensor enters ("in") or leaves ("out") the
@@ -492,6 +632,9 @@ class AclLibrary(Library):
                     if entry is None:
                         raise KselectError(f"the plan has no entry for node {node!r}")
                     config = entry["config"]
+                    if "activations" in config or str(entry.get("task", "")).endswith(".int8"):
+                        raise KselectError(f"the ACL engine runs float32 graphs: node {node!r} is an int8 op "
+                                           f"(task {entry.get('task')}); whole-model int8 is not implemented for ACL")
                 else:
                     config = self.default_config(task, device)
                 configs[node] = runner_config(config, device)

@@ -427,6 +427,8 @@ void add_act(Net &n, const std::string &node, MT &x, const std::string &out, con
 void add_conv(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
 {
     ConvSpec    s      = parse_conv(node);
+    if(s.quant.enabled)
+        throw Unsupported(name + ": int8 ('quant') convolutions are measured one op at a time; the engine runs float32 graphs");
     const JVal &cfg    = obj_or_empty(node, "config");
     std::string method = upper(opt_str(cfg, "method", "AUTO"));
     DataLayout  layout = parse_layout(opt_str(cfg, "layout", "NCHW"));
@@ -543,6 +545,8 @@ void add_deconv(Net &n, const JVal &node, const std::string &name, const std::st
 void add_fc(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
 {
     FcSpec      s   = parse_fc(node);
+    if(s.quant.enabled)
+        throw Unsupported(name + ": int8 ('quant') fully connected layers are measured one op at a time; the engine runs float32 graphs");
     const JVal &cfg = obj_or_empty(node, "config");
     const size_t ctx = n.ctx_of(cfg, 0);
     MT          &x   = n.get(in, DataLayout::NCHW, ctx);

@@ -87,6 +87,7 @@ std::string info()
         .integer("default_threads", Scheduler::get().num_threads())
         .raw("methods", methods)
         .raw("ops", "[\"conv\",\"fc\",\"permute\"]")
+        .raw("precisions", "[\"fp32\",\"int8\"]") // int8: a conv / fc request's "quant" (PROTOCOL.md)
         .raw("actions", "[\"info\",\"validate\",\"run\",\"gemm_kernels\",\"model_load\",\"model_run\",\"model_free\"]")
         .raw("extensions", ext::info_json());
     return o.done();

@@ -10,6 +10,8 @@
 #include "arm_compute/runtime/NEON/functions/NEGEMMConvolutionLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEWinogradConvolutionLayer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <exception>
 #include <utility>
 
@@ -59,6 +61,131 @@ ActivationLayerInfo parse_act(const JVal &req, bool relu)
     return relu ? ActivationLayerInfo(ActivationLayerInfo::ActivationFunction::RELU) : ActivationLayerInfo();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Quantized data
+// ---------------------------------------------------------------------------------------------
+std::string data_type_name(DataType t)
+{
+    switch(t)
+    {
+        case DataType::F32: return "F32";
+        case DataType::QASYMM8: return "QASYMM8";
+        case DataType::QASYMM8_SIGNED: return "QASYMM8_SIGNED";
+        case DataType::QSYMM8_PER_CHANNEL: return "QSYMM8_PER_CHANNEL";
+        case DataType::S32: return "S32";
+        default: return "OTHER";
+    }
+}
+
+QuantizationInfo QuantSpec::input_info() const
+{
+    return QuantizationInfo(x_scale, x_zero_point);
+}
+QuantizationInfo QuantSpec::weights_info() const
+{
+    if(weights == DataType::QSYMM8_PER_CHANNEL)
+        return QuantizationInfo(w_scales);
+    return QuantizationInfo(w_scales.at(0), w_zero_point);
+}
+QuantizationInfo QuantSpec::output_info() const
+{
+    return QuantizationInfo(y_scale, y_zero_point);
+}
+
+ActivationLayerInfo QuantSpec::clamp(const ActivationLayerInfo &act) const
+{
+    using AF = ActivationLayerInfo::ActivationFunction;
+    if(!enabled || !act.enabled() || (act.activation() != AF::BOUNDED_RELU && act.activation() != AF::LU_BOUNDED_RELU))
+        return act;
+    const int   qmin = data == DataType::QASYMM8 ? 0 : -128, qmax = data == DataType::QASYMM8 ? 255 : 127;
+    const float lo = static_cast<float>(qmin - y_zero_point) * y_scale, hi = static_cast<float>(qmax - y_zero_point) * y_scale;
+    const float a = std::min(act.a(), hi);
+    if(act.activation() == AF::BOUNDED_RELU)
+        return ActivationLayerInfo(AF::BOUNDED_RELU, a);
+    return ActivationLayerInfo(AF::LU_BOUNDED_RELU, a, std::min(std::max(act.b(), lo), a));
+}
+
+static int zero_point_in_range(const JVal &q, const std::string &key, DataType t)
+{
+    const long long zp = opt_int(q, key, 0);
+    const long long lo = t == DataType::QASYMM8 ? 0 : -128, hi = t == DataType::QASYMM8 ? 255 : 127;
+    if(zp < lo || zp > hi)
+        throw BadRequest("quant." + key + " " + std::to_string(zp) + " is outside " + data_type_name(t) + "'s range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return static_cast<int>(zp);
+}
+
+static float positive_scale(const JVal &q, const std::string &key)
+{
+    const double v = opt_num(q, key, 1.0);
+    if(!(v > 0) || !std::isfinite(v))
+        throw BadRequest("quant." + key + " must be a positive number");
+    return static_cast<float>(v);
+}
+
+QuantSpec parse_quant(const JVal &req, size_t channels)
+{
+    QuantSpec   q;
+    const JVal *j = req.get("quant");
+    if(j == nullptr || j->type == JVal::NUL)
+        return q;
+    if(j->type != JVal::OBJ)
+        throw BadRequest("'quant' must be an object {\"input\":..,\"weights\":..,...}");
+    q.enabled             = true;
+    const std::string in  = upper(opt_str(*j, "input", "QASYMM8_SIGNED"));
+    const std::string wts = upper(opt_str(*j, "weights", "QSYMM8_PER_CHANNEL"));
+    if(in == "QASYMM8")
+        q.data = DataType::QASYMM8;
+    else if(in == "QASYMM8_SIGNED")
+        q.data = DataType::QASYMM8_SIGNED;
+    else
+        throw BadRequest("quant.input must be QASYMM8 or QASYMM8_SIGNED, got '" + in + "'");
+    if(wts == "QSYMM8_PER_CHANNEL")
+        q.weights = DataType::QSYMM8_PER_CHANNEL;
+    else if(wts == "QASYMM8")
+        q.weights = DataType::QASYMM8;
+    else if(wts == "QASYMM8_SIGNED")
+        q.weights = DataType::QASYMM8_SIGNED;
+    else
+        throw BadRequest("quant.weights must be QSYMM8_PER_CHANNEL, QASYMM8 or QASYMM8_SIGNED, got '" + wts + "'");
+    q.x_scale      = positive_scale(*j, "x_scale");
+    q.x_zero_point = zero_point_in_range(*j, "x_zero_point", q.data);
+    q.y_scale      = positive_scale(*j, "y_scale");
+    q.y_zero_point = zero_point_in_range(*j, "y_zero_point", q.data);
+    const bool   per_channel = q.weights == DataType::QSYMM8_PER_CHANNEL;
+    const size_t want        = per_channel ? channels : 1;
+    const JVal  *ws          = j->get("w_scales");
+    if(ws == nullptr || ws->type == JVal::NUL)
+        q.w_scales.assign(want, 1.f);
+    else
+    {
+        if(ws->type != JVal::ARR || ws->a.size() != want)
+            throw BadRequest("quant.w_scales must be a list of " + std::to_string(want) + (per_channel ? " scales (one per output channel)" : " scale (per-tensor weights)"));
+        for(const auto &v : ws->a)
+        {
+            if(v.type != JVal::NUM || !(v.n > 0) || !std::isfinite(v.n))
+                throw BadRequest("quant.w_scales must be positive numbers");
+            q.w_scales.push_back(static_cast<float>(v.n));
+        }
+    }
+    if(per_channel)
+    {
+        if(opt_int(*j, "w_zero_point", 0) != 0)
+            throw BadRequest("quant.w_zero_point must be 0 for QSYMM8_PER_CHANNEL weights");
+    }
+    else
+        q.w_zero_point = zero_point_in_range(*j, "w_zero_point", q.weights);
+    return q;
+}
+
+std::string quant_fields(const QuantSpec &q)
+{
+    if(!q.enabled)
+        return "";
+    Obj o;
+    o.str("data_type", data_type_name(q.data)).str("weights_type", data_type_name(q.weights)).str("bias_type", "S32");
+    return o.body;
+}
+
 ConvSpec parse_conv(const JVal &req)
 {
     ConvSpec s{};
@@ -97,23 +224,35 @@ ConvSpec parse_conv(const JVal &req)
         throw BadRequest("kernel larger than padded input");
     s.OH = static_cast<size_t>(eh) / s.sh + 1;
     s.OW = static_cast<size_t>(ew) / s.sw + 1;
+    s.quant   = parse_quant(req, s.O);
+    s.actinfo = s.quant.clamp(s.actinfo);
     return s;
 }
 
-ConvTensors tensor_infos(const Mapping &in, const Mapping &w, size_t channels, const Mapping &out, DataLayout layout)
+ConvTensors tensor_infos(const Mapping &in, const Mapping &w, size_t channels, const Mapping &out, DataLayout layout, const QuantSpec &q = QuantSpec())
 {
     ConvTensors t{ in, w, map1(channels), out, {}, {}, {}, {} };
-    t.in_i  = TensorInfo(t.in_m.acl_shape(), 1, DataType::F32, layout);
-    t.w_i   = TensorInfo(t.w_m.acl_shape(), 1, DataType::F32, layout);
-    t.b_i   = TensorInfo(t.b_m.acl_shape(), 1, DataType::F32, layout);
-    t.out_i = TensorInfo(t.out_m.acl_shape(), 1, DataType::F32, layout);
+    if(!q.enabled)
+    {
+        t.in_i  = TensorInfo(t.in_m.acl_shape(), 1, DataType::F32, layout);
+        t.w_i   = TensorInfo(t.w_m.acl_shape(), 1, DataType::F32, layout);
+        t.b_i   = TensorInfo(t.b_m.acl_shape(), 1, DataType::F32, layout);
+        t.out_i = TensorInfo(t.out_m.acl_shape(), 1, DataType::F32, layout);
+        return t;
+    }
+    t.in_i  = TensorInfo(t.in_m.acl_shape(), 1, q.data, q.input_info());
+    t.w_i   = TensorInfo(t.w_m.acl_shape(), 1, q.weights, q.weights_info());
+    t.b_i   = TensorInfo(t.b_m.acl_shape(), 1, DataType::S32);
+    t.out_i = TensorInfo(t.out_m.acl_shape(), 1, q.data, q.output_info());
+    for(TensorInfo *i : { &t.in_i, &t.w_i, &t.b_i, &t.out_i })
+        i->set_data_layout(layout);
     return t;
 }
 
 ConvTensors conv_infos(const ConvSpec &s, DataLayout layout, bool depthwise_weights)
 {
     return tensor_infos(map4(s.in_dims(), layout), depthwise_weights ? map_dw_weights(s.w_dims(), layout) : map4(s.w_dims(), layout), s.O,
-                        map4(s.out_dims(), layout), layout);
+                        map4(s.out_dims(), layout), layout, s.quant);
 }
 
 const std::vector<std::string> &all_methods()
@@ -251,7 +390,11 @@ FcSpec parse_fc(const JVal &req)
         throw BadRequest("fc: input K and weights K differ");
     if(in[0] <= 0 || in[1] <= 0 || w[0] <= 0)
         throw BadRequest("fc dims must be positive");
-    return FcSpec{ static_cast<size_t>(in[0]), static_cast<size_t>(in[1]), static_cast<size_t>(w[0]), opt_bool(req, "bias", true), opt_bool(req, "relu", false) };
+    FcSpec s{ static_cast<size_t>(in[0]), static_cast<size_t>(in[1]), static_cast<size_t>(w[0]), opt_bool(req, "bias", true), opt_bool(req, "relu", false), {}, {} };
+    s.act   = parse_act(req, s.relu);
+    s.quant = parse_quant(req, s.M);
+    s.act   = s.quant.clamp(s.act);
+    return s;
 }
 
 DeconvSpec parse_deconv(const JVal &req)

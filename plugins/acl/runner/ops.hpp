@@ -25,6 +25,37 @@ namespace ks
 struct JVal;
 
 // ---------------------------------------------------------------------------------------------
+// Quantized data (a conv / fc request's "quant", PROTOCOL.md "int8"): activations (input and
+// output) QASYMM8 or QASYMM8_SIGNED, weights QSYMM8_PER_CHANNEL (one scale per output channel,
+// zero point 0) or QASYMM8 / QASYMM8_SIGNED (one scale and zero point), bias S32 (scale
+// x_scale * w_scale of its channel). Zero points are in the range of their own type.
+// ---------------------------------------------------------------------------------------------
+struct QuantSpec
+{
+    bool                  enabled = false;
+    arm_compute::DataType data    = arm_compute::DataType::F32; // input and output
+    arm_compute::DataType weights = arm_compute::DataType::F32;
+    float                 x_scale = 1.f;
+    int                   x_zero_point = 0;
+    std::vector<float>    w_scales; // one per output channel (QSYMM8_PER_CHANNEL) or one
+    int                   w_zero_point = 0;
+    float                 y_scale      = 1.f;
+    int                   y_zero_point = 0;
+
+    arm_compute::QuantizationInfo input_info() const;
+    arm_compute::QuantizationInfo weights_info() const;
+    arm_compute::QuantizationInfo output_info() const;
+    // A fused (LU_)BOUNDED_RELU's bounds clamped to the range the output can represent (values
+    // beyond it saturate anyway; ACL would quantize e.g. FLT_MAX into an overflowing integer).
+    arm_compute::ActivationLayerInfo clamp(const arm_compute::ActivationLayerInfo &act) const;
+};
+// The request's "quant" object for an op of `channels` output channels; disabled when absent.
+QuantSpec          parse_quant(const JVal &req, size_t channels);
+std::string        data_type_name(arm_compute::DataType t);
+// "data_type" / "weights_type" / "bias_type" fields of an answer ("" when not quantized).
+std::string        quant_fields(const QuantSpec &q);
+
+// ---------------------------------------------------------------------------------------------
 // Convolution
 // ---------------------------------------------------------------------------------------------
 struct ConvSpec
@@ -39,6 +70,7 @@ struct ConvSpec
     bool   relu;
     arm_compute::ActivationLayerInfo actinfo; // fused activation ("relu": true or an "act" object)
     size_t OH, OW;
+    QuantSpec quant; // int8: quantized tensors (absent: F32)
 
     bool depthwise() const { return group > 1 && group == C && O % C == 0 && CI == 1; }
     arm_compute::PadStrideInfo pad_stride() const
@@ -83,6 +115,8 @@ struct FcSpec
 {
     size_t N, K, M;
     bool   has_bias, relu;
+    arm_compute::ActivationLayerInfo act;   // "relu": true or an "act" object
+    QuantSpec                        quant; // int8: quantized tensors (absent: F32)
 };
 FcSpec parse_fc(const JVal &req);
 

@@ -261,6 +261,13 @@ void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, ITensorP
     unsigned                 n     = _n;
     if(!kernel->is_parallelisable() || iters < 2)
         n = 1;
+    // arm_gemm's QuantizeWrapper (the "quantized_wrapper" GEMM of an int8 conv / fc) waits on a
+    // barrier for as many threads as ACL configured it for, min(window, threads) (ACL's own
+    // CPPScheduler gives each of them at least one iteration): here too, or a thread whose share
+    // rounds to nothing never arrives and the others wait forever.
+    const bool every_thread = n > 1 && std::string(kernel->name()).find("quantized_wrapper") != std::string::npos;
+    if(every_thread)
+        n = static_cast<unsigned>(std::min<long>(n, iters));
 
     // Part boundaries (in iterations) from the cumulative ratios.
     std::vector<long> b(n + 1, 0);
@@ -280,6 +287,9 @@ void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, ITensorP
             acc += r[t];
             b[t + 1] = (t + 1 == n) ? iters : std::min<long>(iters, std::lround(acc / sum * static_cast<double>(iters)));
         }
+        if(every_thread) // at least one iteration per thread, the rest as the ratios say
+            for(unsigned t = 0; t < n; ++t)
+                b[t + 1] = std::min<long>(std::max<long>(b[t + 1], b[t] + 1), iters - static_cast<long>(n - 1 - t));
     }
 
     KernelStat *ks = g_rec.slot(kernel->name());

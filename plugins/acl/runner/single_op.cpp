@@ -29,6 +29,65 @@ using namespace arm_compute;
 
 namespace ks
 {
+// An answer's fields for quantized data ("data_type", "weights_type", "bias_type"), if any.
+static void add_quant_fields(Obj &o, const QuantSpec &q)
+{
+    const std::string fields = quant_fields(q);
+    if(!fields.empty())
+        o.body += (o.body.empty() ? "" : ",") + fields;
+}
+
+// arm_gemm kernel forcing covers the fp32 GEMMs only (gemm_forcing.cpp): a quantized op that asks
+// for a kernel is refused rather than silently run with the default one.
+static std::string refuse_forcing_of_int8(const QuantSpec &q, const JVal &cfg)
+{
+    if(!q.enabled || opt_str(cfg, "gemm_kernel", "").empty())
+        return "";
+    Obj o;
+    o.boolean("ok", false).str("action", "run").str("error_kind", "unsupported").str("error", "runner: gemm_kernel forcing covers fp32 GEMMs only, not quantized ones");
+    return o.done();
+}
+
+// A quantized op's data loaded (files of its element types, PROTOCOL.md) or drawn from `seed`
+// into its allocated tensors: input of the activation type, weights of the weights type, S32 bias.
+static void fill_quantized(const JVal &req, const QuantSpec &q, Tensor &in, const Mapping &in_m, Tensor &w, const Mapping &w_m, Tensor *bias, const Mapping &b_m)
+{
+    const uint32_t seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
+    if(q.data == DataType::QASYMM8)
+    {
+        std::vector<uint8_t> v = load_or_random_typed<uint8_t>(req, "input_path", in_m.count(), seed, 0, 255);
+        copy_logical_typed<uint8_t, true>(in, in_m, v.data());
+    }
+    else
+    {
+        std::vector<int8_t> v = load_or_random_typed<int8_t>(req, "input_path", in_m.count(), seed, -128, 127);
+        copy_logical_typed<int8_t, true>(in, in_m, v.data());
+    }
+    if(q.weights == DataType::QASYMM8)
+    {
+        std::vector<uint8_t> v = load_or_random_typed<uint8_t>(req, "weights_path", w_m.count(), seed + 1, 1, 255);
+        copy_logical_typed<uint8_t, true>(w, w_m, v.data());
+    }
+    else
+    {
+        std::vector<int8_t> v = load_or_random_typed<int8_t>(req, "weights_path", w_m.count(), seed + 1, -127, 127);
+        copy_logical_typed<int8_t, true>(w, w_m, v.data());
+    }
+    if(bias != nullptr)
+    {
+        std::vector<int32_t> v = load_or_random_typed<int32_t>(req, "bias_path", b_m.count(), seed + 2, -1000, 1000);
+        copy_logical_typed<int32_t, true>(*bias, b_m, v.data());
+    }
+}
+
+static void save_quantized_output(const JVal &req, const QuantSpec &q, Tensor &out, const Mapping &out_m)
+{
+    if(q.data == DataType::QASYMM8)
+        save_output_typed<uint8_t>(req, out, out_m);
+    else
+        save_output_typed<int8_t>(req, out, out_m);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Convolution
 // ---------------------------------------------------------------------------------------------
@@ -85,7 +144,7 @@ std::string conv_validate(const JVal &req)
                 o.str("method", m).str("layout", layout_name(layout)).boolean("fast_math", fm).boolean("ok", bool(st));
                 if(!bool(st))
                     o.str("reason", st.error_description());
-                else if(with_gemms && (m == "GEMM" || m == "WINOGRAD" || m == "AUTO"))
+                else if(with_gemms && !s.quant.enabled && (m == "GEMM" || m == "WINOGRAD" || m == "AUTO"))
                 {
                     try
                     {
@@ -116,6 +175,7 @@ std::string conv_validate(const JVal &req)
         .boolean("depthwise", s.depthwise())
         .raw("candidates", cands)
         .raw("acl_pick", layouts);
+    add_quant_fields(out, s.quant);
     return out.done();
 }
 
@@ -155,13 +215,21 @@ void time_function(IFunction &f, const JVal &req, Timing &tm)
 
 // A configured conv-like function's tensors allocated and filled (files named by the request, else
 // seeded random data), the function timed, its output saved: the rest of a conv or deconv "run".
-void fill_time_and_save(IFunction &fn, const JVal &req, const ConvTensors &ti, Tensor &in, Tensor &w, Tensor *bias, Tensor &out, Timing &tm)
+void fill_time_and_save(IFunction &fn, const JVal &req, const ConvTensors &ti, Tensor &in, Tensor &w, Tensor *bias, Tensor &out, Timing &tm,
+                        const QuantSpec &q = QuantSpec())
 {
     in.allocator()->allocate();
     w.allocator()->allocate();
     if(bias != nullptr)
         bias->allocator()->allocate();
     out.allocator()->allocate();
+    if(q.enabled)
+    {
+        fill_quantized(req, q, in, ti.in_m, w, ti.w_m, bias, ti.b_m);
+        time_function(fn, req, tm);
+        save_quantized_output(req, q, out, ti.out_m);
+        return;
+    }
     const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
     std::vector<float> vin  = load_or_random(req, "input_path", ti.in_m.count(), seed);
     std::vector<float> vw   = load_or_random(req, "weights_path", ti.w_m.count(), seed + 1);
@@ -191,6 +259,9 @@ std::string conv_run(const JVal &req)
 
     int threads = 0;
     apply_cpu_config(cfg, &threads);
+    const std::string refused = refuse_forcing_of_int8(s.quant, cfg);
+    if(!refused.empty())
+        return refused;
 
     Status st = safe_validate(s, method, layout, fm);
     if(!bool(st))
@@ -224,7 +295,7 @@ std::string conv_run(const JVal &req)
         return o.done();
     }
 
-    fill_time_and_save(*fn, req, ti, in, w, s.has_bias ? &b : nullptr, out, tm);
+    fill_time_and_save(*fn, req, ti, in, w, s.has_bias ? &b : nullptr, out, tm, s.quant);
 
     Obj o;
     o.boolean("ok", true)
@@ -237,6 +308,7 @@ std::string conv_run(const JVal &req)
         .integer("threads", threads)
         .raw("cpu_models", cpu_models_json())
         .raw("output", jints(s.out_dims()));
+    add_quant_fields(o, s.quant);
     add_timing(o, tm);
     if(!configure_ext.empty())
         o.raw("gemm", configure_ext);
@@ -317,9 +389,16 @@ std::string fc_request(const JVal &req, bool run)
     Mapping     b_m    = map1(s.M);
     Mapping     out_m  = map2(s.N, s.M);
     TensorInfo  in_i(in_m.acl_shape(), 1, DataType::F32), w_i(w_m.acl_shape(), 1, DataType::F32), b_i(b_m.acl_shape(), 1, DataType::F32), out_i(out_m.acl_shape(), 1, DataType::F32);
+    const QuantSpec &q = s.quant;
+    if(q.enabled)
+    {
+        in_i  = TensorInfo(in_m.acl_shape(), 1, q.data, q.input_info());
+        w_i   = TensorInfo(w_m.acl_shape(), 1, q.weights, q.weights_info());
+        b_i   = TensorInfo(b_m.acl_shape(), 1, DataType::S32);
+        out_i = TensorInfo(out_m.acl_shape(), 1, q.data, q.output_info());
+    }
     FullyConnectedLayerInfo fc_info;
-    if(s.relu)
-        fc_info.activation_info = ActivationLayerInfo(ActivationLayerInfo::ActivationFunction::RELU);
+    fc_info.activation_info = s.act; // "relu": true (fp32 requests) or "act"
     Status st;
     try
     {
@@ -335,7 +414,7 @@ std::string fc_request(const JVal &req, bool run)
         c.str("method", "FC").boolean("ok", bool(st));
         if(!bool(st))
             c.str("reason", st.error_description());
-        else if(opt_bool(req, "with_gemms", false))
+        else if(opt_bool(req, "with_gemms", false) && !q.enabled)
         {
             if(cfgp != nullptr && cfgp->type == JVal::OBJ)
             {
@@ -366,10 +445,14 @@ std::string fc_request(const JVal &req, bool run)
         }
         Obj o;
         o.boolean("ok", true).str("action", "validate").str("op", "fc").raw("output", jints(std::vector<size_t>{ s.N, s.M })).raw("candidates", "[" + c.done() + "]");
+        add_quant_fields(o, q);
         return o.done();
     }
     int threads = 0;
     apply_cpu_config(cfg, &threads);
+    const std::string refused = refuse_forcing_of_int8(q, cfg);
+    if(!refused.empty())
+        return refused;
     if(!bool(st))
     {
         Obj o;
@@ -399,20 +482,30 @@ std::string fc_request(const JVal &req, bool run)
     w.allocator()->allocate();
     b.allocator()->allocate();
     out.allocator()->allocate();
-    const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
-    std::vector<float> vin  = load_or_random(req, "input_path", in_m.count(), seed);
-    std::vector<float> vw   = load_or_random(req, "weights_path", w_m.count(), seed + 1);
-    copy_logical<true>(in, in_m, vin.data());
-    copy_logical<true>(w, w_m, vw.data());
-    if(s.has_bias)
+    if(q.enabled)
     {
-        std::vector<float> vb = load_or_random(req, "bias_path", s.M, seed + 2);
-        copy_logical<true>(b, b_m, vb.data());
+        fill_quantized(req, q, in, in_m, w, w_m, s.has_bias ? &b : nullptr, b_m);
+        time_function(fc, req, tm);
+        save_quantized_output(req, q, out, out_m);
     }
-    time_function(fc, req, tm);
-    save_output(req, out, out_m);
+    else
+    {
+        const uint32_t     seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
+        std::vector<float> vin  = load_or_random(req, "input_path", in_m.count(), seed);
+        std::vector<float> vw   = load_or_random(req, "weights_path", w_m.count(), seed + 1);
+        copy_logical<true>(in, in_m, vin.data());
+        copy_logical<true>(w, w_m, vw.data());
+        if(s.has_bias)
+        {
+            std::vector<float> vb = load_or_random(req, "bias_path", s.M, seed + 2);
+            copy_logical<true>(b, b_m, vb.data());
+        }
+        time_function(fc, req, tm);
+        save_output(req, out, out_m);
+    }
     Obj o;
     o.boolean("ok", true).str("action", "run").str("op", "fc").str("method", "FC").str("effective_method", "FC").integer("threads", threads).raw("cpu_models", cpu_models_json()).raw("output", jints(std::vector<size_t>{ s.N, s.M }));
+    add_quant_fields(o, q);
     add_timing(o, tm);
     if(!configure_ext.empty())
         o.raw("gemm", configure_ext);

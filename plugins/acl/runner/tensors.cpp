@@ -48,10 +48,9 @@ std::vector<size_t> logical_strides(const Tensor &t, const Mapping &m)
     return st;
 }
 
-template <bool TO_TENSOR>
-void copy_logical(Tensor &t, const Mapping &m, float *logical)
+template <typename T, bool TO_TENSOR>
+void copy_logical_typed(Tensor &t, const Mapping &m, T *logical)
 {
-    const size_t        rank = m.logical_dims.size();
     std::vector<size_t> st   = logical_strides(t, m);
     std::vector<size_t> dims = m.logical_dims;
     while(dims.size() < 4)
@@ -59,7 +58,6 @@ void copy_logical(Tensor &t, const Mapping &m, float *logical)
         dims.insert(dims.begin(), 1);
         st.insert(st.begin(), 0);
     }
-    (void)rank;
     uint8_t *base = t.buffer() + t.info()->offset_first_element_in_bytes();
     size_t   i    = 0;
     for(size_t a = 0; a < dims[0]; ++a)
@@ -69,7 +67,7 @@ void copy_logical(Tensor &t, const Mapping &m, float *logical)
                 uint8_t *row = base + a * st[0] + b * st[1] + c * st[2];
                 for(size_t d = 0; d < dims[3]; ++d, ++i)
                 {
-                    float *p = reinterpret_cast<float *>(row + d * st[3]);
+                    T *p = reinterpret_cast<T *>(row + d * st[3]);
                     if(TO_TENSOR)
                         *p = logical[i];
                     else
@@ -78,8 +76,20 @@ void copy_logical(Tensor &t, const Mapping &m, float *logical)
             }
 }
 
+template <bool TO_TENSOR>
+void copy_logical(Tensor &t, const Mapping &m, float *logical)
+{
+    copy_logical_typed<float, TO_TENSOR>(t, m, logical);
+}
+
 template void copy_logical<true>(Tensor &t, const Mapping &m, float *logical);
 template void copy_logical<false>(Tensor &t, const Mapping &m, float *logical);
+template void copy_logical_typed<uint8_t, true>(Tensor &t, const Mapping &m, uint8_t *logical);
+template void copy_logical_typed<uint8_t, false>(Tensor &t, const Mapping &m, uint8_t *logical);
+template void copy_logical_typed<int8_t, true>(Tensor &t, const Mapping &m, int8_t *logical);
+template void copy_logical_typed<int8_t, false>(Tensor &t, const Mapping &m, int8_t *logical);
+template void copy_logical_typed<int32_t, true>(Tensor &t, const Mapping &m, int32_t *logical);
+template void copy_logical_typed<int32_t, false>(Tensor &t, const Mapping &m, int32_t *logical);
 
 std::vector<float> load_or_random(const JVal &req, const std::string &key, size_t count, uint32_t seed)
 {
@@ -125,6 +135,53 @@ void save_output(const JVal &req, Tensor &t, const Mapping &m)
     copy_logical<false>(t, m, v.data());
     save(path, v);
 }
+
+template <typename T>
+std::vector<T> load_or_random_typed(const JVal &req, const std::string &key, size_t count, uint32_t seed, int lo, int hi)
+{
+    std::vector<T> v(count);
+    std::string    path = opt_str(req, key, "");
+    if(path.empty())
+    {
+        std::mt19937                       gen(seed);
+        std::uniform_int_distribution<int> dist(lo, hi);
+        for(auto &x : v)
+            x = static_cast<T>(dist(gen));
+        return v;
+    }
+    std::ifstream f(path, std::ios::binary);
+    if(!f)
+        throw BadRequest("cannot open " + key + " file '" + path + "'");
+    f.seekg(0, std::ios::end);
+    std::streamoff size = f.tellg();
+    if(size != static_cast<std::streamoff>(count * sizeof(T)))
+        throw BadRequest(key + " file '" + path + "' has " + std::to_string(size) + " bytes, expected " + std::to_string(count * sizeof(T)));
+    f.seekg(0);
+    f.read(reinterpret_cast<char *>(v.data()), static_cast<std::streamsize>(count * sizeof(T)));
+    return v;
+}
+
+template <typename T>
+void save_output_typed(const JVal &req, Tensor &t, const Mapping &m)
+{
+    std::string path = opt_str(req, "output_path", "");
+    if(path.empty())
+        return;
+    std::vector<T> v(m.count());
+    copy_logical_typed<T, false>(t, m, v.data());
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    if(!f)
+        throw std::runtime_error("cannot write output file '" + path + "'");
+    f.write(reinterpret_cast<const char *>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+    if(!f)
+        throw std::runtime_error("short write to output file '" + path + "'");
+}
+
+template std::vector<uint8_t> load_or_random_typed<uint8_t>(const JVal &, const std::string &, size_t, uint32_t, int, int);
+template std::vector<int8_t> load_or_random_typed<int8_t>(const JVal &, const std::string &, size_t, uint32_t, int, int);
+template std::vector<int32_t> load_or_random_typed<int32_t>(const JVal &, const std::string &, size_t, uint32_t, int, int);
+template void save_output_typed<uint8_t>(const JVal &, Tensor &, const Mapping &);
+template void save_output_typed<int8_t>(const JVal &, Tensor &, const Mapping &);
 
 std::string layout_name(DataLayout l)
 {

@@ -1,5 +1,6 @@
 // Tensors: logical (NCHW-order) float32 buffers <-> ACL tensors in either layout, the raw data
-// files requests name, and layout helpers.
+// files requests name, and layout helpers. Quantized ops (a request's "quant") move their data as
+// raw 8-bit / 32-bit integers instead (the *_typed functions).
 #pragma once
 
 #include <cstddef>
@@ -52,6 +53,9 @@ Mapping map2(size_t rows, size_t cols); // logical (rows, cols) row-major -> ACL
 // (Instantiated for true and false in tensors.cpp.)
 template <bool TO_TENSOR>
 void copy_logical(arm_compute::Tensor &t, const Mapping &m, float *logical);
+// The same for elements of type T (uint8_t, int8_t, int32_t: quantized data and S32 biases).
+template <typename T, bool TO_TENSOR>
+void copy_logical_typed(arm_compute::Tensor &t, const Mapping &m, T *logical);
 
 // count floats from the raw little-endian file the request's field `key` names, or seeded
 // uniform(-1, 1) values when the field is absent.
@@ -59,6 +63,14 @@ std::vector<float> load_or_random(const JVal &req, const std::string &key, size_
 void save(const std::string &path, const std::vector<float> &v);
 // A run's output, in logical order, to the request's output_path when it names one.
 void save_output(const JVal &req, arm_compute::Tensor &t, const Mapping &m);
+
+// count elements of type T (uint8_t, int8_t, int32_t) from the raw little-endian file the field
+// `key` names, or seeded uniform integers in [lo, hi] when the field is absent.
+template <typename T>
+std::vector<T> load_or_random_typed(const JVal &req, const std::string &key, size_t count, uint32_t seed, int lo, int hi);
+// A quantized run's output (elements of type T, logical order) to the request's output_path.
+template <typename T>
+void save_output_typed(const JVal &req, arm_compute::Tensor &t, const Mapping &m);
 
 std::string layout_name(arm_compute::DataLayout l);
 arm_compute::DataLayout parse_layout(const std::string &s);
