@@ -138,11 +138,18 @@ def load_feeds(path: str | Path, model: Model, mean=IMAGENET_MEAN, std=IMAGENET_
     return feeds
 
 
-def calibration_for(model: Model, data: str | Path | Iterable[dict] | None, method: str = "minmax") -> Calibration:
-    """Splits the feeds (half calibrate, half held out); ``data`` None is allowed for the built-in
-    zoo only (synthetic feeds). Refuses, in one line, data that does not fit the model."""
+def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibration | None",
+                    method: str = "minmax") -> Calibration:
+    """Splits the feeds (half calibrate, half held out; a ``Calibration`` is taken as split);
+    ``data`` None is allowed for the built-in zoo only (synthetic feeds). Refuses, in one line,
+    data that does not fit the model."""
     if method not in METHODS:
         raise KselectError(f"--calibration-method {method!r}: choose from {', '.join(METHODS)}")
+    if isinstance(data, Calibration):  # already split (a benchmark's own synthetic set, say)
+        for i, feed in enumerate(data.calibrate + data.held_out):
+            check_feed(feed, model, f"feed {i}")
+        data.method = method
+        return data
     if data is None:
         if model.source != "builtin":
             raise KselectError(f"{model.name}: int8 needs calibration data (--calibration FOLDER of .npz/.npy feeds "

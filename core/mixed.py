@@ -6,7 +6,8 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    from the fp32 plan; the quantize / dequantize a tensor pays between a float and an int8 op
    is measured like a layout conversion (the label ``<library>:int8``) and counted.
 2. The ops whose int8 kernel is faster are the candidates. Each alone in int8 gives its
-   sensitivity: the drop of the metric (core/accuracy.py) on held-out feeds.
+   sensitivity: the drop of the metric (core/accuracy.py) on the first SENSITIVITY_FEEDS
+   held-out feeds, and the output SQNR.
 3. All candidates in int8 first; while the drop exceeds the budget, the most sensitive candidate
    (ties, common with a coarse metric such as top-1 on few feeds, broken by the lowest output
    SQNR) goes back to float, and the metric is measured again on the whole model. Every step is a
@@ -39,6 +40,9 @@ from kselect.core.tasks import Task
 from kselect.core.tune import library_defaults, stored_outcomes
 
 MAX_BACKOFF_STEPS = 24  # more candidates than this go back to float in groups
+# Sensitivities only order the ops (ties broken by SQNR, which is continuous): a share of the
+# held-out feeds does; every point of the front is measured on all of them.
+SENSITIVITY_FEEDS = 16
 
 
 @dataclass
@@ -193,11 +197,12 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     noise: dict[str, float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
     if candidates:
         say(f"sensitivity of {len(candidates)} ops, each alone in int8")
+        feeds, expected = calibration.held_out[:SENSITIVITY_FEEDS], reference[:SENSITIVITY_FEEDS]
         for node in candidates:
             plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
-            outputs = run_outputs(library.model_runner(model, plan), calibration.held_out)
-            sensitivity[node] = fp32_score - metric(outputs, reference, calibration.held_out)
-            noise[node] = sqnr(outputs, reference, calibration.held_out)
+            outputs = run_outputs(library.model_runner(model, plan), feeds)
+            sensitivity[node] = metric(expected, expected, feeds) - metric(outputs, expected, feeds)
+            noise[node] = sqnr(outputs, expected, feeds)
         say("all candidates in int8, then backing off the most sensitive")
         front += back_off(candidates, sensitivity, noise, point)
     chosen = fastest_within_budget(front)
