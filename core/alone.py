@@ -25,9 +25,7 @@ from kselect.core.worker import die_with_parent, signal_name
 # An app holds one plan, so the checks that choose among plans time each candidate as the app
 # runs it: alone in a process of its own, started afresh in every round, candidates taking turns.
 # A plan that crashes or hangs end to end is then set aside with its reason, and no runner is
-# billed for another's spinning threads. (Sharing one process with XNNPack's runner cost ONNX
-# Runtime's default about 1% on the EPYC machine, benchmarks/process_context.py; the host's own
-# drift there, 20% within a minute, is what a few rounds cannot average out.)
+# billed for another's spinning threads (measured cases: docs/tuning-protocol.md).
 PROCESS_WARMUP_S = 0.3
 
 

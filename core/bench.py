@@ -32,10 +32,8 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-# XNNPack's pool spins for tens of milliseconds after its last parallel loop. On mobilenetv2 ONNX
-# Runtime's default ran 15.3 ms (median) when timed one settle run after an XNNPack runner,
-# 8.2 ms after itself and 7.7 ms after 0.1 s of settle runs: one run of a small model is not
-# enough to outlast the spinning.
+# XNNPack's pool spins for tens of milliseconds after its last parallel loop: one run of a small
+# model is not enough to outlast the spinning (measured cases: docs/tuning-protocol.md).
 SETTLE_S = 0.1
 
 
@@ -66,10 +64,8 @@ def interleaved(runners: dict[str, callable], feeds: dict, rounds: int = 10, run
 
 
 # A run where some runner's relative interquartile range is above this was taken while the
-# machine stalled threads (this VM does so for minutes at a time): the checks that choose a plan
-# repeat it. mobilenetv2's choice among plans was once made on a run with spreads of 0.35-0.8, in
-# which ONNX Runtime's default read 17.2 ms (10.3 ms in the next run) and a plan that then ran
-# 60% slower looked fastest. Steady runs here have spreads of 0.02-0.2.
+# machine stalled threads (VMs do so for minutes at a time): the checks that choose a plan
+# repeat it (measured cases: docs/tuning-protocol.md).
 STEADY_SPREAD = 0.3
 
 

@@ -55,21 +55,15 @@ BASELINE = "onnxruntime default"
 
 # A plan that switches libraries more often must be clearly faster than one that switches less
 # to be kept: its speed depends on how fast each library's threads take the cores over at every
-# switch, which varies between runs more than one library's speed does. In table2 (stop 10)
-# resnet50's mixed plan read 5% faster than the MLAS plan in the run that chose it and 8% slower
-# than ONNX Runtime's default in the next; googlenet's was kept for 0.3%. The same holds for a
+# switch, which varies between runs more than one library's speed does. The same holds for a
 # plan whose threads sleep between parallel loops (plan-level ``spinning`` 0) against one whose
-# threads spin, as the libraries' defaults do: every loop then waits for threads to wake, which on
-# this VM costs microseconds in some periods and milliseconds in others. vgg16's MLAS plan with
-# spinning 0 read 1.07x and 1.015x ONNX Runtime's default in the runs that chose it and 0.79x in
-# the next runs; interleaved later, spinning-0 variants ran 1.24-1.63x slower than the default,
-# the spinning-1 one 1.08-1.28x. The margin is the larger of MIXED_MARGIN and half the faster
-# plan's relative interquartile range in that run.
+# threads spin, as the libraries' defaults do: every loop then waits for threads to wake, which
+# costs microseconds in some periods and milliseconds in others. The margin is the larger of
+# MIXED_MARGIN and half the faster plan's relative interquartile range in that run.
 # ONNX Runtime's default session (the baseline) is the calmest choice of all, as the library
 # default is for a single op: a plan replaces it only when shown faster round by round
-# (race_verdict, below). A margin over pooled medians did not hold: on the EPYC machine (table2,
-# stop 16) resnet101's XNNPack plan read 1.051x the default in the run that chose it, with
-# spreads of 0.18-0.22, and 0.956x in the next run.
+# (race_verdict, below), since a margin over pooled medians did not hold. Measured cases behind
+# each rule: docs/tuning-protocol.md.
 MIXED_MARGIN = 0.02
 
 
@@ -102,9 +96,7 @@ def choose_result(results: list[dict]) -> dict:
 
 # The check that replaces ONNX Runtime's default session compares them round by round: in a round
 # the two run in fresh processes seconds apart, and the ratio of their medians is what the host's
-# drift (20% within a minute on the EPYC machine) disturbs least. Pooled medians over rounds
-# minutes apart mixed periods: resnet101's MLAS plan read 1.046x pooled in the check that kept it
-# and 0.907-1.091 round by round in the next run (table2, stop 17). So a plan replaces the default
+# drift disturbs least; pooled medians over rounds minutes apart mix periods. So a plan replaces the default
 # only when the median of its per-round speedups reaches 1 + MIXED_MARGIN and the lower
 # confidence bound of that median SLOWER_LIMIT; a plan still undecided after the first rounds runs
 # more (with the default), up to the check's maximum, as racing (F-race, irace) does when
