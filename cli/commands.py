@@ -271,7 +271,9 @@ def _front_table(library, search, check) -> None:
         table.add_column(column, justify="left" if column in ("plan", "") else "right")
     for point in search.front:
         mark = "kept" if point.name == kept else ("chosen, not kept" if point is search.chosen else "")
-        if not point.within_budget:
+        if point.failed:
+            mark = f"failed: {point.failed[:80]}"
+        elif not point.within_budget:
             mark = (mark + " " if mark else "") + "over budget"
         table.add_row(point.name, str(len(point.int8_nodes)), f"{point.predicted_us / 1000:.3f}",
                       "" if point.measured_ms is None else f"{point.measured_ms:.3f}", f"{point.score:.4f}",

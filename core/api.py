@@ -261,6 +261,7 @@ FRONT_POINTS_TIMED = 6
 def points_to_time(front: list, chosen) -> list:
     """The front points timed end to end: all of them, or past FRONT_POINTS_TIMED the fp32 plan,
     full int8, the chosen point and others spread evenly between."""
+    front = [p for p in front if not p.failed]
     if len(front) <= FRONT_POINTS_TIMED:
         return front
     picked = {id(p): p for p in (front[0], front[1], chosen)}

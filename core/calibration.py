@@ -187,7 +187,7 @@ def compute_ranges(model: Model, calibration: Calibration) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="kselect-calibrate-") as tmp, quiet_quantizer():
         cache, source = Path(tmp) / "ranges.json", Path(tmp) / "model.onnx"
-        source.write_bytes(model.proto.SerializeToString())  # quantize_static changes a ModelProto it is given
+        source.write_bytes(quantizable(model.proto).SerializeToString())  # quantize_static changes a ModelProto
         q.quantize_static(source, Path(tmp) / "probe.onnx", _Reader(calibration.calibrate),
                           quant_format=q.QuantFormat.QDQ, per_channel=True, activation_type=q.QuantType.QUInt8,
                           weight_type=q.QuantType.QInt8,
@@ -210,3 +210,21 @@ def quiet_quantizer():
         yield
     finally:
         root.setLevel(level)
+
+
+QDQ_OPSET = 13  # per-channel DequantizeLinear (its axis attribute) needs opset 13
+
+
+def quantizable(proto):
+    """The model at an opset QDQ with per-channel weights needs (onnx's version converter, when
+    the model is older), as onnxruntime.quantization expects but does not do itself."""
+    from onnx import version_converter
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), QDQ_OPSET)
+    if opset >= QDQ_OPSET:
+        return proto
+    try:
+        return version_converter.convert_version(proto, QDQ_OPSET)
+    except Exception as exc:  # the converter raises many kinds
+        raise KselectError(f"int8 needs opset {QDQ_OPSET} (per-channel QDQ) and onnx cannot convert this opset-{opset} "
+                           f"model: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None

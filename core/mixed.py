@@ -31,7 +31,7 @@ from kselect.core.accuracy import Metric, run_outputs, sqnr
 from kselect.core.calibration import Calibration
 from kselect.core.conversions import GRAPH_LABEL, ConversionTable, measure_conversions, sides_needed
 from kselect.core.cross_problem import data_edges
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, one_line
 from kselect.core.library import Library
 from kselect.core.model import Model
 from kselect.core.plan import Plan, choose, plan_node, plan_task
@@ -55,11 +55,15 @@ class FrontPoint:
     weight_bytes: int
     within_budget: bool = False
     measured_ms: float | None = None  # end to end, when timed
+    failed: str | None = None  # the plan could not be built or run: why (never chosen)
 
     def to_json(self) -> dict:
         data = {"name": self.name, "int8_ops": len(self.int8_nodes), "predicted_us": round(self.predicted_us, 1),
-                "score": round(self.score, 6), "drop": round(self.drop, 6), "weight_bytes": self.weight_bytes,
+                "score": None if self.failed else round(self.score, 6),
+                "drop": None if self.failed else round(self.drop, 6), "weight_bytes": self.weight_bytes,
                 "within_budget": self.within_budget}
+        if self.failed:
+            data["failed"] = self.failed
         if self.measured_ms is not None:
             data["measured_ms"] = round(self.measured_ms, 4)
         return data
@@ -183,13 +187,17 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
 
     def point(name: str, nodes: set[str]) -> FrontPoint:
         plan = mixed_plan(fp32_plan, int8_entries, int8_settings, nodes, precision)
+        predicted = predict(nodes) if predict else fp32_plan.estimated_us()
         score = fp32_score
-        if nodes:
-            score = metric(run_outputs(library.model_runner(model, plan), calibration.held_out), reference,
-                           calibration.held_out)
+        try:
+            if nodes:
+                score = metric(run_outputs(library.model_runner(model, plan), calibration.held_out), reference,
+                               calibration.held_out)
+        except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
+            return FrontPoint(name, sorted(nodes), predicted, float("nan"), float("inf"), weight_bytes(model, nodes),
+                              failed=one_line(exc)[:300])
         plans[name] = plan
         drop = fp32_score - score
-        predicted = predict(nodes) if predict else fp32_plan.estimated_us()
         return FrontPoint(name, sorted(nodes), predicted, score, drop, weight_bytes(model, nodes), drop <= max_drop)
 
     front = [point("fp32", set())]
@@ -198,13 +206,19 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     if candidates:
         say(f"sensitivity of {len(candidates)} ops, each alone in int8")
         feeds, expected = calibration.held_out[:SENSITIVITY_FEEDS], reference[:SENSITIVITY_FEEDS]
-        for node in candidates:
+        for node in list(candidates):
             plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
-            outputs = run_outputs(library.model_runner(model, plan), feeds)
+            try:
+                outputs = run_outputs(library.model_runner(model, plan), feeds)
+            except Exception as exc:  # this op cannot run in int8 in the whole model: it stays float
+                say(f"{node} in int8 failed ({one_line(exc)[:200]}): it stays fp32")
+                candidates.remove(node)
+                continue
             sensitivity[node] = metric(expected, expected, feeds) - metric(outputs, expected, feeds)
             noise[node] = sqnr(outputs, expected, feeds)
-        say("all candidates in int8, then backing off the most sensitive")
-        front += back_off(candidates, sensitivity, noise, point)
+        if candidates:
+            say("all candidates in int8, then backing off the most sensitive")
+            front += back_off(candidates, sensitivity, noise, point)
     chosen = fastest_within_budget(front)
     return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans)
 

@@ -114,11 +114,34 @@ def int8_nodes(plan) -> set[str]:
     return {node for task in plan.tasks if task.get("precision") == "int8" for node in task["nodes"]}
 
 
+def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
+    """The nodes the quantizer may quantize for a plan running ``int8`` in int8: all (None) when
+    every tunable node is int8, as ONNX Runtime's own static quantization does; otherwise the
+    int8 nodes and the untuned ops that only read what quantized nodes write (a residual Add of
+    two int8 branches, a pool after an int8 conv), so that a float op's neighbourhood stays float."""
+    from kselect.core.tasks import extract_tasks
+
+    tunable = {node for task in extract_tasks(model) for node in task.nodes}
+    if tunable <= int8:
+        return None
+    quantized, writes = set(int8), {}
+    for node in model.proto.graph.node:  # graph order is topological
+        for output in node.output:
+            writes[output] = node.name
+    for node in model.proto.graph.node:
+        if node.name in quantized or node.name in tunable:
+            continue
+        activations = [name for name in node.input if name and name not in model.initializers]
+        if activations and all(writes.get(name) in quantized for name in activations):
+            quantized.add(node.name)
+    return sorted(quantized)
+
+
 def quantized_model(model, plan):
     """The QDQ model of a plan with int8 nodes, written by onnxruntime.quantization.quantize_static
     as a user would call it (QDQ format), from the plan's calibration ranges (its calibration
-    cache), with the plan's activation type and weight granularity; the tunable nodes the plan
-    keeps in float are excluded, every other op is quantized where ONNX Runtime's quantizer does."""
+    cache), with the plan's activation type and weight granularity, quantizing the nodes
+    ``nodes_to_quantize`` names (every node when the whole model is int8)."""
     import json
     import tempfile
     from pathlib import Path
@@ -126,20 +149,18 @@ def quantized_model(model, plan):
     import onnx
     import onnxruntime.quantization as q
 
-    from kselect.core.calibration import quiet_quantizer
-    from kselect.core.tasks import extract_tasks
+    from kselect.core.calibration import quantizable, quiet_quantizer
 
     quantized = int8_nodes(plan)
-    tunable = {node for task in extract_tasks(model) for node in task.nodes}
     settings = plan.library_settings.get("mlas", plan.plan_level)
     with tempfile.TemporaryDirectory(prefix="kselect-int8-") as tmp, quiet_quantizer():
         cache, source = Path(tmp) / "ranges.json", Path(tmp) / "model.onnx"
         cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
-        source.write_bytes(model.proto.SerializeToString())  # quantize_static changes a ModelProto it is given
+        source.write_bytes(quantizable(model.proto).SerializeToString())  # quantize_static changes a ModelProto
         output = Path(tmp) / "model.int8.onnx"
         q.quantize_static(source, output, None, quant_format=q.QuantFormat.QDQ,
                           per_channel=settings.get("weights", "per-channel") == "per-channel",
                           activation_type=q.QuantType.QInt8 if settings.get("activations") == "s8" else q.QuantType.QUInt8,
-                          weight_type=q.QuantType.QInt8, nodes_to_exclude=sorted(tunable - quantized),
+                          weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes_to_quantize(model, quantized),
                           calibration_cache_path=cache)
         return onnx.load(str(output))
