@@ -179,3 +179,28 @@ def test_an_int8_plan_exports_a_qdq_model_that_plain_onnxruntime_runs_at_the_pla
         a, b = session.run(None, feed)[0].ravel(), reference.run(None, feed)[0].ravel()
         cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
     assert np.mean(cosines) == pytest.approx(point.score, abs=1e-6)
+
+
+def test_calibration_images_are_resized_normalised_and_laid_out_as_the_input(tmp_path):
+    """A folder of images feeds a one-input model: RGB, resized to the input, ImageNet mean/std,
+    NCHW (or NHWC when the input's last dim is 3)."""
+    from PIL import Image
+
+    from kselect.core.calibration import IMAGENET_MEAN, IMAGENET_STD, load_feeds
+    from kselect.core.model import Model
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (64, 48), (255, 0, 128)).save(folder / "a.png")
+    Image.new("L", (10, 10), 0).save(folder / "b.jpg")  # greyscale, any size
+    for shape in ([1, 3, 32, 40], [1, 32, 40, 3]):
+        model = Model("m", onnx.ModelProto(), "in memory", {"image": shape})
+        feeds = load_feeds(folder, model)
+        assert [list(f["image"].shape) for f in feeds] == [shape, shape]
+        first = feeds[0]["image"][0]
+        pixel = first[:, 5, 5] if shape[1] == 3 else first[5, 5, :]
+        expected = (np.array([1.0, 0.0, 128 / 255]) - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+        assert np.allclose(pixel, expected, atol=1e-5)
+        black = feeds[1]["image"][0]
+        assert np.allclose(black[:, 0, 0] if shape[1] == 3 else black[0, 0, :],
+                           -np.array(IMAGENET_MEAN) / np.array(IMAGENET_STD), atol=1e-5)
