@@ -246,8 +246,8 @@ def test_measured_in_the_worker_child(lib):
 
 
 def test_float_builder_refuses_8bit_configs(lib):
-    """The whole-model executor has no int8 path: an int8 config reaching the float operator
-    builder is refused, never run as fp32."""
+    """An int8 config reaching the float operator builder is refused, never run as fp32 (the
+    executor builds its int8 nodes through int8.create_operator)."""
     task = OPS["dense3x3"]
     config = lib.default_config(task, this_device())
     x = configured.buffer((1, 9, 11, 16))

@@ -258,8 +258,8 @@ def build(spec: OpSpec, config: dict, w: np.ndarray, b: np.ndarray | None, x: np
     if unsafe is None:
         unsafe = False
     if "variant" in config:  # an int8 task's config (int8.py): never built as a float operator
-        raise ConfigError(f"{config['variant']} is an 8-bit config: XNNPack's whole-model executor has no int8 "
-                          "path yet (int8 ops are measured per op only, int8.py)")
+        raise ConfigError(f"{config['variant']} is an 8-bit config: it is built by int8.py (the executor's int8 "
+                          "nodes), never as a float operator")
     threads = int(config.get("threads", 1))
     pool = pool_for(threads)
     path = config.get("path", "nhwc")

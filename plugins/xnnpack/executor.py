@@ -18,6 +18,20 @@ produces their first input. The plan-level ``spinning`` says whether the pools' 
 sleep between parallel loops (set on the shim at the start of every inference). In a plan that
 mixes libraries (``release_at_end``) spinning pools are put to sleep when the segment ends, so
 that the next library's threads are not left one core short.
+
+int8 (a plan whose int8 nodes are entries of int8 tasks, ``task["precision"] == "int8"``): such a
+conv / fc runs its configured 8-bit operator (int8.py: variant qc8 / qs8 / qu8, micro-kernel,
+threads), its weights quantized from the model's float weights (per output channel for qc8, one
+scale otherwise; bias int32 at input scale x weight scale), its input quantized with the
+calibrated range of its input tensor and its output with that of its output tensor (after the
+folded Relu / Clip), as asymmetric uint8 (core/quant.py ``asymmetric_u8``; signed variants take
+zero point - 128). The ranges are ``plan.extra["precision"]["ranges"]``, onnxruntime.quantization's
+calibration cache. An 8-bit tensor stays 8-bit between two int8 ops (the output's range is the next
+op's input range); between a signed and an unsigned variant it is converted by flipping the top
+bit (same scale, zero points 128 apart); a float consumer (every op other than an int8 conv / fc)
+gets it dequantized once (``xnn_create_convert_nc_q*8_f32``), and a float tensor read by int8 ops
+is quantized once per signedness (``xnn_create_convert_nc_f32_q*8``). A plan with no int8 nodes
+builds exactly what it built before.
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ from onnx import numpy_helper
 
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError, UnsupportedOp
+from kselect.core.quant import QuantParams, asymmetric_u8
 from kselect.core.tasks import Task, explicit_pads, find_ops
 from kselect.plugins.xnnpack import configured
 from kselect.plugins.xnnpack import xnnpack_api as xa
@@ -51,6 +66,37 @@ def _copy_step(destination, source) -> int:
     return 0
 
 
+_TOP_BIT = np.uint8(0x80)
+
+
+def _flip_step(destination, source) -> int:
+    """int8 <-> uint8 on the same scale (zero points 128 apart): the top bit flipped."""
+    np.bitwise_xor(source, _TOP_BIT, out=destination)
+    return 0
+
+
+def int8_nodes(plan) -> set[str]:
+    """The nodes a plan runs in int8: those of its tasks of precision int8."""
+    tasks = getattr(plan, "tasks", None) or []
+    return {node for task in tasks if isinstance(task, dict) and task.get("precision") == "int8"
+            for node in task.get("nodes", []) if node in plan.nodes}
+
+
+def _number(value) -> float:
+    if isinstance(value, dict):  # the cache's numpy arrays: {"data": [...], "dtype": ..., "CLS": "numpy.array"}
+        value = value.get("data")
+    return float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+
+
+def calibrated_ranges(plan) -> dict[str, tuple[float, float]]:
+    """Tensor name -> (lowest, highest) from the plan's calibration cache (onnxruntime.quantization's
+    TensorsData JSON, ``plan.extra["precision"]["ranges"]``)."""
+    cache = ((getattr(plan, "extra", None) or {}).get("precision") or {}).get("ranges") or {}
+    data = cache.get("data", cache) if isinstance(cache, dict) else {}
+    return {name: (_number(entry["lowest"]), _number(entry["highest"])) for name, entry in data.items()
+            if isinstance(entry, dict) and "lowest" in entry and "highest" in entry}
+
+
 class _Tensor:
     """A tensor as the executor stores it: NHWC for 4-D activations, else as in ONNX."""
 
@@ -62,6 +108,14 @@ class _Tensor:
         self.nhwc = nhwc
         self.perm = perm  # (C, H, W) when this 2-D tensor is an NHWC tensor flattened in NHWC order
         self.threads = None  # thread count of the op that wrote it
+        # 8-bit copies: (signed, scale, uint8 zero point) -> int8 / uint8 array in the stored layout.
+        # A tensor an int8 op wrote has one here and no float array until a float op reads it.
+        self.q: dict[tuple, np.ndarray] = {}
+        self.int8_output = False  # written by an int8 op
+
+    @property
+    def stored_shape(self) -> tuple:
+        return self.array.shape if self.array is not None else next(iter(self.q.values())).shape
 
 
 class _Storage:
@@ -88,6 +142,8 @@ class Executor:
         self.configs: dict[str, dict] = {}  # node -> config used (conv / fc)
         self._free: list[_Storage] = []
         self._consts: list[np.ndarray] = []  # constant operands, kept alive while operators read them
+        self.int8_nodes = int8_nodes(plan)
+        self.ranges = calibrated_ranges(plan) if self.int8_nodes else {}
         plan_level = getattr(plan, "plan_level", None) or {}
         self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
         from kselect.plugins.xnnpack import tileshim
@@ -163,6 +219,7 @@ class Executor:
         graph = self.model.proto.graph
         self._run = xa.lib().xnn.xnn_run_operator
         nodes = list(graph.node)
+        self._index = -1  # the node being built
         consumers: dict[str, list[int]] = {}
         for i, node in enumerate(nodes):
             for name in node.input:
@@ -210,19 +267,20 @@ class Executor:
             if handler is None:
                 raise UnsupportedOp(f"xnnpack executor: {node.op_type} (node {node.name!r}) is not supported", node.name)
             steps_before = len(self.steps)
+            self._index = i
             handler(node, i, out_name, act if act is not None else (-math.inf, math.inf))
             self.step_nodes += [(node.name, node.op_type)] * (len(self.steps) - steps_before)
             # release storages whose tensors are all dead after this node
             for name in node.input:
                 tensor = self.tensors.get(name)
-                if tensor is not None and tensor.storage.until <= i and not tensor.storage.pinned \
-                        and tensor.storage not in self._free:
+                if tensor is not None and tensor.storage is not None and tensor.storage.until <= i \
+                        and not tensor.storage.pinned and tensor.storage not in self._free:
                     self._free.append(tensor.storage)
         self.outputs = []
         for o in graph.output:
             if o.name not in self.tensors:
                 raise KselectError(f"xnnpack executor: graph output {o.name!r} was not computed")
-            self.outputs.append(self.tensors[o.name])
+            self.outputs.append(self._float(self.tensors[o.name], len(nodes)))
 
     def _act_range(self, node):
         if node.op_type == "Relu":
@@ -240,12 +298,15 @@ class Executor:
             hi = float(c)
         return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
 
-    def _input(self, node, k=0) -> _Tensor:
+    def _input(self, node, k=0, as_float: bool = True) -> _Tensor:
+        """Input ``k`` of ``node``; ``as_float``: with its float array (dequantized here, once, when
+        an int8 op wrote it), which every op but an int8 conv / fc reads."""
         name = node.input[k]
         if name not in self.tensors:
             raise UnsupportedOp(f"xnnpack executor: input {name!r} of {node.op_type} {node.name!r} is not an activation "
                                 "this executor computed (constant inputs are supported only as weights)", node.name)
-        return self.tensors[name]
+        tensor = self.tensors[name]
+        return self._float(tensor, self._index) if as_float else tensor
 
     def _config(self, node) -> dict:
         task = self._tasks.get(node.name)
@@ -260,6 +321,10 @@ class Executor:
         return config
 
     def _build_configured(self, node, i, out_name, act, w, b, x: _Tensor, y_shape):
+        if node.name in self.int8_nodes:
+            self._build_int8(node, i, out_name, act, w, b, x, y_shape)
+            return
+        x = self._float(x, i)
         y = self._new_tensor(out_name, y_shape, i)
         y.threads = self._build_operator(node, act, w, b, x.array, y.array)
 
@@ -272,13 +337,110 @@ class Executor:
         self.steps.extend(built.steps)
         return int(config.get("threads", self.default_threads))
 
+    # -- int8 -------------------------------------------------------------------------------
+    def _quantization(self, tensor: str, node) -> tuple[float, int]:
+        """(scale, uint8 zero point) of a tensor from its calibrated range, as onnxruntime's
+        quantizer derives them (asymmetric uint8, the range widened to include 0)."""
+        if tensor not in self.ranges:
+            raise KselectError(f"xnnpack executor: int8 node {node.name!r}: the plan's calibration has no range for "
+                               f"tensor {tensor!r}")
+        return asymmetric_u8(*self.ranges[tensor])
+
+    def _int8_buffer(self, shape, signed: bool) -> np.ndarray:
+        from kselect.plugins.xnnpack.int8 import buffer
+
+        array = buffer(tuple(shape), np.int8 if signed else np.uint8)  # with the slack XNNPack may read
+        self._consts.append(array)
+        return array
+
+    def _float(self, tensor: _Tensor, index: int) -> _Tensor:
+        """``tensor`` with its float array: an 8-bit tensor is dequantized into a float buffer, once,
+        by a step placed before its first float reader."""
+        if tensor.array is not None:
+            return tensor
+        (signed, scale, zero_point), q = next(iter(tensor.q.items()))
+        size = int(np.prod(q.shape))
+        storage = self._alloc(size)
+        storage.until = max(storage.until, self.last_use.get(tensor.name, index))
+        if tensor.name in self.graph_outputs:
+            storage.pinned = True
+        tensor.storage, tensor.array = storage, storage.data[:size].reshape(q.shape)
+        channels = q.shape[-1] if q.ndim else 1
+        op = xa.QuantizeConvert("f32", channels, scale, zero_point - (128 if signed else 0),
+                                variant="qs8" if signed else "qu8")
+        op.setup(q.reshape(-1, channels), tensor.array.reshape(-1, channels))
+        self._add_op(op, self._threads(tensor))
+        return tensor
+
+    def _quantized(self, tensor: _Tensor, signed: bool, scale: float, zero_point: int, threads: int,
+                   index: int) -> np.ndarray:
+        """``tensor`` as 8-bit integers on this grid: the copy an int8 op wrote or an earlier step
+        made, the other signedness of the same grid with its top bit flipped, else quantized from
+        the float array (dequantized first when only another grid exists)."""
+        key = (signed, scale, zero_point)
+        if key in tensor.q:
+            return tensor.q[key]
+        q = self._int8_buffer(tensor.stored_shape, signed)
+        other = tensor.q.get((not signed, scale, zero_point))
+        if other is not None:
+            self.steps.append((_flip_step, q.view(np.uint8), other.view(np.uint8)))
+        else:
+            self._float(tensor, index)
+            channels = q.shape[-1] if q.ndim else 1
+            op = xa.QuantizeConvert("qs8" if signed else "qu8", channels, scale, zero_point - (128 if signed else 0))
+            op.setup(tensor.array.reshape(-1, channels), q.reshape(-1, channels))
+            self._add_op(op, threads)
+        tensor.q[key] = q
+        return q
+
+    def _build_int8(self, node, i, out_name, act, w, b, x: _Tensor, y_shape) -> None:
+        """The node's int8 plan entry: its 8-bit operator between 8-bit copies of its input and output."""
+        from kselect.plugins.xnnpack import int8
+
+        task = self._tasks[node.name]
+        if task.kind not in ("conv", "fc") or task.conv1d:
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} has no int8 operator here "
+                               "(2-D conv and fully connected only)")
+        config = self._config(node)
+        variant = int8.config_variant(config, task)
+        signed = variant != "qu8"
+        x_scale, x_zero_point = self._quantization(x.name, node)
+        y_scale, y_zero_point = self._quantization(out_name, node)
+        w_scales = (np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0).astype(np.float32)
+        params = QuantParams(float(x_scale), x_zero_point, w_scales, float(y_scale), y_zero_point)
+        threads = int(config.get("threads", self.default_threads))
+        op, pool, notes = int8.create_operator(task, config, w, b, params, act, folded=True)
+        try:
+            xq = self._quantized(x, signed, x_scale, x_zero_point, threads, i)
+            shape = [int(d) for d in y_shape]
+            y = _Tensor(out_name, shape, None, None, len(shape) == 4)
+            yq = self._int8_buffer((shape[0], shape[2], shape[3], shape[1]) if y.nhwc else shape, signed)
+            y.q[(signed, y_scale, y_zero_point)] = yq
+            y.int8_output = True
+            if task.kind == "fc" and variant == "qc8":  # a 1x1 convolution on (M, 1, 1, K)
+                op.setup(xq.reshape(xq.shape[0], 1, 1, -1), yq.reshape(yq.shape[0], 1, 1, -1))
+            else:
+                op.setup(xq, yq)
+        except BaseException:
+            op.close()
+            raise
+        built = configured.Built(op, [(self._run, op.handle, None if pool is None else pool.handle)], xq, yq, notes)
+        self._built.append(built)
+        self.steps.extend(built.steps)
+        self.configs[node.name] = config
+        y.threads = threads
+        self.tensors[out_name] = y
+
     # -- ops --------------------------------------------------------------------------------
     def _op_Conv(self, node, i, out_name, act):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         w = self._const(node.input[1])
         b = self._const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if node.name in self.int8_nodes and (node.op_type != "Conv" or not x.nhwc):
+            raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} has no int8 operator here "
+                               "(2-D conv and fully connected only)")
         if node.op_type == "Conv" and len(x.shape) == 3:
-            return self._conv1d(node, i, out_name, act, x, w, b)
+            return self._conv1d(node, i, out_name, act, self._float(x, i), w, b)
         if not x.nhwc:
             raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input", node.name)
         self._build_configured(node, i, out_name, act, w, b, x, self._shape(node.output[0]))
@@ -298,7 +460,7 @@ class Executor:
     _op_ConvTranspose = _op_Conv  # the task (find_ops) says which operator it is
 
     def _op_Gemm(self, node, i, out_name, act):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         if _attr(node, "transA", 0):
             raise UnsupportedOp(f"xnnpack executor: Gemm {node.name!r} with transA is not supported", node.name)
         w = self._const(node.input[1])
@@ -316,14 +478,14 @@ class Executor:
         self._fc(node, i, out_name, act, x, w, b)
 
     def _op_MatMul(self, node, i, out_name, act):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         w = self._const(node.input[1])
         if w is None or w.ndim != 2:
             raise UnsupportedOp(f"xnnpack executor: MatMul {node.name!r} needs constant 2-D weights", node.name)
         self._fc(node, i, out_name, act, x, np.ascontiguousarray(w.T), None)
 
     def _fc(self, node, i, out_name, act, x: _Tensor, w, b):
-        if len(x.array.shape) != 2:
+        if len(x.stored_shape) != 2:
             raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 2-D input", node.name)
         if x.perm is not None:  # input is an NHWC tensor flattened in NHWC order: permute W's columns
             c, h, wd = x.perm
@@ -407,7 +569,7 @@ class Executor:
         """Input ``k`` of an elementwise node: a tensor this executor computed, or a constant."""
         name = node.input[k]
         if name in self.tensors:
-            return self.tensors[name]
+            return self._float(self.tensors[name], self._index)
         c = self._const(name)
         if c is None:
             raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r}: unknown input {name!r}", node.name)

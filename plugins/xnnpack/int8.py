@@ -79,8 +79,12 @@ def quantize_activations(x: np.ndarray, scale: float, zero_point_u8: int, varian
 
 def output_range(epilogue: list, params: QuantParams, variant: str) -> tuple[int, int]:
     """The output clamp in the output's integers: the whole type, narrowed by a Relu / Clip."""
+    return clamp_in_integers(clamp_range(epilogue) if epilogue else None, params, variant)
+
+
+def clamp_in_integers(bounds, params: QuantParams, variant: str) -> tuple[int, int]:
+    """A float clamp ``bounds`` (low, high; None or infinite: none) as the output's integers."""
     low, high = 0, 255
-    bounds = clamp_range(epilogue) if epilogue else None
     if bounds is not None:
         def q(v: float, default: int) -> int:
             if math.isinf(v):
@@ -90,15 +94,16 @@ def output_range(epilogue: list, params: QuantParams, variant: str) -> tuple[int
     return low - offset(variant), high - offset(variant)
 
 
-def quantized_operands(task, inputs: dict, params: QuantParams, variant: str) -> dict:
+def quantized_operands(task, inputs: dict, params: QuantParams, variant: str, folded: bool = False) -> dict:
     """Weights (OIHW conv / (N, K) fc, int8, uint8 for qu8), int32 bias and kernel scale(s) of
-    the op under ``params``; a fully connected op's alpha and beta folded in."""
+    the op under ``params``; a fully connected op's alpha and beta folded in (unless ``folded``:
+    the executor has already folded them into ``w`` and ``b``)."""
     w = inputs["w"]
     per_channel = variant == "qc8"
     q = params.quantized_weights(w, per_channel)
     scales = (params.w_scales if per_channel else np.full(w.shape[0], params.w_scale_per_tensor)).astype(np.float64)
     b = inputs.get("b")
-    if task.kind == "fc":
+    if task.kind == "fc" and not folded:
         alpha = float(task.attrs.get("alpha", 1.0))
         if alpha < 0:  # kernel scales must be positive: the sign goes into the weights
             q = (-q.astype(np.int16)).astype(np.int8)
@@ -213,50 +218,43 @@ def _forced(choice, family: str):
         configured.check_table_pristine()
 
 
-def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> configured.Built:
-    """The 8-bit operator for ``config`` on the task's input, quantized as ``inputs["quant"]``
-    says, bound to its input and output buffers. ``kernel_quant`` (default: the same) is what the
-    operator is told the quantization is: only a test gives it another one."""
-    params: QuantParams = inputs["quant"]
-    kq = kernel_quant or params
+def config_variant(config: dict, task) -> str:
+    """The config's variant, checked; refuses keys 8-bit operators do not take."""
     variant = config.get("variant", default_variant(task))
     if variant not in VARIANTS:
         raise configured.ConfigError(f"unknown variant {variant!r} (one of {VARIANTS})")
     if config.get("path", "nhwc") != "nhwc" or config.get("tile_n", "default") != "default" \
             or config.get("loop", "rows") != "rows":
         raise configured.ConfigError("8-bit operators take variant, ukernel, threads and spinning only")
-    dtype = xa.int8_dtype(variant)
+    return variant
+
+
+def create_operator(task, config: dict, w: np.ndarray, b: np.ndarray | None, kq: QuantParams,
+                    bounds=None, folded: bool = False):
+    """The 8-bit operator of ``config`` for float weights ``w`` (OIHW conv, (N, K) fc) and bias
+    ``b``, quantized under ``kq`` (input and output scales and uint8 zero points, weight scales),
+    its output clamped to the float ``bounds`` (a folded Relu / Clip; None: the task's epilogue),
+    with the configured micro-kernel, which is checked to be the one the operator holds. Returns
+    (operator, its pool, notes). A qc8 fc is a 1x1 qc8 convolution: set it up on (M, 1, 1, K)
+    and (M, 1, 1, N) views. ``folded``: an fc's alpha and beta are already in ``w`` and ``b``."""
+    variant = config_variant(config, task)
     pool = configured.pool_for(config.get("threads", 1))
-    operands = quantized_operands(task, inputs, kq, variant)
-    out_min, out_max = output_range(task.epilogue, kq, variant)
+    operands = quantized_operands(task, {"w": w, **({"b": b} if b is not None else {})}, kq, variant, folded)
+    out_min, out_max = (output_range(task.epilogue, kq, variant) if bounds is None
+                        else clamp_in_integers(bounds, kq, variant))
     quant = dict(input_zero_point=kq.x_zero_point - offset(variant), input_scale=kq.x_scale,
                  kernel_scale=operands["kernel_scale"], kernel_zero_point=operands["kernel_zero_point"],
                  output_zero_point=kq.y_zero_point - offset(variant), output_scale=kq.y_scale,
                  output_min=out_min, output_max=out_max, threadpool=pool)
-    x_q = quantize_activations(inputs["x"], params.x_scale, params.x_zero_point, variant)
     choice = choice_for(task, config)
     a = task.attrs
-    if task.kind == "fc":
-        m, k = task.input_shape
-        n = task.output_shape[1]
-        if variant == "qc8":  # no per-channel fully connected operator: a 1x1 qc8 convolution on (M, 1, 1, K)
-            x = buffer((m, 1, 1, k), dtype)
-            y = buffer((m, 1, 1, n), dtype)
-            with _forced(choice, variant):
-                op = xa.QConvolution2DNHWC(variant, operands["weights"].reshape(n, k, 1, 1), operands["bias"], **quant)
+    with _forced(choice, variant):
+        if task.kind == "fc" and variant == "qc8":  # no per-channel fully connected operator: 1x1 convolution
+            n, k = operands["weights"].shape
+            op = xa.QConvolution2DNHWC(variant, operands["weights"].reshape(n, k, 1, 1), operands["bias"], **quant)
+        elif task.kind == "fc":
+            op = xa.QFullyConnected(variant, operands["weights"], operands["bias"], **quant)
         else:
-            x = buffer((m, k), dtype)
-            y = buffer((m, n), dtype)
-            with _forced(choice, variant):
-                op = xa.QFullyConnected(variant, operands["weights"], operands["bias"], **quant)
-        np.copyto(x, x_q.reshape(x.shape))
-    else:
-        n, c, h, w = task.input_shape
-        _, oc, oh, ow = task.output_shape
-        x = buffer((n, h, w, c), dtype)
-        np.copyto(x, x_q.transpose(0, 2, 3, 1))
-        y = buffer((n, oh, ow, oc), dtype)
-        with _forced(choice, variant):
             op = xa.QConvolution2DNHWC(variant, operands["weights"], operands["bias"], stride=a["strides"],
                                        dilation=a["dilations"], padding=a["pads"], groups=a["group"], **quant)
     try:
@@ -266,6 +264,35 @@ def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = N
             notes["kernels"] = held
             if config["ukernel"] not in held:
                 raise RuntimeError(f"the operator holds {held}, not the configured {config['ukernel']}")
+        return op, pool, notes
+    except BaseException:
+        op.close()
+        raise
+
+
+def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> configured.Built:
+    """The 8-bit operator for ``config`` on the task's input, quantized as ``inputs["quant"]``
+    says, bound to its input and output buffers. ``kernel_quant`` (default: the same) is what the
+    operator is told the quantization is: only a test gives it another one."""
+    params: QuantParams = inputs["quant"]
+    kq = kernel_quant or params
+    variant = config_variant(config, task)
+    dtype = xa.int8_dtype(variant)
+    x_q = quantize_activations(inputs["x"], params.x_scale, params.x_zero_point, variant)
+    if task.kind == "fc":
+        m, k = task.input_shape
+        n = task.output_shape[1]
+        rows = (m, 1, 1) if variant == "qc8" else (m,)  # qc8: a 1x1 convolution on (M, 1, 1, K)
+        x, y = buffer((*rows, k), dtype), buffer((*rows, n), dtype)
+        np.copyto(x, x_q.reshape(x.shape))
+    else:
+        n, c, h, w = task.input_shape
+        _, oc, oh, ow = task.output_shape
+        x = buffer((n, h, w, c), dtype)
+        np.copyto(x, x_q.transpose(0, 2, 3, 1))
+        y = buffer((n, oh, ow, oc), dtype)
+    op, pool, notes = create_operator(task, config, inputs["w"], inputs.get("b"), kq)
+    try:
         op.setup(x, y)
         return configured.Built(op, [(xa.lib().xnn.xnn_run_operator, op.handle, None if pool is None else pool.handle)],
                                 x, y, notes)

@@ -44,6 +44,51 @@ class XnnCandidate(Candidate):
             shim.set_flags(0)
 
 
+class _Int8Conversion(Candidate):
+    """The executor's quantize ("in": float NHWC -> int8, XNNPack's convert_nc_f32_qs8) or
+    dequantize ("out": int8 -> float NHWC, convert_nc_qs8_f32) of a tensor, on the device's
+    cores, on the range of its values (asymmetric uint8, zero point - 128 for the signed type the
+    default variants use). Only the conversion is timed; ``output()`` is the float result in NCHW."""
+
+    def __init__(self, direction: str, x: np.ndarray):
+        from kselect.core.device import this_device
+        from kselect.core.quant import asymmetric_u8
+        from kselect.plugins.xnnpack import int8
+
+        self.four_d = x.ndim == 4
+        nhwc = x.transpose(0, 2, 3, 1) if self.four_d else x
+        scale, zero_point = asymmetric_u8(x.min(), x.max())
+        channels = nhwc.shape[-1] if nhwc.ndim else 1
+        self.pool = configured.pool_for(this_device().cores)
+        self.q = int8.buffer(nhwc.shape, np.int8)
+        self.f = configured.buffer(nhwc.shape)
+        if direction == "in":
+            np.copyto(self.f, nhwc)
+            self.op = xa.QuantizeConvert("qs8", channels, scale, zero_point - 128)
+            self.op.setup(self.f.reshape(-1, channels), self.q.reshape(-1, channels))
+            self.dequantized = lambda: (self.q.astype(np.float32) - np.float32(zero_point - 128)) * np.float32(scale)
+        else:
+            np.copyto(self.q, int8.quantize_activations(nhwc, scale, zero_point, "qs8"))
+            self.op = xa.QuantizeConvert("f32", channels, scale, zero_point - 128, variant="qs8")
+            self.op.setup(self.q.reshape(-1, channels), self.f.reshape(-1, channels))
+            self.dequantized = lambda: self.f
+        run, handle = xa.lib().xnn.xnn_run_operator, self.op.handle
+        pool = None if self.pool is None else self.pool.handle
+
+        def timed():
+            status = run(handle, pool)
+            if status:
+                raise xa.XNNPackError(status, "xnn_run_operator")
+        self.run = timed
+
+    def output(self) -> np.ndarray:
+        y = self.dequantized()
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2)) if self.four_d else np.array(y)
+
+    def close(self) -> None:
+        self.op.close()
+
+
 class ExecutorCandidate(Candidate):
     def __init__(self, executor, output_shape: list[int]):
         self.executor = executor
@@ -95,6 +140,9 @@ class XnnpackLibrary(Library):
     spin_dim = "spinning"
     # int8 twins of conv / fc tasks run XNNPack's 8-bit operators (int8.py): qc8, qs8, qu8.
     precisions = ("fp32", "int8")
+    # the executor runs a plan's int8 conv / fc nodes on those operators, quantizing with the
+    # plan's calibrated ranges (executor.py)
+    plan_precisions = ("fp32", "int8")
 
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -284,9 +332,17 @@ class XnnpackLibrary(Library):
     def flatten_label(self, label: str) -> str:
         return label  # the executor folds a Flatten of NHWC into the FC weights' column order
 
-    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate:
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
         """What the executor does at its inputs and outputs (executor.py ``__call__``): a copy
-        into NHWC on the way in, a copy back to NCHW on the way out; a plain copy when not 4-D."""
+        into NHWC on the way in, a copy back to NCHW on the way out; a plain copy when not 4-D.
+        Between float and int8 ops inside one model (core/mixed.py's labels): ``xnnpack:int8`` is
+        the executor's quantize ("in") or dequantize ("out") of the NHWC tensor, and the float
+        side, ``xnnpack:NCHW``, costs nothing more (the executor never holds NCHW tensors)."""
+        layout = label.split(":", 1)[1]
+        if layout == "int8":
+            return _Int8Conversion(direction, x)
+        if layout == "NCHW":
+            return None
         four_d = label.endswith(":NHWC") and x.ndim == 4
         to_nhwc = (lambda a: a.transpose(0, 2, 3, 1)) if four_d else (lambda a: a)
         to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if four_d else (lambda a: a)

@@ -1048,6 +1048,14 @@ for _variant in INT8_VARIANTS:
     _INT8_PROTOS[f"xnn_setup_convolution2d_nhwc_{_variant}"] = [_vp, _sz, _sz, _sz, _vp, _vp, _vp]
 for _variant in ("qs8", "qu8"):
     _INT8_PROTOS[f"xnn_setup_fully_connected_nc_{_variant}"] = [_vp, _sz, _vp, _vp, _vp]
+# Quantize (f32 -> 8-bit) and dequantize (8-bit -> f32): the boundaries between float and 8-bit
+# operators in a whole model (executor.py).
+_INT8_PROTOS["xnn_create_convert_nc_f32_qs8"] = [_sz] * 3 + [_f32, _i8, _i8, _i8, _u32, _op_out]
+_INT8_PROTOS["xnn_create_convert_nc_f32_qu8"] = [_sz] * 3 + [_f32, _u8, _u8, _u8, _u32, _op_out]
+_INT8_PROTOS["xnn_create_convert_nc_qs8_f32"] = [_sz] * 3 + [_f32, _i8, _u32, _op_out]
+_INT8_PROTOS["xnn_create_convert_nc_qu8_f32"] = [_sz] * 3 + [_f32, _u8, _u32, _op_out]
+for _kind in ("f32_qs8", "f32_qu8", "qs8_f32", "qu8_f32"):
+    _INT8_PROTOS[f"xnn_setup_convert_nc_{_kind}"] = [_vp, _sz, _vp, _vp, _vp]
 
 
 @functools.lru_cache(maxsize=None)
@@ -1212,10 +1220,44 @@ class QFullyConnected(_QuantizedOperator):
         return out
 
 
+class QuantizeConvert(Operator):
+    """``xnn_create_convert_nc_f32_{qs8,qu8}`` (quantize, ``to`` = "qs8" / "qu8") or
+    ``xnn_create_convert_nc_{qs8,qu8}_f32`` (dequantize, ``to`` = "f32", ``variant`` the 8-bit
+    type) over the last axis: q = clamp(round(x / scale) + zero_point), x = (q - zero_point) * scale.
+    ``zero_point`` is in the 8-bit type's own integers (int8: the uint8 one minus 128)."""
+
+    def __init__(self, to: str, channels: int, scale: float, zero_point: int, *, variant: str | None = None,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_int8()
+        self.channels = int(channels)
+        if to in ("qs8", "qu8"):
+            self.source, self.target = np.float32, (np.int8 if to == "qs8" else np.uint8)
+            low, high = (-128, 127) if to == "qs8" else (0, 255)
+            self._create(f"xnn_create_convert_nc_f32_{to}", self.channels, self.channels, self.channels,
+                         float(scale), int(zero_point), low, high, 0)
+        elif to == "f32" and variant in ("qs8", "qu8"):
+            self.source, self.target = (np.int8 if variant == "qs8" else np.uint8), np.float32
+            self._create(f"xnn_create_convert_nc_{variant}_f32", self.channels, self.channels, self.channels,
+                         float(scale), int(zero_point), 0)
+        else:
+            raise ValueError(f"no conversion to {to!r} from {variant!r}")
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        for a, dtype, name in ((x, self.source, "x"), (out, self.target, "out")):
+            if a.dtype != dtype or not a.flags.c_contiguous:
+                raise TypeError(f"{name}: expected a C-contiguous {np.dtype(dtype).name} array, got {a.dtype}")
+        if x.shape != out.shape or x.shape[-1] != self.channels:
+            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
+        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
 __all__ = [
     "XNNPackError", "XNNPackUnavailable", "availability", "library_version", "lib", "Threadpool",
     "Operator", "Convolution2DNHWC", "Convolution2DNCHW", "nchw_convolution_supported",
     "FullyConnected", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling", "Add", "Binary", "Clamp",
     "Unary", "PReLU", "ResizeBilinear", "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
-    "INT8_VARIANTS", "int8_availability", "QConvolution2DNHWC", "QFullyConnected",
+    "INT8_VARIANTS", "int8_availability", "QConvolution2DNHWC", "QFullyConnected", "QuantizeConvert",
 ]
