@@ -1,7 +1,8 @@
 """Mixed precision against ONNX Runtime's fp32 default and its own static INT8, per model.
 
-For each model, on MLAS (ONNX Runtime's kernels): ``kselect.tune(..., precision="fp32,int8")``
-at each ``--budgets`` drop (records shared, so only the first tune measures), and what a user
+For each model and each of ``--libraries`` (MLAS, ONNX Runtime's kernels, by default; XNNPack
+too): ``kselect.tune(..., precision="fp32,int8")`` at each ``--budgets`` drop (records shared, so
+only the first tune measures), and what a user
 would do instead: ``onnxruntime.quantization.quantize_static`` on the whole model (QDQ,
 per-channel int8 weights, uint8 activations, the same calibration feeds and calibrator). Then
 every side is timed with the rounds protocol: alone in a fresh process per round, sides taking
@@ -88,24 +89,26 @@ def run_model(name: str, budgets: list[float], args, settings: MeasureSettings, 
 
     sides: dict[str, dict] = {}
     plans: dict[str, object] = {}
-    fp32_plan = None
-    for budget in budgets:
-        start = time.perf_counter()
-        result = kselect.tune(model, "mlas", precision="fp32,int8", calibration=calibration, metric=metric_name,
-                              max_accuracy_drop=budget, budget=args.budget, db=args.db, settings=settings,
-                              verify=False)
-        tuning = result.tunings["mlas"]
-        search = tuning.precision
-        fp32_plan = fp32_plan or search.plans["fp32"]
-        point = search.chosen
-        sides[f"kselect mixed, drop <= {budget}"] = {
-            "int8_ops": len(point.int8_nodes), "score": point.score, "drop": point.drop,
-            "weight_bytes": point.weight_bytes, "tune_s": round(time.perf_counter() - start, 1),
-            "front": [p.to_json() for p in search.front]}
-        plans[f"kselect mixed, drop <= {budget}"] = search.plan
-    sides = {"kselect fp32 plan": {"int8_ops": 0, "score": fp32_score, "drop": 0.0,
-                                   "weight_bytes": search.front[0].weight_bytes, "tune_s": None}, **sides}
-    plans["kselect fp32 plan"] = fp32_plan
+    for library_name in args.libraries.split(","):
+        fp32_plan, mixed = None, {}
+        for budget in budgets:
+            start = time.perf_counter()
+            result = kselect.tune(model, library_name, precision="fp32,int8", calibration=calibration,
+                                  metric=metric_name, max_accuracy_drop=budget, budget=args.budget, db=args.db,
+                                  settings=settings, verify=args.verify)
+            search = result.tunings[library_name].precision
+            fp32_plan = fp32_plan or search.plans["fp32"]
+            point = search.chosen
+            side = f"kselect {library_name} mixed, drop <= {budget}"
+            mixed[side] = {"int8_ops": len(point.int8_nodes), "score": point.score, "drop": point.drop,
+                           "weight_bytes": point.weight_bytes, "tune_s": round(time.perf_counter() - start, 1),
+                           "front": [p.to_json() for p in search.front]}
+            plans[side] = search.plan
+        side = f"kselect {library_name} fp32 plan"
+        sides[side] = {"int8_ops": 0, "score": fp32_score, "drop": 0.0, "weight_bytes": search.front[0].weight_bytes,
+                       "tune_s": None}
+        plans[side] = fp32_plan
+        sides.update(mixed)
 
     int8_path = ort_static_int8(model, calibration, work / f"{name}.ort_int8.onnx")
     ort_int8 = load_model(str(int8_path))
@@ -152,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet18,mobilenetv2,resnet50")
     parser.add_argument("--budgets", default="0.01,0.03", help="accuracy drops the mixed plans are chosen under")
+    parser.add_argument("--libraries", default="mlas", help="libraries tuned, each in fp32 and int8 (mlas, xnnpack)")
     parser.add_argument("--metric", default=None, help="default: top1 for classifiers, else cosine")
     parser.add_argument("--budget", type=int, default=8, help="configs measured per task")
     parser.add_argument("--min-time", type=float, default=0.1)
@@ -159,6 +163,9 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--runs", type=int, default=10, help="timed runs per process")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip each tune's end-to-end checks (the fp32 plan against the library default, the "
+                             "front against the fp32 plan): faster, but the plans are not what kselect tune keeps")
     parser.add_argument("--db", default="benchmarks/results/mixed_precision.db")
     parser.add_argument("--json", default="benchmarks/results/mixed_precision.json")
     parser.add_argument("--markdown", default="docs/mixed-precision-benchmark.md")
@@ -185,9 +192,10 @@ def main() -> None:
             Path(args.json).write_text(json.dumps({**header, "models": results}, indent=2) + "\n")
     geomean = {}
     for budget in budgets:
-        ratios = [r["sides"][f"kselect mixed, drop <= {budget}"].get("speedup") for r in results]
-        if all(ratios):
-            geomean[budget] = round(math.exp(sum(math.log(x) for x in ratios) / len(ratios)), 3)
+        for library in args.libraries.split(","):
+            ratios = [r["sides"][f"kselect {library} mixed, drop <= {budget}"].get("speedup") for r in results]
+            if all(ratios):
+                geomean[f"{library}, drop <= {budget}"] = round(math.exp(sum(math.log(x) for x in ratios) / len(ratios)), 3)
     lines = ["# Mixed precision: kselect against ONNX Runtime fp32 and ONNX Runtime's static INT8", "",
              f"`benchmarks/mixed_precision.py` on {header['device']} ({header['onnxruntime']}): per model, each side "
              f"alone in a fresh process per round, {args.rounds} rounds taking turns, {args.runs} timed runs per "
@@ -201,7 +209,7 @@ def main() -> None:
         lines += ["| " + " | ".join(row(side, f)) + " |" for side, f in result["sides"].items()]
         lines.append("")
     lines += ["Geomean speedup over ORT fp32 of the mixed plan, per budget: "
-              + ", ".join(f"drop <= {b}: {g}x" for b, g in geomean.items()), ""]
+              + ", ".join(f"{b}: {g}x" for b, g in geomean.items()), ""]
     Path(args.markdown).write_text("\n".join(lines))
     console.print(f"geomean per budget: {geomean}; wrote {args.json} and {args.markdown}")
 
