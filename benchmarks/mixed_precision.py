@@ -98,12 +98,13 @@ def run_model(name: str, budgets: list[float], args, settings: MeasureSettings, 
                                   settings=settings, verify=args.verify)
             search = result.tunings[library_name].precision
             fp32_plan = fp32_plan or search.plans["fp32"]
-            point = search.chosen
+            kept = result.plan.extra["precision"]["chosen"]  # what kselect tune keeps, after its end-to-end check
+            point = next(p for p in search.front if p.name == kept)
             side = f"kselect {library_name} mixed, drop <= {budget}"
             mixed[side] = {"int8_ops": len(point.int8_nodes), "score": point.score, "drop": point.drop,
                            "weight_bytes": point.weight_bytes, "tune_s": round(time.perf_counter() - start, 1),
                            "front": [p.to_json() for p in search.front]}
-            plans[side] = search.plan
+            plans[side] = result.plan
         side = f"kselect {library_name} fp32 plan"
         sides[side] = {"int8_ops": 0, "score": fp32_score, "drop": 0.0, "weight_bytes": search.front[0].weight_bytes,
                        "tune_s": None}

@@ -259,26 +259,26 @@ FRONT_POINTS_TIMED = 6
 
 
 def points_to_time(front: list, chosen) -> list:
-    """The front points timed end to end: all of them, or past FRONT_POINTS_TIMED the fp32 plan,
-    full int8, the chosen point and others spread evenly between."""
-    front = [p for p in front if not p.failed]
-    if len(front) <= FRONT_POINTS_TIMED:
-        return front
-    picked = {id(p): p for p in (front[0], front[1], chosen)}
-    others = [p for p in front if id(p) not in picked]
-    step = len(others) / (FRONT_POINTS_TIMED - len(picked))
-    for i in range(FRONT_POINTS_TIMED - len(picked)):
-        picked.setdefault(id(others[int(i * step)]), others[int(i * step)])
-    return [p for p in front if id(p) in picked]
+    """The front points timed end to end, at most FRONT_POINTS_TIMED: the fp32 plan, the point
+    chosen on predicted latency, the other points within the budget (fastest predicted first),
+    and full int8 for reference."""
+    usable = [p for p in front if not p.failed]
+    picked = [p for p in (front[0], chosen) if not p.failed]
+    within = sorted((p for p in usable if p.within_budget and p not in picked), key=lambda p: p.predicted_us)
+    picked += within[:max(0, FRONT_POINTS_TIMED - len(picked) - 1)]
+    full = next((p for p in usable if p.name == "int8"), None)
+    if full is not None and full not in picked:
+        picked.append(full)
+    return [p for p in front if p in picked]
 
 
 def _choose_precision(model: Model, library: Library, device: Device, db: RecordDB, settings: MeasureSettings,
                       fp32_plan: Plan, int8_tasks: list[Task], int8: Int8Request, verify: bool, check_rounds: int,
                       events: TuneEvents):
-    """The front under the budget (core/mixed.py); with ``verify`` every front point is timed
-    alone in fresh processes against the fp32 plan, rounds taking turns, and the chosen point is
-    kept when its per-round median speedup over the fp32 plan reaches MIXED_MIN_SPEEDUP with its
-    lower bound above 1, else the fp32 plan."""
+    """The front under the budget (core/mixed.py); with ``verify`` the points within the budget
+    (``points_to_time``) are timed alone in fresh processes with the fp32 plan, rounds taking
+    turns; the fastest measured one is kept when its per-round median speedup over the fp32 plan
+    reaches MIXED_MIN_SPEEDUP with its lower bound above 1, else the fp32 plan."""
     from kselect.core.accuracy import default_metric, get_metric, run_outputs
     from kselect.core.alone import median_bounds, paired_speedups, timed_alone
     from kselect.core.mixed import search_precision
@@ -298,8 +298,13 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
             timed = timed_alone(model, {point.name: search.plans[point.name]
                                         for point in points_to_time(search.front, search.chosen)}, rounds=check_rounds)
         for point in search.front:
-            if timed.get(point.name, {}).get("process_ms"):
+            if timed.get(point.name, {}).get("process_ms") and not timed[point.name]["failed"]:
                 point.measured_ms = statistics.median(timed[point.name]["process_ms"])
+        measured = [p for p in search.front if p.within_budget and p.int8_nodes and p.measured_ms is not None]
+        if measured:  # the measured latency decides among the points within the budget
+            search.chosen = min(measured, key=lambda p: p.measured_ms)
+            search.plan = search.plans[search.chosen.name]
+            chosen = search.plan
         failed = next((f"{name}: {timed[name]['failed']}" for name in ("fp32", search.chosen.name)
                        if timed[name]["failed"]), None)
         if failed:

@@ -5,7 +5,8 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
 1. Each op's int8 time comes from the int8 twins' records (tuned like any task), its float time
    from the fp32 plan; the quantize / dequantize a tensor pays between a float and an int8 op
    is measured like a layout conversion (the label ``<library>:int8``) and counted.
-2. The ops whose int8 kernel is faster are the candidates. Each alone in int8 gives its
+2. Every op with a measured int8 config is a candidate, faster alone or not: an op slower in int8
+   by itself can still save the quantize / dequantize around it. Each alone in int8 gives its
    sensitivity: the drop of the metric (core/accuracy.py) on the first SENSITIVITY_FEEDS
    held-out feeds, and the output SQNR.
 3. All candidates in int8 first; while the drop exceeds the budget, the most sensitive candidate
@@ -13,8 +14,9 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    SQNR) goes back to float, and the metric is measured again on the whole model. Every step is a
    point of the front (predicted latency, metric, weight bytes): the fp32 plan, full int8, and
    the mixed plans between.
-4. The chosen plan is the fastest point within the budget; ``core.api`` then times it end to end
-   against the fp32 side with the rounds protocol.
+4. The chosen plan is the fastest predicted point within the budget; ``core.api`` then times the
+   points within the budget end to end with the rounds protocol and keeps the fastest measured
+   one if it is shown faster than the fp32 plan.
 
 A plan's int8 ops are entries of their int8 tasks (``Task.precision``); ``plan.extra["precision"]``
 holds the calibration ranges the library's runner quantizes with, the metric, the budget and
@@ -173,8 +175,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     candidates: list[str] = []
     if int8_entries:
         int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
-        fp32_us = {node: entry["time_us"] for entry in fp32_plan.tasks for node in entry["nodes"]}
-        candidates = [node for node in fp32_plan.nodes if node in int8_us and int8_us[node] < fp32_us[node]]
+        candidates = [node for node in fp32_plan.nodes if node in int8_us]
         say("measuring quantize / dequantize conversions")
         predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
     precision = {"calibration": calibration.to_json(), "ranges": calibration.ranges, "metric": metric_name,

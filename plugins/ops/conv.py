@@ -20,11 +20,10 @@ class ConvKind(OpKind):
     onnx_ops = ("Conv",)
 
     def read(self, model, node: onnx.NodeProto):
-        w = constant_float_weights(model, node, node.input[1])
-        if isinstance(w, str):
-            return w
-        x, y = tensor_shape(model, node.input[0], node), tensor_shape(model, node.output[0], node)
-        has_bias = len(node.input) > 2 and node.input[2] != ""
+        shapes = _shapes(model, node)
+        if isinstance(shapes, str):
+            return shapes
+        x, w, y, has_bias = shapes
         if len(x) == 3:
             return Op(node.name, self.name, *_as_2d(x, w, y), _conv1d_attrs(node, x, w), has_bias)
         if len(x) != 4:
@@ -72,16 +71,16 @@ class DeconvKind(OpKind):
     onnx_ops = ("ConvTranspose",)
 
     def read(self, model, node: onnx.NodeProto):
-        w = constant_float_weights(model, node, node.input[1])
-        if isinstance(w, str):
-            return w
-        x, y = tensor_shape(model, node.input[0], node), tensor_shape(model, node.output[0], node)
+        shapes = _shapes(model, node)
+        if isinstance(shapes, str):
+            return shapes
+        x, w, y, has_bias = shapes
         if len(x) != 4:
             return f"{len(x) - 2}-D ConvTranspose: {_SUPPORTED_DIMS}"
         attrs, why = deconv_attrs(node, x, w, y)
         if attrs is None:
             return why
-        return Op(node.name, self.name, x, w, y, attrs, len(node.input) > 2 and node.input[2] != "")
+        return Op(node.name, self.name, x, w, y, attrs, has_bias)
 
     def macs(self, op) -> int:  # every input pixel scatters a kernel-sized patch per output channel
         n, cin, h, w = op.input_shape
@@ -111,6 +110,15 @@ class DeconvKind(OpKind):
         if any(a.get("output_padding", [0, 0])):
             text += f" op{a['output_padding'][0]}x{a['output_padding'][1]}"
         return text
+
+
+def _shapes(model, node: onnx.NodeProto):
+    """(x, w, y shapes, has bias) of a Conv or ConvTranspose, or why it is left untuned."""
+    w = constant_float_weights(model, node, node.input[1])
+    if isinstance(w, str):
+        return w
+    x, y = tensor_shape(model, node.input[0], node), tensor_shape(model, node.output[0], node)
+    return x, w, y, len(node.input) > 2 and node.input[2] != ""
 
 
 def _inputs(task, rng: np.random.Generator, fan_in: int) -> dict[str, np.ndarray]:

@@ -160,8 +160,9 @@ def default_kernel(cls: str, rows: int, taps: int | None = None) -> tuple[str, i
 ISA_RANK = {"avx512f": 0, "fma3": 1, "avx": 2, "sse": 3}
 
 
-def promise(name: str) -> tuple:
+def promise(name: str, isa_rank: dict | None = None) -> tuple:
     """Sort key: wider ISA first, then larger tiles (rows x columns, or channels for depthwise)."""
+    isa_rank = ISA_RANK if isa_rank is None else isa_rank
     isa = name.rsplit("__", 1)[-1].split("_")[0]
     if "_dwconv_" in name:
         m = re.search(r"up(\d+)x(\d+)", name)
@@ -169,7 +170,7 @@ def promise(name: str) -> tuple:
     else:
         p = uk.parse_gemm_name(full(name))
         size = p["mr"] * p["nr"]
-    return ISA_RANK.get(isa, 9), -size, name
+    return isa_rank.get(isa, 9), -size, name
 
 
 def resolve(cls: str, name: str, mr: int | None, taps: int | None = None, *, unsafe: bool = False):
@@ -299,14 +300,7 @@ def int8_default_kernel(family: str, cls: str, rows: int, taps: int | None = Non
 
 def int8_promise(name: str) -> tuple:
     """Sort key: wider ISA first, then larger tiles."""
-    isa = name.rsplit("__", 1)[-1].split("_")[0]
-    if "_dwconv_" in name:
-        m = re.search(r"up(\d+)x(\d+)", name)
-        size = int(m.group(1)) if m else 0
-    else:
-        p = uk.parse_gemm_name(full(name))
-        size = p["mr"] * p["nr"]
-    return INT8_ISA_RANK.get(isa, 9), -size, name
+    return promise(name, INT8_ISA_RANK)
 
 
 def int8_resolve(cls: str, name: str, taps: int | None = None):
