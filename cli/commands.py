@@ -284,7 +284,7 @@ def _front_table(library, search, check) -> None:
     elif check:
         console.print(f"{search.chosen.name} against the fp32 plan end to end, each alone in fresh processes: "
                       f"{check['per_round_speedup']:.3f}x per-round median over {check['rounds']} rounds (bounds "
-                      f"{check['bounds'][0]:.3f}-{check['bounds'][1]:.3f}x); kept: {check['kept']}"
+                      f"{check['bounds'][0]:.3f}-{check['bounds'][1]:.3f}x, {check['verdict']}); kept: {check['kept']}"
                       + (" [EMULATED]" if library.emulated else ""))
 
 

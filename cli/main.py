@@ -103,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with several libraries: plan on the stored records as they are, without first re-timing "
                         "the configs and conversions the plan chooses among")
     p.add_argument("--check-rounds", type=POSITIVE_INT, default=4, metavar="N",
-                   help="with several libraries: rounds of the end-to-end check before a verdict (default 4)")
+                   help="with several libraries or int8: rounds of the end-to-end check before a verdict (default 4)")
     p.add_argument("--check-max-rounds", type=POSITIVE_INT, default=10, metavar="N",
-                   help="with several libraries: rounds a plan still undecided may run, at most (default 10)")
+                   help="with several libraries or int8: rounds a plan still undecided may run, at most (default 10)")
     p.add_argument("--precision", default="fp32", metavar="LIST",
                    help="precisions per op: fp32 (default) or fp32,int8 (int8 kernels chosen under --max-accuracy-drop)")
     p.add_argument("--calibration", metavar="FOLDER",

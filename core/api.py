@@ -159,7 +159,7 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
                                     "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
             options = TuneOptions(search, budget, time_budget_s, seed, early_stop, searcher_options, settings)
             tunings[library.name] = tune_library(model, library, device, db, options, verify, events, int8,
-                                                 check_rounds)
+                                                 check_rounds, check_max_rounds)
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings)
         if len(chosen) > 1:
             _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events)
@@ -224,7 +224,7 @@ def _int8_request(model: Model, libraries: list[Library], precision, calibration
 
 def tune_library(model: Model, library: Library, device: Device, db: RecordDB, options: TuneOptions,
                  verify: bool = True, events: TuneEvents | None = None, int8: Int8Request | None = None,
-                 check_rounds: int = 4) -> LibraryTuning:
+                 check_rounds: int = 4, check_max_rounds: int = 10) -> LibraryTuning:
     """Tunes one library's tasks and keeps its plan: the most tuned variant not slower than the
     library default end to end (``verify``), else the tuned one. With ``int8``, the int8 twins
     are tuned too, and the mixed-precision plan under the budget replaces it when it is shown
@@ -246,13 +246,10 @@ def tune_library(model: Model, library: Library, device: Device, db: RecordDB, o
     if int8:
         int8_tasks = [t for t in tasks if t.precision == "int8"]
         plan, search = _choose_precision(model, library, device, db, options.settings, plan, int8_tasks, int8,
-                                         verify, check_rounds, events)
+                                         verify, check_rounds, check_max_rounds, events)
     tuning = LibraryTuning(library, tasks, outcomes, plan, time.perf_counter() - start, search)
     events.library_tuned(tuning)
     return tuning
-
-
-MIXED_MIN_SPEEDUP = 1.02  # a mixed plan replaces the fp32 plan when its per-round median is at least this
 
 
 FRONT_POINTS_TIMED = 6
@@ -274,14 +271,16 @@ def points_to_time(front: list, chosen) -> list:
 
 def _choose_precision(model: Model, library: Library, device: Device, db: RecordDB, settings: MeasureSettings,
                       fp32_plan: Plan, int8_tasks: list[Task], int8: Int8Request, verify: bool, check_rounds: int,
-                      events: TuneEvents):
+                      check_max_rounds: int, events: TuneEvents):
     """The front under the budget (core/mixed.py); with ``verify`` the points within the budget
     (``points_to_time``) are timed alone in fresh processes with the fp32 plan, rounds taking
-    turns; the fastest measured one is kept when its per-round median speedup over the fp32 plan
-    reaches MIXED_MIN_SPEEDUP with its lower bound above 1, else the fp32 plan."""
+    turns; the fastest measured one is kept when the race (core/selection.race_verdict, the rule
+    that replaces ONNX Runtime's default) shows it faster than the fp32 plan, rounds going on up
+    to ``check_max_rounds`` while undecided; else the fp32 plan."""
     from kselect.core.accuracy import default_metric, get_metric, run_outputs
     from kselect.core.alone import median_bounds, paired_speedups, timed_alone
     from kselect.core.mixed import search_precision
+    from kselect.core.selection import race_verdict
 
     metric, name = int8.metric, int8.metric_name
     if metric is None:
@@ -294,27 +293,41 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
     check = None
     chosen = search.plan
     if verify and search.chosen.int8_nodes:
+        within = {p.name for p in search.front if p.within_budget and p.int8_nodes}
+
+        def fastest(results: dict) -> str | None:
+            times = {name: statistics.median(r["process_ms"]) for name, r in results.items()
+                     if name in within and r["process_ms"] and not r["failed"]}
+            return min(times, key=times.get) if times else None
+
+        def undecided(results: dict) -> set:  # the race goes on while the fastest is neither shown faster nor not
+            best = fastest(results)
+            if best is None or results["fp32"]["failed"]:
+                return set()
+            speedups = paired_speedups(results["fp32"]["process_ms"], results[best]["process_ms"])
+            return {"fp32", best} if race_verdict(speedups) == "undecided" else set()
+
         with events.working("timing the front end to end, each plan alone in fresh processes"):
             timed = timed_alone(model, {point.name: search.plans[point.name]
-                                        for point in points_to_time(search.front, search.chosen)}, rounds=check_rounds)
+                                        for point in points_to_time(search.front, search.chosen)},
+                                rounds=check_rounds, max_rounds=max(check_rounds, check_max_rounds), more=undecided)
         for point in search.front:
             if timed.get(point.name, {}).get("process_ms") and not timed[point.name]["failed"]:
                 point.measured_ms = statistics.median(timed[point.name]["process_ms"])
-        measured = [p for p in search.front if p.within_budget and p.int8_nodes and p.measured_ms is not None]
-        if measured:  # the measured latency decides among the points within the budget
-            search.chosen = min(measured, key=lambda p: p.measured_ms)
-            search.plan = search.plans[search.chosen.name]
-            chosen = search.plan
-        failed = next((f"{name}: {timed[name]['failed']}" for name in ("fp32", search.chosen.name)
-                       if timed[name]["failed"]), None)
-        if failed:
-            check = {"against": "fp32 plan", "rounds": check_rounds, "failed": failed, "kept": "fp32"}
+        best = fastest(timed)
+        if best is not None:  # the measured latency decides among the points within the budget
+            search.chosen = next(p for p in search.front if p.name == best)
+            search.plan = chosen = search.plans[best]
+        if timed["fp32"]["failed"] or best is None:
+            reason = timed["fp32"]["failed"] or "no point within the budget ran end to end"
+            check = {"against": "fp32 plan", "failed": reason, "kept": "fp32"}
         else:
-            low, median, high = median_bounds(paired_speedups(timed["fp32"]["process_ms"],
-                                                              timed[search.chosen.name]["process_ms"]))
-            kept = median >= MIXED_MIN_SPEEDUP and low > 1.0
-            check = {"against": "fp32 plan", "rounds": check_rounds, "per_round_speedup": round(median, 4),
-                     "bounds": [round(low, 4), round(high, 4)], "kept": search.chosen.name if kept else "fp32"}
+            speedups = paired_speedups(timed["fp32"]["process_ms"], timed[best]["process_ms"])
+            low, median, high = median_bounds(speedups)
+            verdict = race_verdict(speedups)
+            check = {"against": "fp32 plan", "rounds": len(speedups), "per_round_speedup": round(median, 4),
+                     "bounds": [round(low, 4), round(high, 4)], "verdict": verdict,
+                     "kept": best if verdict == "faster" else "fp32"}
         if check["kept"] == "fp32":
             chosen = search.plans["fp32"]
     front = [point.to_json() for point in search.front]
