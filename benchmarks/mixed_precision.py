@@ -175,6 +175,11 @@ def main() -> None:
     budgets = [float(b) for b in args.budgets.split(",")]
     device = this_device()
     results = []
+    earlier = []  # models of an earlier run on this device, kept unless run again (one run per model)
+    if Path(args.json).is_file():
+        previous = json.loads(Path(args.json).read_text())
+        if previous.get("device_fingerprint") == device.fingerprint:
+            earlier = [m for m in previous["models"] if m["model"] not in args.models.split(",")]
     with tempfile.TemporaryDirectory(prefix="kselect-mixed-") as work:
         for name in args.models.split(","):
             result = run_model(name, budgets, args, settings, Path(work))
@@ -190,11 +195,12 @@ def main() -> None:
             header = {"device": device.summary(), "device_fingerprint": device.fingerprint,
                       "onnxruntime": plugins.get_library("mlas").version(), "budget": args.budget,
                       "min_time_s": args.min_time, "rounds": args.rounds, "runs_per_process": args.runs}
-            Path(args.json).write_text(json.dumps({**header, "models": results}, indent=2) + "\n")
+            Path(args.json).write_text(json.dumps({**header, "models": earlier + results}, indent=2) + "\n")
+    results = earlier + results
     geomean = {}
     for budget in budgets:
         for library in args.libraries.split(","):
-            ratios = [r["sides"][f"kselect {library} mixed, drop <= {budget}"].get("speedup") for r in results]
+            ratios = [r["sides"].get(f"kselect {library} mixed, drop <= {budget}", {}).get("speedup") for r in results]
             if all(ratios):
                 geomean[f"{library}, drop <= {budget}"] = round(math.exp(sum(math.log(x) for x in ratios) / len(ratios)), 3)
     lines = ["# Mixed precision: kselect against ONNX Runtime fp32 and ONNX Runtime's static INT8", "",

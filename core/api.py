@@ -292,7 +292,7 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
                                   metric, name, int8.max_drop)
     check = None
     chosen = search.plan
-    if verify and search.chosen.int8_nodes:
+    if verify and any(p.within_budget and p.int8_nodes for p in search.front):
         within = {p.name for p in search.front if p.within_budget and p.int8_nodes}
 
         def fastest(results: dict) -> str | None:
