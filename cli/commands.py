@@ -222,7 +222,7 @@ class CliTuneEvents:
             if tried[0] != plan.extra["verified"]["chosen"]:
                 console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the "
                               f"{plan.extra['verified']['chosen']} plan[/]")
-            elif tried[0] == "library default":
+            elif tried[0] == "library default" and plan.extra.get("precision", {}).get("chosen", "fp32") == "fp32":
                 console.print("the best measured configs are the library's own: the plan is the library default")
         _tune_table(tuning.outcomes, plan, library)
         if "cross_library" in plan.extra:  # layouts planned per op
