@@ -36,7 +36,7 @@ import kselect
 from kselect.core import plugins
 from kselect.core.accuracy import default_metric, get_metric, run_outputs
 from kselect.core.alone import median_bounds, paired_speedups, timed_alone
-from kselect.core.calibration import Calibration, METHODS, quiet_quantizer, synthetic_feeds
+from kselect.core.calibration import Calibration, quantize_qdq, synthetic_feeds
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import load_model
@@ -46,24 +46,10 @@ COLUMNS = ("side", "int8 ops", "ms (median)", "speedup over ORT fp32", "per-roun
            "weights MB", "tune s")
 
 
-class _Reader:
-    def __init__(self, feeds):
-        self.feeds = iter(feeds)
-
-    def get_next(self):
-        return next(self.feeds, None)
-
-
 def ort_static_int8(model, calibration: Calibration, path: Path) -> Path:
-    """What a user of ONNX Runtime would run instead: its static quantization of the whole model."""
-    import onnxruntime.quantization as q
-
-    source = path.with_suffix(".fp32.onnx")
-    source.write_bytes(model.proto.SerializeToString())
-    with quiet_quantizer():
-        q.quantize_static(source, path, _Reader(calibration.calibrate), quant_format=q.QuantFormat.QDQ,
-                          per_channel=True, activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
-                          calibrate_method=getattr(q.CalibrationMethod, METHODS[calibration.method]))
+    """What a user of ONNX Runtime would run instead: its static quantization of the whole model
+    (quantize_static, QDQ, per-channel int8 weights, uint8 activations), calibrated afresh."""
+    quantize_qdq(model.proto, path, calibration.calibrate, method=calibration.method)
     return path
 
 

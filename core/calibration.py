@@ -180,19 +180,32 @@ class _Reader:
         pass
 
 
+def quantize_qdq(proto, output: Path, feeds: list[dict] | None = None, *, cache: Path | None = None,
+                 method: str = "minmax", per_channel: bool = True, signed_activations: bool = False,
+                 nodes_to_quantize: list[str] | None = None) -> None:
+    """onnxruntime.quantization.quantize_static as kselect calls it: QDQ format, int8 weights,
+    uint8 (or int8) activations, calibrated on ``feeds`` or read from the calibration ``cache``
+    (written there when it does not exist yet); on a copy of the model at opset 13, quietly."""
+    import onnxruntime.quantization as q
+
+    with tempfile.TemporaryDirectory(prefix="kselect-quantize-") as tmp, quiet_quantizer():
+        source = Path(tmp) / "model.onnx"
+        source.write_bytes(quantizable(proto).SerializeToString())  # quantize_static changes a ModelProto
+        q.quantize_static(source, output, _Reader(feeds) if feeds is not None else None,
+                          quant_format=q.QuantFormat.QDQ, per_channel=per_channel,
+                          activation_type=q.QuantType.QInt8 if signed_activations else q.QuantType.QUInt8,
+                          weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes_to_quantize,
+                          calibrate_method=getattr(q.CalibrationMethod, METHODS[method]),
+                          calibration_cache_path=cache)
+
+
 def compute_ranges(model: Model, calibration: Calibration) -> dict:
     """The tensor ranges onnxruntime.quantization's calibrator finds on the calibration feeds, as
     its calibration cache (JSON), so every quantized variant of the model shares them."""
-    import onnxruntime.quantization as q
-
-    with tempfile.TemporaryDirectory(prefix="kselect-calibrate-") as tmp, quiet_quantizer():
-        cache, source = Path(tmp) / "ranges.json", Path(tmp) / "model.onnx"
-        source.write_bytes(quantizable(model.proto).SerializeToString())  # quantize_static changes a ModelProto
-        q.quantize_static(source, Path(tmp) / "probe.onnx", _Reader(calibration.calibrate),
-                          quant_format=q.QuantFormat.QDQ, per_channel=True, activation_type=q.QuantType.QUInt8,
-                          weight_type=q.QuantType.QInt8,
-                          calibrate_method=getattr(q.CalibrationMethod, METHODS[calibration.method]),
-                          calibration_cache_path=cache)
+    with tempfile.TemporaryDirectory(prefix="kselect-calibrate-") as tmp:
+        cache = Path(tmp) / "ranges.json"
+        quantize_qdq(model.proto, Path(tmp) / "probe.onnx", calibration.calibrate, cache=cache,
+                     method=calibration.method)
         calibration.ranges = json.loads(cache.read_text())
     return calibration.ranges
 

@@ -52,11 +52,15 @@ def asymmetric_u8(low: float, high: float) -> tuple[float, int]:
     return scale, int(np.clip(round(-low / scale), 0, 255))
 
 
-def quantize_u8(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    return np.clip(np.round(x / scale) + zero_point, 0, 255).astype(np.uint8)
+def quantize(x: np.ndarray, scale: float, zero_point_u8: int, signed: bool = False) -> np.ndarray:
+    """``x`` on the uint8 grid of (``scale``, ``zero_point_u8``); ``signed``: the same grid held as
+    int8 (zero point minus 128), as libraries with signed activations take it."""
+    q = np.clip(np.round(x / scale) + zero_point_u8, 0, 255)
+    return (q - 128).astype(np.int8) if signed else q.astype(np.uint8)
 
 
-def dequantize(q: np.ndarray, scale, zero_point: int = 0) -> np.ndarray:
+def dequantize(q: np.ndarray, scale, zero_point_u8: int = 0, signed: bool = False) -> np.ndarray:
+    zero_point = zero_point_u8 - 128 if signed else zero_point_u8
     return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
 
 
@@ -75,7 +79,7 @@ def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, p
     from kselect.core.opkind import op_kind
 
     kind = op_kind(task.kind)
-    x = dequantize(quantize_u8(inputs["x"], params.x_scale, params.x_zero_point), params.x_scale, params.x_zero_point)
+    x = dequantize(quantize(inputs["x"], params.x_scale, params.x_zero_point), params.x_scale, params.x_zero_point)
     worst = 0.0
     for per_channel in (True, False):
         w = params.quantized_weights(inputs["w"], per_channel) * params.weight_scales(inputs["w"], per_channel)

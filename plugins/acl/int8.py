@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kselect.core.quant import QuantParams, quantize_u8
+from kselect.core.quant import QuantParams, dequantize, quantize
 
 ACTIVATION_TYPES = ("QASYMM8_SIGNED", "QASYMM8")  # the data type of the input and the output
 WEIGHT_GRANULARITY = ("per-channel", "per-tensor")
@@ -50,13 +50,11 @@ def placeholder_quant(activations: str, weights: str) -> dict:
 
 
 def quantize_activation(x: np.ndarray, scale: float, zero_point_u8: int, activations: str) -> np.ndarray:
-    q = quantize_u8(x, scale, zero_point_u8).astype(np.int16) + shift(activations)
-    return q.astype(np.int8 if activations == "QASYMM8_SIGNED" else np.uint8)
+    return quantize(x, scale, zero_point_u8, signed=activations == "QASYMM8_SIGNED")
 
 
 def dequantize_output(q: np.ndarray, params: QuantParams, activations: str) -> np.ndarray:
-    zero_point = params.y_zero_point + shift(activations)
-    return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(params.y_scale)).astype(np.float32)
+    return dequantize(q, params.y_scale, params.y_zero_point, signed=activations == "QASYMM8_SIGNED")
 
 
 def quantized_op(task, inputs: dict, activations: str, weights: str,

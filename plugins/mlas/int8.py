@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from kselect.core.activations import clamp_range
-from kselect.core.quant import QuantParams
+from kselect.core.quant import QuantParams, dequantize, quantize
 
 ACTIVATION_TYPES = ("u8", "s8")
 WEIGHT_GRANULARITY = ("per-channel", "per-tensor")
@@ -33,14 +33,11 @@ def _zero_point(zero_point_u8: int, activations: str) -> tuple[int, int]:
 
 
 def quantize_activation(x: np.ndarray, scale: float, zero_point_u8: int, activations: str) -> np.ndarray:
-    zero_point, _ = _zero_point(zero_point_u8, activations)
-    low, high, dtype = (-128, 127, np.int8) if activations == "s8" else (0, 255, np.uint8)
-    return np.clip(np.round(x / scale) + zero_point, low, high).astype(dtype)
+    return quantize(x, scale, zero_point_u8, signed=activations == "s8")
 
 
 def dequantize_activation(q: np.ndarray, scale: float, zero_point_u8: int, activations: str) -> np.ndarray:
-    zero_point, _ = _zero_point(zero_point_u8, activations)
-    return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+    return dequantize(q, scale, zero_point_u8, signed=activations == "s8")
 
 
 def single_op_model(task, inputs: dict, config: dict):
@@ -147,20 +144,15 @@ def quantized_model(model, plan):
     from pathlib import Path
 
     import onnx
-    import onnxruntime.quantization as q
 
-    from kselect.core.calibration import quantizable, quiet_quantizer
+    from kselect.core.calibration import quantize_qdq
 
-    quantized = int8_nodes(plan)
     settings = plan.library_settings.get("mlas", plan.plan_level)
-    with tempfile.TemporaryDirectory(prefix="kselect-int8-") as tmp, quiet_quantizer():
-        cache, source = Path(tmp) / "ranges.json", Path(tmp) / "model.onnx"
+    with tempfile.TemporaryDirectory(prefix="kselect-int8-") as tmp:
+        cache, output = Path(tmp) / "ranges.json", Path(tmp) / "model.int8.onnx"
         cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
-        source.write_bytes(quantizable(model.proto).SerializeToString())  # quantize_static changes a ModelProto
-        output = Path(tmp) / "model.int8.onnx"
-        q.quantize_static(source, output, None, quant_format=q.QuantFormat.QDQ,
-                          per_channel=settings.get("weights", "per-channel") == "per-channel",
-                          activation_type=q.QuantType.QInt8 if settings.get("activations") == "s8" else q.QuantType.QUInt8,
-                          weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes_to_quantize(model, quantized),
-                          calibration_cache_path=cache)
+        quantize_qdq(model.proto, output, cache=cache,
+                     per_channel=settings.get("weights", "per-channel") == "per-channel",
+                     signed_activations=settings.get("activations") == "s8",
+                     nodes_to_quantize=nodes_to_quantize(model, int8_nodes(plan)))
         return onnx.load(str(output))

@@ -31,7 +31,7 @@ import numpy as np
 
 from kselect.core.activations import clamp_range
 from kselect.core.device import Device
-from kselect.core.quant import QuantParams, quantize_u8
+from kselect.core.quant import QuantParams, quantize
 from kselect.core.space import Categorical, Integer, Space
 from kselect.plugins.xnnpack import configured, kernels, tileshim
 from kselect.plugins.xnnpack import ukernels as uk
@@ -71,10 +71,7 @@ def offset(variant: str) -> int:
 
 
 def quantize_activations(x: np.ndarray, scale: float, zero_point_u8: int, variant: str) -> np.ndarray:
-    q = quantize_u8(x, scale, zero_point_u8)
-    if variant == "qu8":
-        return q
-    return (q.astype(np.int16) - 128).astype(np.int8)
+    return quantize(x, scale, zero_point_u8, signed=variant != "qu8")
 
 
 def output_range(epilogue: list, params: QuantParams, variant: str) -> tuple[int, int]:
