@@ -204,3 +204,18 @@ def test_calibration_images_are_resized_normalised_and_laid_out_as_the_input(tmp
         black = feeds[1]["image"][0]
         assert np.allclose(black[:, 0, 0] if shape[1] == 3 else black[0, 0, :],
                            -np.array(IMAGENET_MEAN) / np.array(IMAGENET_STD), atol=1e-5)
+
+
+def test_a_plan_calibrated_with_percentile_runs_with_its_ranges(tmp_path, small_model_path):
+    """The plan's calibration cache says which calibrator made it; the MLAS runner quantizes with
+    the same one (onnxruntime.quantization refuses a cache read under another method)."""
+    import kselect
+
+    folder = _feeds_folder(tmp_path / "calibration", 8)
+    result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
+                          calibration_method="percentile", max_accuracy_drop=0.02, budget=1, verify=False,
+                          settings=FAST, db=tmp_path / "r.db")
+    search = result.tunings["mlas"].precision
+    full = next(p for p in search.front if p.name == "int8")
+    assert full.int8_nodes and not full.failed
+    assert search.plans["int8"].extra["precision"]["calibration"]["method"] == "percentile"
