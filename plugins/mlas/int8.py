@@ -151,7 +151,8 @@ def quantized_model(model, plan):
     with tempfile.TemporaryDirectory(prefix="kselect-int8-") as tmp:
         cache, output = Path(tmp) / "ranges.json", Path(tmp) / "model.int8.onnx"
         cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
-        quantize_qdq(model.proto, output, cache=cache, method=plan.extra["precision"]["calibration"]["method"],
+        quantize_qdq(model.proto, output, cache=cache,
+                     method=plan.extra["precision"].get("calibration", {}).get("method", "minmax"),
                      per_channel=settings.get("weights", "per-channel") == "per-channel",
                      signed_activations=settings.get("activations") == "s8",
                      nodes_to_quantize=nodes_to_quantize(model, int8_nodes(plan)))
