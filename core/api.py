@@ -277,19 +277,15 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
     turns; the fastest measured one is kept when the race (core/selection.race_verdict, the rule
     that replaces ONNX Runtime's default) shows it faster than the fp32 plan, rounds going on up
     to ``check_max_rounds`` while undecided; else the fp32 plan."""
-    from kselect.core.accuracy import default_metric, get_metric, run_outputs
     from kselect.core.alone import median_bounds, paired_speedups, timed_alone
     from kselect.core.mixed import search_precision
     from kselect.core.selection import race_verdict
 
-    metric, name = int8.metric, int8.metric_name
-    if metric is None:
-        name = default_metric(run_outputs(library.model_runner(model, None), int8.calibration.held_out[:1]))
-        metric = get_metric(name)
-    with events.working(f"choosing which ops run in int8 ({name} drop <= {int8.max_drop}, "
+    with events.working(f"choosing which ops run in int8 ({int8.metric_name or 'metric'} drop <= {int8.max_drop}, "
                         f"{int8.calibration.describe()})"):
         search = search_precision(model, library, device, db, settings, fp32_plan, int8_tasks, int8.calibration,
-                                  metric, name, int8.max_drop)
+                                  int8.metric, int8.metric_name, int8.max_drop)
+    name = search.metric_name
     check = None
     chosen = search.plan
     if verify and any(p.within_budget and p.int8_nodes for p in search.front):

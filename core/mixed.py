@@ -29,7 +29,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kselect.core.accuracy import Metric, run_outputs, sqnr
+from kselect.core.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.calibration import Calibration
 from kselect.core.conversions import GRAPH_LABEL, ConversionTable, measure_conversions, sides_needed
 from kselect.core.cross_problem import data_edges
@@ -78,6 +78,7 @@ class PrecisionSearch:
     plan: Plan  # the chosen point's plan
     sensitivity: dict[str, float] = field(default_factory=dict)  # node -> drop alone in int8
     plans: dict[str, Plan] = field(default_factory=dict)  # front point name -> its plan
+    metric_name: str = ""
 
 
 def int8_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
@@ -166,22 +167,24 @@ class _Predictor:
 
 
 def search_precision(model: Model, library: Library, device, db: RecordDB, settings, fp32_plan: Plan,
-                     int8_tasks: list[Task], calibration: Calibration, metric: Metric, metric_name: str,
+                     int8_tasks: list[Task], calibration: Calibration, metric: Metric | None, metric_name: str | None,
                      max_drop: float, on_step: Callable[[str], None] | None = None) -> PrecisionSearch:
-    """Steps 1-3 of the module docstring; returns the front and the chosen point's plan."""
+    """Steps 1-3 of the module docstring; returns the front and the chosen point's plan. ``metric``
+    None: the default for the model's outputs (core/accuracy.default_metric)."""
     say = on_step or (lambda text: None)
     int8_settings, int8_entries = int8_choices(model, library, device, db, fp32_plan, int8_tasks)
     predict = None
     candidates: list[str] = []
     if int8_entries:
-        int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
-        candidates = [node for node in fp32_plan.nodes if node in int8_us]
         say("measuring quantize / dequantize conversions")
         predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
+        candidates = [node for node in fp32_plan.nodes if node in predict.int8_us]
+    reference = run_outputs(library.model_runner(model, None), calibration.held_out)
+    if metric is None:
+        metric_name = default_metric(reference)
+        metric = get_metric(metric_name)
     precision = {"calibration": calibration.to_json(), "ranges": calibration.ranges, "metric": metric_name,
                  "max_drop": max_drop}
-    baseline = library.model_runner(model, None)
-    reference = run_outputs(baseline, calibration.held_out)
     fp32_score = metric(reference, reference, calibration.held_out)
 
     plans: dict[str, Plan] = {}
@@ -207,6 +210,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     if candidates:
         say(f"sensitivity of {len(candidates)} ops, each alone in int8")
         feeds, expected = calibration.held_out[:SENSITIVITY_FEEDS], reference[:SENSITIVITY_FEEDS]
+        fp32_on_feeds = metric(expected, expected, feeds)
         for node in list(candidates):
             plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
             try:
@@ -215,13 +219,13 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                 say(f"{node} in int8 failed ({one_line(exc)[:200]}): it stays fp32")
                 candidates.remove(node)
                 continue
-            sensitivity[node] = metric(expected, expected, feeds) - metric(outputs, expected, feeds)
+            sensitivity[node] = fp32_on_feeds - metric(outputs, expected, feeds)
             noise[node] = sqnr(outputs, expected, feeds)
         if candidates:
             say("all candidates in int8, then backing off the most sensitive")
             front += back_off(candidates, sensitivity, noise, point)
     chosen = fastest_within_budget(front)
-    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans)
+    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name)
 
 
 def back_off(candidates: list[str], sensitivity: dict[str, float], noise: dict[str, float],
