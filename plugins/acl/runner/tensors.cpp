@@ -91,28 +91,36 @@ template void copy_logical_typed<int8_t, false>(Tensor &t, const Mapping &m, int
 template void copy_logical_typed<int32_t, true>(Tensor &t, const Mapping &m, int32_t *logical);
 template void copy_logical_typed<int32_t, false>(Tensor &t, const Mapping &m, int32_t *logical);
 
+// The ``count`` values of type T a request's ``key`` file holds (its size checked).
+template <typename T>
+std::vector<T> read_exact(const std::string &path, const std::string &key, size_t count)
+{
+    std::vector<T> v(count);
+    std::ifstream f(path, std::ios::binary);
+    if(!f)
+        throw BadRequest("cannot open " + key + " file '" + path + "'");
+    f.seekg(0, std::ios::end);
+    std::streamoff size = f.tellg();
+    if(size != static_cast<std::streamoff>(count * sizeof(T)))
+        throw BadRequest(key + " file '" + path + "' has " + std::to_string(size) + " bytes, expected " + std::to_string(count * sizeof(T)));
+    f.seekg(0);
+    f.read(reinterpret_cast<char *>(v.data()), static_cast<std::streamsize>(count * sizeof(T)));
+    return v;
+}
+
 std::vector<float> load_or_random(const JVal &req, const std::string &key, size_t count, uint32_t seed)
 {
-    std::vector<float> v(count);
-    std::string        path = opt_str(req, key, "");
+    std::string path = opt_str(req, key, "");
     if(path.empty())
     {
+        std::vector<float>                    v(count);
         std::mt19937                          gen(seed);
         std::uniform_real_distribution<float> dist(-1.f, 1.f);
         for(auto &x : v)
             x = dist(gen);
         return v;
     }
-    std::ifstream f(path, std::ios::binary);
-    if(!f)
-        throw BadRequest("cannot open " + key + " file '" + path + "'");
-    f.seekg(0, std::ios::end);
-    std::streamoff size = f.tellg();
-    if(size != static_cast<std::streamoff>(count * sizeof(float)))
-        throw BadRequest(key + " file '" + path + "' has " + std::to_string(size) + " bytes, expected " + std::to_string(count * sizeof(float)));
-    f.seekg(0);
-    f.read(reinterpret_cast<char *>(v.data()), static_cast<std::streamsize>(count * sizeof(float)));
-    return v;
+    return read_exact<float>(path, key, count);
 }
 
 void save(const std::string &path, const std::vector<float> &v)
@@ -139,26 +147,17 @@ void save_output(const JVal &req, Tensor &t, const Mapping &m)
 template <typename T>
 std::vector<T> load_or_random_typed(const JVal &req, const std::string &key, size_t count, uint32_t seed, int lo, int hi)
 {
-    std::vector<T> v(count);
-    std::string    path = opt_str(req, key, "");
+    std::string path = opt_str(req, key, "");
     if(path.empty())
     {
+        std::vector<T>                     v(count);
         std::mt19937                       gen(seed);
         std::uniform_int_distribution<int> dist(lo, hi);
         for(auto &x : v)
             x = static_cast<T>(dist(gen));
         return v;
     }
-    std::ifstream f(path, std::ios::binary);
-    if(!f)
-        throw BadRequest("cannot open " + key + " file '" + path + "'");
-    f.seekg(0, std::ios::end);
-    std::streamoff size = f.tellg();
-    if(size != static_cast<std::streamoff>(count * sizeof(T)))
-        throw BadRequest(key + " file '" + path + "' has " + std::to_string(size) + " bytes, expected " + std::to_string(count * sizeof(T)));
-    f.seekg(0);
-    f.read(reinterpret_cast<char *>(v.data()), static_cast<std::streamsize>(count * sizeof(T)));
-    return v;
+    return read_exact<T>(path, key, count);
 }
 
 template <typename T>
