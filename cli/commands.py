@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Table as _RichTable
 
 from kselect.core import plugins
 from kselect.core.device import this_device
@@ -18,15 +19,72 @@ from kselect.core.errors import KselectError
 from kselect.core.model import load_model
 from kselect.core.tasks import Task, extract_tasks, model_stats
 
-# In a pipe rich would assume 80 columns and cut table cells ("f32_igemm_minmax_…"): there, unless
-# COLUMNS says otherwise, lines are as wide as their content needs.
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 10_000)
+
+def _width(stream):
+    """In a pipe rich would assume 80 columns and cut table cells ("f32_igemm_minmax_…"): there, unless
+    COLUMNS says otherwise, lines are as wide as their content needs."""
+    return None if stream.isatty() or os.environ.get("COLUMNS") else 10_000
+
+
+console = Console(width=_width(sys.stdout))
+
+
+class Table(_RichTable):
+    """rich's table, whose cells wrap where a terminal (or COLUMNS) is too narrow, a word wider than its column
+    (a micro-kernel name) folded onto the next line instead of cut with "…"."""
+
+    def add_column(self, *args, overflow="fold", **kwargs) -> None:
+        super().add_column(*args, overflow=overflow, **kwargs)
+
 
 EMULATED_NOTE = "[bold yellow]EMULATED[/]: timed under qemu user-mode emulation; not Arm performance"
 
+_json_stdout = None  # the real stdout while json_output runs
+
+
+def json_wanted(args) -> bool:
+    """``--json`` alone (or ``--json -``): the command's result as one JSON document on stdout."""
+    return getattr(args, "json", None) in (True, "-")
+
+
+@contextmanager
+def json_output(args):
+    """While a command that prints its result as JSON runs, whatever else would reach stdout (rich's status lines
+    and warnings, a library's or a child process's own prints) goes to stderr, so that stdout holds the JSON
+    document alone: ``_print_json`` writes it to the real stdout."""
+    global console, _json_stdout
+    if not json_wanted(args):
+        yield
+        return
+    saved_console, console = console, Console(file=sys.stderr, width=_width(sys.stderr))
+    sys.stdout.flush()
+    try:
+        stdout_fd, stderr_fd = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (main() embedded): Python's alone
+        saved_stdout, sys.stdout = sys.stdout, sys.stderr
+        _json_stdout = saved_stdout
+        try:
+            yield
+        finally:
+            sys.stdout, _json_stdout, console = saved_stdout, None, saved_console
+        return
+    kept = os.dup(stdout_fd)
+    os.dup2(stderr_fd, stdout_fd)
+    _json_stdout = os.fdopen(kept, "w", encoding="utf-8")
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        _json_stdout.flush()
+        os.dup2(kept, stdout_fd)
+        _json_stdout.close()
+        _json_stdout, console = None, saved_console
+
 
 def _print_json(data) -> None:
-    print(json.dumps(data, indent=2))
+    out = _json_stdout or sys.stdout
+    print(json.dumps(data, indent=2), file=out)
+    out.flush()
 
 
 def _shape(shape) -> str:
@@ -112,6 +170,11 @@ def cmd_space(args) -> None:
             raise KselectError(f"no task {args.task!r} for {library.name} in {model.name} (tasks: {', '.join(t.id for t in tasks)})")
         task = chosen[0]
         space = library.space(task, device)
+        if args.json:
+            return _print_json({"model": model.name, "library": library.name, "library_version": library.version(),
+                                "task": {**task.to_json(), "op": _op(task)}, "dimensions": space.describe(),
+                                "constraints": [c.text for c in space.constraints], "size": len(space),
+                                "default": library.default_config(task, device), "configs": space.enumerate()})
         table = Table(title=f"{library.name} space of {task.id} ({task.kind} {_shape(task.input_shape)} -> {_shape(task.output_shape)} {task.describe_attrs()})")
         for column in ("dimension", "kind", "role", "values", "applies when"):
             table.add_column(column)
@@ -123,11 +186,16 @@ def cmd_space(args) -> None:
             console.print(f"constraint: {constraint.text}")
         console.print(f"{len(space)} valid configurations; library default: {library.default_config(task, device)}")
         return
+    spaces = [(task, library.space(task, device)) for task in tasks]
+    if args.json:
+        return _print_json({"model": model.name, "library": library.name, "library_version": library.version(),
+                            "tasks": [{**task.to_json(), "op": _op(task), "dimensions": [d.name for d in space.dims],
+                                       "size": len(space), "default": library.default_config(task, device)}
+                                      for task, space in spaces]})
     table = Table(title=f"{library.name} spaces for {model.name}")
     for column in ("task", "op", "input", "dimensions", "size"):
         table.add_column(column)
-    for task in tasks:
-        space = library.space(task, device)
+    for task, space in spaces:
         table.add_row(task.id, _op(task), _shape(task.input_shape),
                       ", ".join(d.name for d in space.dims), str(len(space)))
     console.print(table)
@@ -167,9 +235,10 @@ class CliTuneEvents:
 
     # -- one library ----------------------------------------------------------------------
     def library_started(self, model, library, tasks, options, device, db) -> None:
+        self._stop_progress()
         console.print(f"tuning {model.name} on {library.name} "
                       f"({library.version()}), {len(tasks)} tasks, search {options.search}, budget {options.budget} "
-                      f"per task; device {device.summary()}; records in {db.path}")
+                      f"per task; device {device.summary()}; records in {db.location}")
         if library.emulated:
             console.print(EMULATED_NOTE)
         total = sum(min(options.budget, len(library.space(t, device))) for t in tasks)
@@ -198,6 +267,11 @@ class CliTuneEvents:
 
     def task_finished(self, task, outcome) -> None:
         self.progress.update(self.current, completed=self.progress.tasks[-1].total)
+
+    def waiting_for_workers(self, held) -> None:
+        owners = sorted({owner for _, owner in held})
+        console.print(f"the {len(held)} tasks left are being tuned by other workers sharing the database "
+                      f"({', '.join(owners)}): waiting for them, to take over any whose worker dies")
 
     def whole_model_checked(self, library, variant, result) -> None:
         self._stop_progress()
@@ -254,9 +328,18 @@ def cmd_tune(args) -> None:
                       verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
                       check_max_rounds=args.check_max_rounds, precision=args.precision, calibration=args.calibration,
                       calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
-                      metric=args.metric, events=CliTuneEvents())
-    artifacts = api.save(result, plan_path)
-    console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+                      metric=args.metric, lease_s=args.lease, events=CliTuneEvents())
+    artifacts = []
+    if result.plan is None:
+        fleet = result.fleet
+        console.print(f"this worker tuned {len(fleet.tuned_here)} tasks ({len(fleet.taken_over)} taken over from "
+                      "workers that died); the other workers finished after it, so the last of them writes the plan")
+    else:
+        artifacts = api.save(result, plan_path)
+        console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+    if args.json:
+        _print_json({**result.to_json(), "plan_file": str(plan_path) if result.plan else None,
+                     "artifacts": [str(p) for p in artifacts]})
 
 
 def _front_table(library, search, check) -> None:
@@ -425,6 +508,9 @@ def cmd_predict(args) -> None:
     device = this_device()
     with console.status(f"training the cost model on {db.path} and predicting {model.name}"):
         prediction = predict_model(model, library, device, db, seed=args.seed)
+    data = {**prediction.to_json(), "emulated": library.emulated}
+    if json_wanted(args):
+        return _print_json(data)
     label = " [EMULATED]" if library.emulated else ""
     table = Table(title=f"{model.name} on {library.name}: predicted per-op latency (not measured){label}")
     for column in ("task", "op", "input", "ops", "default us", "predicted us", "measured us", "config"):
@@ -437,9 +523,9 @@ def cmd_predict(args) -> None:
     console.print(f"predicted sum over ops: default {prediction.default_total_us / 1000:.2f} ms, best plan "
                   f"{prediction.total_us / 1000:.2f} ms; learnt from {prediction.training_rows} measurements of "
                   f"{prediction.training_tasks} tasks{label}")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({**prediction.to_json(), "emulated": library.emulated}, indent=2) + "\n")
-        console.print(f"wrote {args.json_out}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
 
 
 # -- plans ----------------------------------------------------------------------------------
@@ -447,6 +533,8 @@ def cmd_plan_show(args) -> None:
     from kselect.core.plan import load_plan_file
 
     plan = load_plan_file(args.plan)
+    if args.json:
+        return _print_json(_plan_summary(args.plan, plan))
     libraries = ", ".join(f"{k} {v}" for k, v in plan.libraries.items())
     console.print(f"plan for {plan.model['name']} ({plan.model['fingerprint']}) on {plan.device.get('cpu_model')} "
                   f"({plan.device.get('fingerprint')}); {libraries}")
@@ -476,6 +564,32 @@ def cmd_plan_show(args) -> None:
                       f"{summary['greedy']['total_us'] / 1000:.3f} ms)")
 
 
+def _plan_summary(path, plan) -> dict:
+    """What ``plan show`` tells, as JSON: per task its op, library, whole config, times and speedup."""
+    tasks = []
+    for entry in plan.tasks:
+        default_us, time_us = entry.get("default_us"), entry.get("time_us")
+        tasks.append({"id": entry["id"], "key": entry["key"], "kind": entry["kind"], "op": _op(Task.from_json(entry)),
+                      "input": entry["input"], "ops": len(entry["nodes"]), "nodes": entry["nodes"],
+                      "library": entry["library"], "config": entry["config"], "default_config": entry.get("default_config"),
+                      "default_us": default_us, "time_us": time_us,
+                      "speedup": round(default_us / time_us, 4) if default_us and time_us else None,
+                      "samples": entry.get("samples")})
+    summary = {"plan": str(path), "format": plan.format, "model": plan.model, "device": plan.device,
+               "libraries": plan.libraries, "emulated": plan.emulated, "cross_library": plan.cross_library,
+               "library_settings": plan.library_settings, "tasks": tasks, "estimated_us": round(plan.estimated_us(), 3)}
+    for key in ("verified", "precision"):
+        if key in plan.extra:
+            summary[key] = plan.extra[key]
+    cross = plan.extra.get("cross_library")
+    if cross:
+        from kselect.core.cross_assembly import planned_conversions
+
+        summary["conversions"] = len(planned_conversions(plan))
+        summary["predicted"], summary["greedy"] = cross["predicted"], cross["greedy"]
+    return summary
+
+
 def _checked_plan(args, model):
     from kselect.core.api import checked_plan
 
@@ -489,12 +603,16 @@ def _force_warning(problem: str) -> None:
 def cmd_plan_apply(args) -> None:
     model = load_model(args.model, args.input_shape)
     plan = _checked_plan(args, model)
+    note = ("a cross-library plan has no library artifact: the plan JSON is what an app loads "
+            "(kselect.load_plan(PLAN, MODEL).run(inputs))")
+    written = [] if plan.cross_library else plugins.get_library(plan.library).apply(plan, model, Path(args.output_dir))
+    if args.json:
+        return _print_json({"plan": str(args.plan), "model": model.name, "libraries": plan.libraries,
+                            "written": [str(path) for path in written],
+                            **({"note": note} if plan.cross_library else {})})
     if plan.cross_library:
-        console.print("a cross-library plan has no library artifact: the plan JSON is what an app loads "
-                      "(kselect.load_plan(PLAN, MODEL).run(inputs))")
-        return
-    library = plugins.get_library(plan.library)
-    for path in library.apply(plan, model, Path(args.output_dir)):
+        console.print(note)
+    for path in written:
         console.print(f"wrote {path}")
 
 
@@ -507,6 +625,8 @@ def cmd_bench(args) -> None:
     with console.status(f"benchmarking {model.name} with {args.plan} against its baseline, {how}"):
         result = api.bench(model, args.plan, alone=args.alone, rounds=args.rounds, runs_per_round=args.runs_per_round,
                            force=args.force, on_warning=_force_warning)
+    if json_wanted(args):
+        return _print_json(result)
     baseline, libraries = result["baseline"], result["library"]
     how = (f"{result['processes']} fresh processes per side" if args.alone
            else f"{result['instances']} fresh instance(s) per side")
@@ -523,6 +643,19 @@ def cmd_bench(args) -> None:
                       f"{result['per_round_speedup']:.3f}x, {CONFIDENCE:.1%} bounds {low:.3f}-{high:.3f}")
     if result["emulated"]:
         console.print(EMULATED_NOTE)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {args.json_out}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+
+
+# -- report ---------------------------------------------------------------------------------
+def cmd_report(args) -> None:
+    from kselect.core.report import chart_names, write_report
+
+    if args.input_shape and not args.model:
+        raise KselectError("--input-shape is for --model: give the plan's model too")
+    model = load_model(args.model, args.input_shape) if args.model else None
+    path = write_report(args.plan, db=args.db, output=args.output, model=model)
+    if args.json:
+        return _print_json({"report": str(path), "charts": chart_names(path.read_text())})
+    console.print(f"report written to {path}")

@@ -62,6 +62,14 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="resolve a dynamic input's dims (repeatable)")
 
 
+def _add_json_file_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--json`` alone (or ``--json -``) prints JSON instead of the table; ``--json OUT.json`` writes it beside the
+    table, as before (``make demo`` does). Put a bare ``--json`` after the model: it would take the model as OUT.json."""
+    parser.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
+                        help=f"print {what} as JSON instead of the table (bare --json, or -), or write the "
+                             "JSON to OUT.json as well as showing the table")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kselect", description="Select the best native kernel configuration per op by measuring on this device.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -77,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--library", required=True)
     p.add_argument("--task", help="task id (default: every task, summarised)")
+    p.add_argument("--json", action="store_true", help="print JSON (with --task: every valid config)")
 
     p = commands.add_parser("plugins", help="list plugins with version and status")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -88,8 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", default="xgb", help="search backend: xgb (default), tpe, random, exhaustive, or a plugin's")
     p.add_argument("--budget", type=POSITIVE_INT, default=16, help="configs measured per task, the default included (default 16)")
     p.add_argument("--time-budget", type=POSITIVE_FLOAT, metavar="SECONDS", help="stop measuring after this long")
-    p.add_argument("--db", default=None, help="record database (default ~/.cache/kselect/records.db, or $KSELECT_DB)")
+    p.add_argument("--db", default=None, help="record database: a file (default ~/.cache/kselect/records.db, or "
+                   "$KSELECT_DB) or a postgresql:// URL shared by several devices, which then split the tasks")
     p.add_argument("-o", "--output", default=None, help="plan file (default MODEL.LIBRARY.plan.json)")
+    p.add_argument("--lease", type=POSITIVE_FLOAT, default=60.0, metavar="SECONDS",
+                   help="tunes sharing --db: a task claimed by a worker that stopped renewing it is taken over after "
+                        "this long (default 60)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress goes to stderr)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--early-stop", type=POSITIVE_INT, metavar="N", help="stop a task after N samples without improvement")
     p.add_argument("--storage", type=_storage_url,
@@ -122,29 +136,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--library", required=True)
     p.add_argument("--db", default=None, help="record database the cost model learns from")
-    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="also write the prediction as JSON")
+    _add_json_file_arg(p, "the prediction")
     p.add_argument("--seed", type=int, default=0)
 
     p = commands.add_parser("plan", help="show or apply a plan")
     plan_commands = p.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     q = plan_commands.add_parser("show", help="the plan as a table")
     q.add_argument("plan")
+    q.add_argument("--json", action="store_true", help="print JSON")
     q = plan_commands.add_parser("apply", help="write the deployable artifacts of a plan")
     q.add_argument("plan")
     _add_model_args(q)
     q.add_argument("-o", "--output-dir", default=".")
     q.add_argument("--force", action="store_true", help="apply a plan made for another device or library build")
+    q.add_argument("--json", action="store_true", help="print the files written as JSON")
 
     p = commands.add_parser("bench", help="whole-model latency: library default vs plan, interleaved")
     _add_model_args(p)
     p.add_argument("--plan", required=True)
-    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="also write the results as JSON")
+    _add_json_file_arg(p, "the results")
     p.add_argument("--rounds", type=POSITIVE_INT, default=10)
     p.add_argument("--runs-per-round", type=POSITIVE_INT, default=5)
     p.add_argument("--alone", action="store_true",
                    help="time each side alone in a fresh process per round, as an app runs it (as the cross-library "
                         "check does); --rounds processes per side, at least --runs-per-round runs each")
     p.add_argument("--force", action="store_true", help="run a plan made for another device or library build")
+
+    p = commands.add_parser("report", help="one self-contained HTML page about a plan: per-op choices, where the "
+                                           "time goes, tuning curves, the whole-model check")
+    p.add_argument("plan", help="a plan file (kselect tune -o)")
+    p.add_argument("--db", default=None, help="record database the plan was tuned with, for the tuning curves: a "
+                                              "file (default ~/.cache/kselect/records.db, or $KSELECT_DB) or a "
+                                              "postgresql:// URL")
+    p.add_argument("-o", "--output", default=None, help="HTML file (default: beside the plan, NAME.report.html)")
+    p.add_argument("--model", default=None, help="the plan's model (ONNX file or name): checked against the plan, "
+                                                 "and the page names each node's ONNX op")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="with --model: resolve a dynamic input's dims (repeatable)")
+    p.add_argument("--json", action="store_true", help="print {report, charts} as JSON")
     return parser
 
 
@@ -173,7 +202,8 @@ def _run(args) -> int:
 
     handler = getattr(commands, "cmd_" + args.command + (f"_{args.plan_command}" if args.command == "plan" else ""))
     try:
-        return handler(args) or 0
+        with commands.json_output(args):  # under --json, stdout holds the JSON document alone
+            return handler(args) or 0
     except KselectError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from kselect.core import plugins
 from kselect.core.device import Device, this_device
 from kselect.core.errors import KselectError
+from kselect.core.fleet import DEFAULT_LEASE_S, FleetReport
 from kselect.core.library import Library
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import Model, load_model
@@ -70,17 +71,19 @@ class TuneResult:
 
     model: Model
     device: Device
-    plan: Plan  # the plan kept
+    plan: Plan | None  # the plan kept; None when another worker of the fleet finishes last and plans
     tunings: dict[str, LibraryTuning]  # library name -> its part
     cross_plan: Plan | None = None  # several libraries: the plan across them, before the end-to-end check
     checks: list[dict] = field(default_factory=list)  # several libraries: each plan's whole-model check
+    fleet: FleetReport | None = None  # what this worker did among the tunes sharing the database
 
     @property
-    def kept(self) -> str:
-        return self.plan.extra.get("verified", {}).get("chosen", "tuned")
+    def kept(self) -> str | None:
+        return self.plan.extra.get("verified", {}).get("chosen", "tuned") if self.plan else None
 
     def to_json(self) -> dict:
         return {"model": self.model.name, "device": self.device.summary(), "kept": self.kept,
+                "fleet": self.fleet.to_json() if self.fleet else None,
                 "libraries": [tuning.to_json() for tuning in self.tunings.values()],
                 "cross_library": (self.cross_plan.extra.get("cross_library") if self.cross_plan else None),
                 "checks": [{k: v for k, v in check.items() if k not in ("process_ms", "default_process_ms")}
@@ -122,21 +125,27 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
          remeasure: bool = True, check_rounds: int = 4, check_max_rounds: int = 10,
          input_shape: list[str] | tuple = (), precision: str | tuple = ("fp32",), calibration=None,
          calibration_method: str = "minmax", max_accuracy_drop: float = 0.01, metric=None,
-         events: TuneEvents | None = None) -> TuneResult:
+         lease_s: float = DEFAULT_LEASE_S, events: TuneEvents | None = None) -> TuneResult:
     """Tunes ``model`` (a Model, an ONNX file, a built-in or real model's name; ``input_shape`` as
     ``["name=1,3,224,224"]``) on ``libraries`` (a ``--library`` spec such as "mlas",
     "mlas,xnnpack" or "all", or a list of names or Library objects) and returns the plan kept.
     ``budget`` configs per task, ``time_budget_s`` for the whole tune; ``storage``: an Optuna RDB
-    URL for ``search="tpe"``. Records go to ``db`` (default ~/.cache/kselect/records.db) as they
-    are made, so the same call again resumes. Bad arguments raise ``KselectError`` before anything
-    is measured.
+    URL for ``search="tpe"``. Records go to ``db`` (default ~/.cache/kselect/records.db, or a
+    ``postgresql://`` URL) as they are made, so the same call again resumes. Bad arguments raise
+    ``KselectError`` before anything is measured.
+
+    Tunes of the same model and options sharing ``db`` (devices of one kind on one PostgreSQL
+    server) split its tasks (core/fleet.py): a task claimed by a worker that died is taken over
+    once its lease of ``lease_s`` seconds runs out. The worker finishing last plans and returns
+    the plan; the others return ``plan=None`` with what they did in ``fleet``.
 
     ``precision="fp32,int8"`` adds each op's int8 kernels (core/quant.py) and chooses which ops run
     in int8 under ``max_accuracy_drop`` of ``metric`` (a name from core/accuracy.py, or a callable
     ``evaluate(outputs, feeds) -> float``), measured on held-out feeds of ``calibration`` (a
     folder, or an iterable of feeds; the built-in zoo alone may go without: synthetic feeds)
     (core/mixed.py); the plan stores the front, the metric and the budget."""
-    from kselect.core.lock import measuring_lock
+    from kselect.core.fleet import Fleet, tune_id
+    from kselect.core.tune import library_tasks, tune as tune_tasks
 
     events = events or TuneEvents()
     chosen = _libraries(libraries)
@@ -150,20 +159,62 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     device = this_device()
     db = db if isinstance(db, RecordDB) else RecordDB(db or DEFAULT_DB)
     settings = settings or MeasureSettings()
-    with measuring_lock(device.fingerprint, on_wait=events.waiting_for_lock):
-        tunings = {}
-        for library in chosen:
-            searcher_options = {}
-            if storage:  # one Optuna study per device, library build and task
-                searcher_options = {"storage": storage,
-                                    "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
-            options = TuneOptions(search, budget, time_budget_s, seed, early_stop, searcher_options, settings)
-            tunings[library.name] = tune_library(model, library, device, db, options, verify, events, int8,
-                                                 check_rounds, check_max_rounds)
-        result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings)
+    work = []
+    for library in chosen:
+        searcher_options = {}
+        if storage:  # one Optuna study per device, library build and task
+            searcher_options = {"storage": storage,
+                                "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
+        options = TuneOptions(search, budget, time_budget_s, seed, early_stop, searcher_options, settings)
+        work.append((library, library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",)), options))
+
+    # Tasks first, shared with the other tunes of this model on the database (core/fleet.py); each
+    # task is measured holding the device's measuring lock.
+    lock = _MeasuringLock(device, events)
+    fleet_tune = tune_id(device.fingerprint, [(lib.name, lib.version(), t.key) for lib, tasks, _ in work for t in tasks],
+                         {"search": search, "budget": budget, "seed": seed, "early_stop": early_stop})
+    tuned = []
+    # a read-only database can only be replayed from, alone
+    fleet = None if db.read_only else Fleet(db, fleet_tune, [(lib.name, t.key) for lib, tasks, _ in work for t in tasks],
+                                            lease_s)
+    with fleet or contextlib.nullcontext():
+        for library, tasks, options in work:
+            start = time.perf_counter()
+            events.library_started(model, library, tasks, options, device, db)
+            with contextlib.nullcontext() if fleet else lock():
+                outcomes = tune_tasks(tasks, library, device, db, options, events, fleet=fleet, measuring=lock)
+            tuned.append((library, tasks, outcomes, options, time.perf_counter() - start))
+        if fleet and not fleet.finish():
+            return TuneResult(model, device, None, {}, fleet=fleet.report)
+
+    # The last worker of the tune plans, checks and keeps; every whole-model timing holds the lock.
+    with lock():
+        tunings = {library.name: plan_library(model, library, device, db, options, tasks, outcomes, tune_s, verify,
+                                              events, int8, check_rounds, check_max_rounds)
+                   for library, tasks, outcomes, options, tune_s in tuned}
+        result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
+                            fleet=fleet.report if fleet else None)
         if len(chosen) > 1:
             _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events)
     return result
+
+
+class _MeasuringLock:
+    """The device's measuring lock (core/lock.py) as a context manager factory, telling ``events``
+    once that another process holds it."""
+
+    def __init__(self, device: Device, events: "TuneEvents"):
+        self.device, self.events, self.told = device, events, False
+
+    def _waiting(self, holder: str) -> None:
+        if not self.told:
+            self.told = True
+            self.events.waiting_for_lock(holder)
+
+    def __call__(self):
+        from kselect.core.lock import measuring_lock
+
+        return measuring_lock(self.device.fingerprint, on_wait=self._waiting)
 
 
 def _libraries(libraries) -> list[Library]:
@@ -222,21 +273,18 @@ def _int8_request(model: Model, libraries: list[Library], precision, calibration
     return Int8Request(data, chosen_metric, name, max_drop)
 
 
-def tune_library(model: Model, library: Library, device: Device, db: RecordDB, options: TuneOptions,
-                 verify: bool = True, events: TuneEvents | None = None, int8: Int8Request | None = None,
-                 check_rounds: int = 4, check_max_rounds: int = 10) -> LibraryTuning:
-    """Tunes one library's tasks and keeps its plan: the most tuned variant not slower than the
-    library default end to end (``verify``), else the tuned one. With ``int8``, the int8 twins
-    are tuned too, and the mixed-precision plan under the budget replaces it when it is shown
+def plan_library(model: Model, library: Library, device: Device, db: RecordDB, options: TuneOptions,
+                 tasks: list[Task], outcomes: list[TaskOutcome], tune_s: float, verify: bool = True,
+                 events: TuneEvents | None = None, int8: Int8Request | None = None, check_rounds: int = 4,
+                 check_max_rounds: int = 10) -> LibraryTuning:
+    """Keeps one library's plan from its tuned tasks: the most tuned variant not slower than the
+    library default end to end (``verify``), else the tuned one. With ``int8`` (the int8 twins
+    among ``tasks``), the mixed-precision plan under the budget replaces it when it is shown
     faster end to end (``_choose_precision``)."""
     from kselect.core.library_plan import verified_library_plan
-    from kselect.core.tune import library_tasks, tune as tune_tasks
 
     events = events or TuneEvents()
     start = time.perf_counter()
-    tasks = library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",))
-    events.library_started(model, library, tasks, options, device, db)
-    outcomes = tune_tasks(tasks, library, device, db, options, events)
     fp32 = [(t, o) for t, o in zip(tasks, outcomes) if t.precision == "fp32"]
     with events.working(f"checking the {library.name} plan end to end against the library default"):
         plan = verified_library_plan(model, library, device, db, [t for t, _ in fp32], [o for _, o in fp32], verify,
@@ -247,7 +295,7 @@ def tune_library(model: Model, library: Library, device: Device, db: RecordDB, o
         int8_tasks = [t for t in tasks if t.precision == "int8"]
         plan, search = _choose_precision(model, library, device, db, options.settings, plan, int8_tasks, int8,
                                          verify, check_rounds, check_max_rounds, events)
-    tuning = LibraryTuning(library, tasks, outcomes, plan, time.perf_counter() - start, search)
+    tuning = LibraryTuning(library, tasks, outcomes, plan, tune_s + time.perf_counter() - start, search)
     events.library_tuned(tuning)
     return tuning
 

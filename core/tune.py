@@ -4,10 +4,11 @@ Stored results are reused, never re-measured: running the same tune again resume
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from kselect.core.device import Device
 from kselect.core.library import Library
@@ -19,6 +20,9 @@ from kselect.core.space import config_key
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
 from kselect.core.tasks import Task, extract_tasks
+
+if TYPE_CHECKING:
+    from kselect.core.fleet import Fleet
 
 
 def library_tasks(model: Model, library: Library, precisions: tuple[str, ...] = ("fp32",)) -> list[Task]:
@@ -51,6 +55,8 @@ class TaskOutcome:
     failed: int = 0
     invalid: int = 0
     stopped_early: bool = False
+    out_of_time: bool = False  # the search ended on the time budget, before its own end
+    tuned_elsewhere: bool = False  # another worker of the fleet tuned it (core/fleet.py): read from its records
 
     @property
     def speedup(self) -> float | None:
@@ -65,6 +71,8 @@ class Reporter:
     def task_started(self, task: Task, outcome: TaskOutcome, budget: int) -> None: ...
     def measured(self, task: Task, config: dict, result: Result, outcome: TaskOutcome) -> None: ...
     def task_finished(self, task: Task, outcome: TaskOutcome) -> None: ...
+    def waiting_for_workers(self, held: list[tuple[str, str]]) -> None:
+        """Every task left is held by other workers of the fleet: (task key, worker); called once per library."""
 
 
 @dataclass
@@ -85,14 +93,15 @@ MeasureCallback = Callable[[Task, dict, Result, bool], None]
 
 class StoreRecords:
     """The measure callback that writes each result to the record database as it is made, keyed
-    by device and library build; the write also releases the claim taken before measuring."""
+    by device and library build, with the search backend that proposed it; the write also
+    releases the claim taken before measuring."""
 
-    def __init__(self, db: RecordDB, device: Device, library: Library):
-        self.db, self.device, self.library, self.version = db, device, library, library.version()
+    def __init__(self, db: RecordDB, device: Device, library: Library, search: str = ""):
+        self.db, self.device, self.library, self.version, self.search = db, device, library, library.version(), search
 
     def __call__(self, task: Task, config: dict, result: Result, is_default: bool) -> None:
         self.db.add(self.device.fingerprint, self.library.name, self.version, task.to_json(), config_key(config),
-                    result, self.library.emulated, is_default)
+                    result, self.library.emulated, is_default, self.search)
 
 
 @dataclass
@@ -144,20 +153,27 @@ def _update_best(outcome: TaskOutcome, config: dict, result: Result) -> None:
 
 def tune(tasks: list[Task], library: Library, device: Device, db: RecordDB, options: TuneOptions,
          reporter: Reporter | None = None, runner: Runner | None = None,
-         callbacks: list[MeasureCallback] | None = None) -> list[TaskOutcome]:
+         callbacks: list[MeasureCallback] | None = None, fleet: "Fleet | None" = None,
+         measuring=contextlib.nullcontext) -> list[TaskOutcome]:
     """Tunes ``tasks`` one after the other, measuring through ``runner`` (default: the live
     ``MeasureWorker`` on ``library``'s kernels; a ``ReplayWorker`` answers from recorded tables)
     and handing every result to ``callbacks`` (default: ``StoreRecords`` into ``db``). ``db`` is
-    also read: what it holds for this device and library build is never measured again."""
+    also read: what it holds for this device and library build is never measured again.
+
+    With a ``fleet`` (core/fleet.py), only the tasks this worker claims are tuned here, each inside
+    ``measuring()`` (the device's measuring lock); the others' outcomes are read from the records
+    their workers stored, once every task is finished."""
     from kselect.core import plugins
 
     if callbacks is None:
-        callbacks = [StoreRecords(db, device, library)]
+        callbacks = [StoreRecords(db, device, library, options.search)]
     tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search),
                    callbacks)
     try:
         with runner or MeasureWorker(library, options.settings) as tuner.worker:
-            return [tuner.tune_task(task) for task in tasks]
+            if fleet is None:
+                return [tuner.tune_task(task) for task in tasks]
+            return tuner.tune_claimed(tasks, fleet, measuring)
     finally:
         db.release_claims()
 
@@ -197,11 +213,49 @@ class _Tuner:
         outcome.invalid += result.status == "invalid"
         _update_best(outcome, config, result)
 
-    def tune_task(self, task: Task) -> TaskOutcome:
+    def tune_claimed(self, tasks: list[Task], fleet: "Fleet", measuring) -> list[TaskOutcome]:
+        by_key = {task.key: task for task in tasks}
+        outcomes: dict[str, TaskOutcome] = {}
+        told_waiting = False
+        while True:
+            claim = fleet.claim(self.library.name) if self.time_left() else None
+            if claim is not None:
+                task = by_key[claim.task]
+                if claim.taken_from:  # its worker's lease ran out: the configs it had claimed are free
+                    self.db.drop_claims(self.device.fingerprint, self.library.name, self.version, task.key)
+                with measuring():
+                    outcome = outcomes[task.key] = self.tune_task(task)
+                fleet.report.measured[task.key] = fleet.report.measured.get(task.key, 0) + outcome.measured_now
+                fleet.finished_task(claim, complete=not outcome.out_of_time)
+                continue
+            held = fleet.held_elsewhere(self.library.name)
+            if not held or not self.time_left():
+                break
+            if not told_waiting:
+                self.reporter.waiting_for_workers(held)
+                told_waiting = True
+            fleet.wait()
+        for task in tasks:
+            if task.key not in outcomes:
+                outcomes[task.key] = self.tune_task(task, search=False)
+                outcomes[task.key].tuned_elsewhere = True
+        return [outcomes[task.key] for task in tasks]
+
+    def tune_task(self, task: Task, search: bool = True) -> TaskOutcome:
+        """Resumes ``task`` from its records and searches on to the budget (``search``), or only
+        reads what the records hold."""
         fingerprint, name = self.device.fingerprint, self.library.name
         space = self.library.space(task, self.device)
         default = space.normalise(self.library.default_config(task, self.device))
         outcome = TaskOutcome(task, len(space), default)
+        records = self.db.records(fingerprint, name, self.version, task.key)
+        if not search:
+            for record in records:
+                self.count(outcome, space.normalise(record.config), record.result)
+            outcome.default = next((r.result for r in records if r.config_key == config_key(default)), None)
+            self.reporter.task_started(task, outcome, self.options.budget)
+            self.reporter.task_finished(task, outcome)
+            return outcome
         prior = [(Task.from_json(task_json), record.config, record.result.median_us)
                  for task_json, record in self.db.all_records(fingerprint, name, self.version)
                  if record.task != task.key and record.result.status == "ok"]
@@ -210,8 +264,7 @@ class _Tuner:
 
         # Resume: what is stored is never measured again, except a failure (a crash, a time-out),
         # which says something about the settings it ran under: it is measured again in this run.
-        stored = {r.config_key: r for r in self.db.records(fingerprint, name, self.version, task.key)
-                  if r.result.status != "failed"}
+        stored = {r.config_key: r for r in records if r.result.status != "failed"}
         for record in stored.values():
             config = space.normalise(record.config)
             searcher.tell(config, record.result.median_us if record.result.status == "ok" else None)
@@ -230,6 +283,7 @@ class _Tuner:
                           best_us=outcome.best.median_us if outcome.best else None, default=None if outcome.default else default, early_stop=self.options.early_stop,
                           time_left=self.time_left)
         outcome.stopped_early = end.stopped_early
+        outcome.out_of_time = end.samples < self.options.budget and not (end.stopped_early or end.exhausted)
         self.reporter.task_finished(task, outcome)
         return outcome
 

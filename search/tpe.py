@@ -22,7 +22,8 @@ is; stepping from TPE's last, repeated proposal (any of the top ~10% of configs)
 missed the 2% target in 16% of runs on the XNNPack table; stepping from the best config only is
 greedy and stalls in local optima (4% of runs).
 
-Options: ``storage`` (an Optuna storage URL such as ``sqlite:///optuna.db``: the study is kept
+Options: ``storage`` (an Optuna storage URL such as ``sqlite:///optuna.db``, or the fleet's
+``postgresql://`` database: the study is kept
 there, resumes, and can be inspected with Optuna's own tools, e.g. optuna-dashboard),
 ``study_name`` (default ``kselect-<task key>-<space digest>``), ``startup`` (random configs before
 TPE takes over, default 10 as in Optuna), ``retries`` (5), ``multivariate`` (True),
@@ -120,6 +121,14 @@ def space_digest(space: Space) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
+def _sqlalchemy_url(storage: str | None) -> str | None:
+    """A PostgreSQL URL as given to ``--db`` names SQLAlchemy's psycopg 2 driver; kselect's is psycopg 3."""
+    for scheme in ("postgresql://", "postgres://"):
+        if storage and storage.startswith(scheme):
+            return "postgresql+psycopg://" + storage[len(scheme):]
+    return storage
+
+
 class TPESearcher(Searcher):
     name = "tpe"
 
@@ -148,7 +157,7 @@ class TPESearcher(Searcher):
                                                  group=multivariate)
         task_key = task.key if task is not None else "task"
         self.study_name = study_name or f"kselect-{study_prefix}{task_key}-{space_digest(space)}"
-        self.study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
+        self.study = optuna.create_study(storage=_sqlalchemy_url(storage), study_name=self.study_name, sampler=sampler,
                                          direction="minimize", load_if_exists=True)
         # Configs with a result in the study already (a resumed tune with the same storage).
         self.in_study = {t.user_attrs.get("config_key") for t in self.study.get_trials(deepcopy=False)

@@ -76,3 +76,41 @@ def acl():
         pytest.skip(reason)
     yield library
     library.close()
+
+
+# -- a real PostgreSQL server on loopback, for the shared record store -------------------------
+@pytest.fixture(scope="session")
+def postgres_server():
+    """Debian's PostgreSQL in a fresh cluster on a free loopback port (scripts/local-postgres.sh);
+    yields its base URL."""
+    import shutil
+    import socket
+    import tempfile
+
+    script = REPO / "scripts" / "local-postgres.sh"
+    folder = tempfile.mkdtemp(prefix="kselect-postgres-")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = subprocess.run(["bash", script, "start", folder, str(port)], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.fail(f"could not start PostgreSQL: {started.stderr.strip()}")
+    try:
+        yield started.stdout.strip()
+    finally:
+        subprocess.run(["bash", script, "stop", folder], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request) -> str:
+    """A new, empty database on the test server."""
+    import re
+
+    import psycopg
+
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:50]
+    with psycopg.connect(f"{postgres_server}/postgres", autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {name}")
+        connection.execute(f"CREATE DATABASE {name}")
+    return f"{postgres_server}/{name}"
