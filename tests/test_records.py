@@ -131,3 +131,23 @@ def test_an_unreachable_server_is_one_line_and_nothing_is_measured(tmp_path, sma
     line, = result.stderr.strip().splitlines()
     assert line.startswith("error: cannot connect to the record database postgresql://kselect:***@127.0.0.1:")
     assert "secret" not in line and not (tmp_path / "p.json").exists()
+
+
+def test_a_database_written_before_the_fleet_opens_and_gains_its_columns(tmp_path):
+    """benchmarks/results/table2_onednn.db was written by kselect before records kept their search
+    and worker: it opens, its records read back unchanged, and new ones carry both."""
+    import shutil
+    import sqlite3
+
+    from conftest import REPO
+
+    path = tmp_path / "old.db"
+    shutil.copy(REPO / "benchmarks" / "results" / "table2_onednn.db", path)
+    before = sqlite3.connect(path).execute("SELECT device, library, library_version, COUNT(*) FROM records"
+                                           " GROUP BY 1, 2, 3 ORDER BY 4 DESC").fetchone()
+    db = RecordDB(path)
+    records = db.records(*before[:3])
+    assert len(records) == before[3] and {r.search for r in records} == {""} and {r.measured_by for r in records} == {""}
+    db.add(*before[:3], TASK, A, _ok(5.0), False, search="tpe")
+    added = db.records(*before[:3], TASK["key"])
+    assert [(r.search, r.measured_by) for r in added] == [("tpe", OWNER)]
