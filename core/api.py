@@ -166,7 +166,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
             searcher_options = {"storage": storage,
                                 "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
         options = TuneOptions(search, budget, time_budget_s, seed, early_stop, searcher_options, settings)
-        work.append((library, library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",)), options))
+        work.append((library, library_tasks(model, library, ("fp32", "int8") if _int8_plans(library, int8) else ("fp32",)),
+                     options))
 
     # Tasks first, shared with the other tunes of this model on the database (core/fleet.py); each
     # task is measured holding the device's measuring lock.
@@ -190,13 +191,19 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     # The last worker of the tune plans, checks and keeps; every whole-model timing holds the lock.
     with lock():
         tunings = {library.name: plan_library(model, library, device, db, options, tasks, outcomes, tune_s, verify,
-                                              events, int8, check_rounds, check_max_rounds)
+                                              events, int8 if _int8_plans(library, int8) else None, check_rounds,
+                                              check_max_rounds)
                    for library, tasks, outcomes, options, tune_s in tuned}
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
                             fleet=fleet.report if fleet else None)
         if len(chosen) > 1:
             _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events)
     return result
+
+
+def _int8_plans(library: Library, int8: "Int8Request | None") -> bool:
+    """Whether this tune gives ``library`` int8 ops: int8 asked for, and its plans can hold them."""
+    return int8 is not None and "int8" in library.plan_precisions
 
 
 class _MeasuringLock:
@@ -252,10 +259,8 @@ def _int8_request(model: Model, libraries: list[Library], precision, calibration
         if calibration is not None:
             raise KselectError("--calibration is for int8: add --precision fp32,int8")
         return None
-    if len(libraries) > 1:
-        raise KselectError("--precision fp32,int8 tunes one library at a time for now")
     lacking = [lib for lib in libraries if "int8" not in lib.plan_precisions]
-    if lacking:
+    if len(lacking) == len(libraries):  # with several libraries, those without int8 plans are tuned in fp32
         runs = ", ".join(n for n, lib in plugins.libraries().items() if "int8" in lib.plan_precisions)
         if "int8" in lacking[0].precisions:
             raise KselectError(f"{lacking[0].name} measures int8 kernels per op but its whole-model runner has no int8 "
@@ -397,11 +402,14 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     from kselect.core.library_plan import onnxruntime_default_plan
 
     model, device, tunings = result.model, result.device, result.tunings
+    # per op across libraries in fp32; a library's mixed-precision plan (within the accuracy budget)
+    # races as it is, beside the plan across them
+    fp32_plans = {name: t.precision.plans["fp32"] if t.precision else t.plan for name, t in tunings.items()}
     doing = ("re-timing the configs and conversions the plan chooses among, then planning across libraries"
              if remeasure else "measuring layout conversions and library switches, planning across libraries")
     with events.working(doing):
-        plan = plan_across(model, device, db, {name: t.library for name, t in tunings.items()},
-                           {name: t.plan for name, t in tunings.items()}, settings, remeasure=remeasure)
+        plan = plan_across(model, device, db, {name: t.library for name, t in tunings.items()}, fp32_plans, settings,
+                           remeasure=remeasure)
     result.cross_plan = result.plan = plan
     events.cross_planned(plan)
     if not verify:

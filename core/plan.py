@@ -148,6 +148,12 @@ class PlanNode(TypedDict, total=False):
     conversions: list[PlanConversion]
 
 
+def int8_nodes(plan: "Plan") -> set[str]:
+    """The nodes a plan runs in int8: those of its tasks of precision int8 that the plan holds."""
+    return {node for task in plan.tasks if isinstance(task, dict) and task.get("precision") == "int8"
+            for node in task.get("nodes", []) if node in plan.nodes}
+
+
 def plan_task(task: Task, nodes: list[str], library: str, config: dict, time_us: float, default_config: dict,
               default_us: float | None, samples: int, emulated: bool) -> PlanTask:
     return PlanTask(**{**task.to_json(), "nodes": list(nodes)}, library=library, config=config,

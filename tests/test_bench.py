@@ -134,6 +134,7 @@ def scripted_processes(monkeypatch, plan_ms_by_round):
 class ScriptedPlan:
     def __init__(self):
         self.extra, self.library_settings = {}, {"mlas": {}}
+        self.tasks, self.nodes = [], {}  # an fp32 plan: no int8 ops
 
     def save(self, path):
         pass

@@ -219,3 +219,31 @@ def test_a_plan_calibrated_with_percentile_runs_with_its_ranges(tmp_path, small_
     full = next(p for p in search.front if p.name == "int8")
     assert full.int8_nodes and not full.failed
     assert search.plans["int8"].extra["precision"]["calibration"]["method"] == "percentile"
+
+
+def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_across_them(tmp_path, small_model_path):
+    """`--library mlas,xnnpack --precision fp32,int8`: each library chooses its int8 ops under the
+    budget; the plan across libraries is made in fp32; ONNX Runtime's default, each library's
+    kept plan and the plan across them race end to end. An int8 plan, held to its accuracy budget,
+    is not refused for differing from ONNX Runtime's fp32 outputs."""
+    import kselect
+    from kselect.core.plan import int8_nodes
+    from kselect.core.selection import verified_across
+
+    folder = _feeds_folder(tmp_path / "calibration", 16)
+    result = kselect.tune(str(small_model_path), "mlas,xnnpack", precision="fp32,int8", calibration=folder,
+                          metric="cosine", max_accuracy_drop=0.02, budget=2, settings=FAST, db=tmp_path / "r.db",
+                          check_rounds=2, check_max_rounds=2, remeasure=False)
+    for name in ("mlas", "xnnpack"):
+        search = result.tunings[name].precision
+        assert search is not None and search.chosen.within_budget and int8_nodes(search.plans["int8"])
+    assert not int8_nodes(result.cross_plan)  # planned per op in fp32
+    tried = {check["variant"]: check for check in result.checks}
+    assert {"mlas plan", "xnnpack plan"} <= set(tried) and not any("failed" in c for c in tried.values())
+    if int8_nodes(result.plan):  # kept a mixed plan: one of the libraries', within its budget
+        precision = result.plan.extra["precision"]
+        assert next(p for p in precision["front"] if p["name"] == precision["chosen"])["drop"] <= 0.02
+
+    full_int8 = result.tunings["mlas"].precision.plans["int8"]  # error ~1e-2 against fp32: still a candidate
+    kept, (check,) = verified_across(result.model, [("mlas int8", full_int8)], rounds=2, max_rounds=2)
+    assert kept is full_int8 and check["max_relative_output_error"] > 1e-3

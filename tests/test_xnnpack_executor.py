@@ -34,6 +34,7 @@ class _Plan:
     def __init__(self, configs: dict[str, dict], plan_level: dict | None = None):
         self.nodes = {name: {"config": config} for name, config in configs.items()}
         self.plan_level = plan_level or {}
+        self.tasks = []  # fp32: no task of precision int8
 
 
 def _model(tmp_path, nodes, inits, input_shape, name="m"):

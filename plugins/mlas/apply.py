@@ -20,8 +20,8 @@ from pathlib import Path
 
 import onnx
 
-from kselect.core.plan import write_atomically
-from kselect.plugins.mlas.int8 import int8_nodes, quantized_model
+from kselect.core.plan import int8_nodes, write_atomically
+from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.mlas.layout import nchwc_block_size
 from kselect.plugins.mlas.library import add_config_entries, session_config_entries, session_options
 from kselect.plugins.mlas.ort_session import ort_nchwc_convs

@@ -12,6 +12,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from kselect.core.activations import clamp_range
+from kselect.core.plan import int8_nodes
 from kselect.core.quant import QuantParams, dequantize, quantize
 
 ACTIVATION_TYPES = ("u8", "s8")
@@ -104,11 +105,6 @@ def boundary_model(shape, direction: str, scale: float, zero_point_u8: int, acti
         [helper.make_tensor_value_info("y", target, list(shape))],
         [helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]), helper.make_tensor("zp", element, [], [zero_point])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-def int8_nodes(plan) -> set[str]:
-    """The nodes a plan runs in int8 (its tasks of precision int8)."""
-    return {node for task in plan.tasks if task.get("precision") == "int8" for node in task["nodes"]}
 
 
 def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:

@@ -46,6 +46,7 @@ from onnx import numpy_helper
 
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError, UnsupportedOp
+from kselect.core.plan import int8_nodes
 from kselect.core.quant import QuantParams, asymmetric_u8
 from kselect.core.tasks import Task, explicit_pads, find_ops
 from kselect.plugins.xnnpack import configured
@@ -73,13 +74,6 @@ def _flip_step(destination, source) -> int:
     """int8 <-> uint8 on the same scale (zero points 128 apart): the top bit flipped."""
     np.bitwise_xor(source, _TOP_BIT, out=destination)
     return 0
-
-
-def int8_nodes(plan) -> set[str]:
-    """The nodes a plan runs in int8: those of its tasks of precision int8."""
-    tasks = getattr(plan, "tasks", None) or []
-    return {node for task in tasks if isinstance(task, dict) and task.get("precision") == "int8"
-            for node in task.get("nodes", []) if node in plan.nodes}
 
 
 def _number(value) -> float:
@@ -142,7 +136,7 @@ class Executor:
         self.configs: dict[str, dict] = {}  # node -> config used (conv / fc)
         self._free: list[_Storage] = []
         self._consts: list[np.ndarray] = []  # constant operands, kept alive while operators read them
-        self.int8_nodes = int8_nodes(plan)
+        self.int8_nodes = int8_nodes(plan) if plan is not None else set()
         self.ranges = calibrated_ranges(plan) if self.int8_nodes else {}
         plan_level = getattr(plan, "plan_level", None) or {}
         self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
