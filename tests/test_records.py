@@ -133,21 +133,40 @@ def test_an_unreachable_server_is_one_line_and_nothing_is_measured(tmp_path, sma
     assert "secret" not in line and not (tmp_path / "p.json").exists()
 
 
+# The record tables as kselect wrote them before records kept their search and worker (b8fa9ec).
+OLD_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE devices (fingerprint TEXT PRIMARY KEY, description TEXT NOT NULL);
+CREATE TABLE records (
+    id INTEGER PRIMARY KEY, device TEXT NOT NULL, library TEXT NOT NULL, library_version TEXT NOT NULL,
+    task TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL CHECK (status IN ('ok', 'invalid', 'failed')),
+    median_us REAL, spread REAL, count INTEGER NOT NULL DEFAULT 0, error REAL, reason TEXT NOT NULL DEFAULT '',
+    emulated INTEGER NOT NULL, is_default INTEGER NOT NULL DEFAULT 0, task_json TEXT NOT NULL, created REAL NOT NULL,
+    UNIQUE (device, library, library_version, task, config));
+CREATE TABLE claims (device TEXT NOT NULL, library TEXT NOT NULL, library_version TEXT NOT NULL, task TEXT NOT NULL,
+    config TEXT NOT NULL, owner TEXT NOT NULL, claimed REAL NOT NULL,
+    PRIMARY KEY (device, library, library_version, task, config));
+INSERT INTO meta VALUES ('schema', '1');
+"""
+
+
 def test_a_database_written_before_the_fleet_opens_and_gains_its_columns(tmp_path):
-    """benchmarks/results/table2_onednn.db was written by kselect before records kept their search
-    and worker: it opens, its records read back unchanged, and new ones carry both."""
-    import shutil
+    """A record file of the schema before records kept their search and worker opens, its
+    records read back unchanged, and new ones carry both."""
+    import json
     import sqlite3
 
-    from conftest import REPO
-
     path = tmp_path / "old.db"
-    shutil.copy(REPO / "benchmarks" / "results" / "table2_onednn.db", path)
-    before = sqlite3.connect(path).execute("SELECT device, library, library_version, COUNT(*) FROM records"
-                                           " GROUP BY 1, 2, 3 ORDER BY 4 DESC").fetchone()
+    with sqlite3.connect(path) as old:
+        old.executescript(OLD_SCHEMA)
+        old.execute("INSERT INTO records (device, library, library_version, task, config, status, median_us, spread,"
+                    " count, error, reason, emulated, is_default, task_json, created)"
+                    " VALUES ('dev', 'mlas', '1.0', ?, ?, 'ok', 9.5, 0.01, 10, 0.0, '', 0, 1, ?, 1.0)",
+                    (TASK["key"], B, json.dumps(TASK)))
     db = RecordDB(path)
-    records = db.records(*before[:3])
-    assert len(records) == before[3] and {r.search for r in records} == {""} and {r.measured_by for r in records} == {""}
-    db.add(*before[:3], TASK, A, _ok(5.0), False, search="tpe")
-    added = db.records(*before[:3], TASK["key"])
-    assert [(r.search, r.measured_by) for r in added] == [("tpe", OWNER)]
+    old_record, = db.records("dev", "mlas", "1.0")
+    assert (old_record.config_key, old_record.result.median_us, old_record.is_default) == (B, 9.5, True)
+    assert (old_record.search, old_record.measured_by) == ("", "")
+    db.add("dev", "mlas", "1.0", TASK, A, _ok(5.0), False, search="tpe")
+    added = db.records("dev", "mlas", "1.0")[1]
+    assert (added.config_key, added.search, added.measured_by) == (A, "tpe", OWNER)
