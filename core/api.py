@@ -172,11 +172,12 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     # Tasks first, shared with the other tunes of this model on the database (core/fleet.py); each
     # task is measured holding the device's measuring lock.
     lock = _MeasuringLock(device, events)
-    fleet_tune = tune_id(device.fingerprint, [(lib.name, lib.version(), t.key) for lib, tasks, _ in work for t in tasks],
+    library_task_pairs = [(lib, task) for lib, tasks, _ in work for task in tasks]
+    fleet_tune = tune_id(device.fingerprint, [(lib.name, lib.version(), task.key) for lib, task in library_task_pairs],
                          {"search": search, "budget": budget, "seed": seed, "early_stop": early_stop})
     tuned = []
     # a read-only database can only be replayed from, alone
-    fleet = None if db.read_only else Fleet(db, fleet_tune, [(lib.name, t.key) for lib, tasks, _ in work for t in tasks],
+    fleet = None if db.read_only else Fleet(db, fleet_tune, [(lib.name, task.key) for lib, task in library_task_pairs],
                                             lease_s)
     with fleet or contextlib.nullcontext():
         for library, tasks, options in work:

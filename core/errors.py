@@ -6,6 +6,12 @@ class KselectError(Exception):
     """A problem with the user's input or environment, explained in one line."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of the message (the type's name when there is none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: first line of the message``, for reasons stored with a failed measurement."""
     text = str(exc).strip()

@@ -22,6 +22,7 @@ import hashlib
 import json
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kselect.core.records import OWNER, RecordDB, process_gone
@@ -101,8 +102,8 @@ class Fleet:
         self._expire_dead_workers()
         with sql.transaction():
             sql.exclusive(f"kselect-tune-{self.tune}")  # two workers starting at once: one after the other
-            workers = sql.execute("SELECT owner FROM tune_workers WHERE tune=? AND finished=0 AND lease_until > {now}"
-                                  " {lock_rows}", (self.tune,)).fetchall()
+            workers = sql.execute("SELECT owner FROM tune_workers WHERE tune=? AND finished=0 AND lease_until > {now}",
+                                  (self.tune,)).fetchall()
             if not workers:  # nobody live on this tune: what is left of an earlier run goes
                 sql.execute("DELETE FROM task_claims WHERE tune=?", (self.tune,))
                 sql.execute("DELETE FROM tune_workers WHERE tune=?", (self.tune,))
@@ -161,16 +162,14 @@ class Fleet:
     def claim(self, library: str) -> Claim | None:
         """The first of ``library``'s tasks that nobody holds (or whose holder's lease ran out),
         now held by this worker; None when there is none."""
-        started = time.perf_counter()
         sql = self.db.connection
-        with sql.transaction():
+        with self._on_the_database(), sql.transaction():
             row = sql.execute("SELECT task, owner FROM task_claims WHERE tune=? AND library=? AND done=0 AND"
                               " (owner='' OR owner=? OR lease_until < {now}) ORDER BY position LIMIT 1 {skip_locked}",
                               (self.tune, library, self.owner)).fetchone()
             if row is not None:
                 sql.execute("UPDATE task_claims SET owner=?, lease_until={now} + ? WHERE tune=? AND library=? AND task=?",
                             (self.owner, self.lease_s, self.tune, library, row[0]))
-        self.report.claim_s += time.perf_counter() - started
         if row is None:
             return None
         claim = Claim(library, row[0], row[1] if row[1] not in ("", self.owner) else "")
@@ -179,27 +178,36 @@ class Fleet:
             self.report.taken_over.append(claim.task)
         return claim
 
-    def finished_task(self, claim: Claim, complete: bool) -> None:
-        """The claimed task is tuned (``complete``) or given back unfinished (out of time)."""
-        started = time.perf_counter()
-        with self.db.connection.transaction():
+    def finished_task(self, claim: Claim, measured: int, complete: bool) -> None:
+        """The claimed task is tuned (``complete``) or given back unfinished (out of time), after
+        ``measured`` configs measured here."""
+        self.report.measured[claim.task] = self.report.measured.get(claim.task, 0) + measured
+        with self._on_the_database(), self.db.connection.transaction():
             if complete:
                 self.db.connection.execute("UPDATE task_claims SET done=1 WHERE tune=? AND library=? AND task=?",
                                            (self.tune, claim.library, claim.task))
             else:
                 self.db.connection.execute("UPDATE task_claims SET owner='', lease_until=0 WHERE tune=? AND library=?"
                                            " AND task=? AND owner=?", (self.tune, claim.library, claim.task, self.owner))
-        self.report.claim_s += time.perf_counter() - started
 
     def held_elsewhere(self, library: str) -> list[tuple[str, str]]:
-        """``library``'s unfinished tasks other workers hold: (task key, owner)."""
-        started = time.perf_counter()
-        self._expire_dead_workers()
-        rows = self.db.connection.execute("SELECT task, owner FROM task_claims WHERE tune=? AND library=? AND done=0"
-                                          " ORDER BY position", (self.tune, library)).fetchall()
-        self.db.connection.commit()
-        self.report.claim_s += time.perf_counter() - started
+        """``library``'s unfinished tasks, which other workers hold once ``claim`` found none free:
+        (task key, owner)."""
+        with self._on_the_database():
+            self._expire_dead_workers()
+            rows = self.db.connection.execute("SELECT task, owner FROM task_claims WHERE tune=? AND library=? AND done=0"
+                                              " ORDER BY position", (self.tune, library)).fetchall()
+            self.db.connection.commit()
         return [(task, owner) for task, owner in rows]
+
+    @contextmanager
+    def _on_the_database(self):
+        """Counts the time of the block in ``report.claim_s``: what sharing the tune costs."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.report.claim_s += time.perf_counter() - started
 
     def wait(self) -> None:
         time.sleep(POLL_S)
@@ -212,7 +220,7 @@ class Fleet:
         self._expire_dead_workers()
         with sql.transaction():
             sql.exclusive(f"kselect-tune-{self.tune}")
-            rows = sql.execute("SELECT owner, finished, lease_until > {now} FROM tune_workers WHERE tune=? {lock_rows}",
+            rows = sql.execute("SELECT owner, finished, lease_until > {now} FROM tune_workers WHERE tune=?",
                                (self.tune,)).fetchall()
             others = [owner for owner, finished, alive in rows if owner != self.owner and not finished and alive]
             if others:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, first_line
 from kselect.core.measure import Result
 from kselect.core.paths import check_can_create
 from kselect.core.sql import PostgresConnection, SqliteConnection, is_server_url, shown
@@ -119,7 +119,7 @@ class RecordDB:
                 from kselect.core.fleet import FLEET_SCHEMA
                 self.connection.executescript(FLEET_SCHEMA)
         except self.connection.Error as exc:
-            raise KselectError(f"{self.location} is not a usable kselect record database ({_first_line(exc)})") from None
+            raise KselectError(f"{self.location} is not a usable kselect record database ({first_line(exc)})") from None
 
     def _open_file(self) -> None:
         if self.path.is_dir():
@@ -152,11 +152,6 @@ class RecordDB:
         except sqlite3.DatabaseError as exc:
             raise KselectError(f"{self.path} is corrupt or not a kselect record database ({exc})") from None
 
-    @property
-    def shared(self) -> bool:
-        """Whether devices other than this one may write here (a server database)."""
-        return self.path is None
-
     def close(self) -> None:
         self.connection.close()
 
@@ -167,10 +162,13 @@ class RecordDB:
                                "this command must measure (copy it somewhere writable and pass --db)")
 
     def _query(self, statement: str, params=()) -> list:
+        """The rows of a read, its transaction ended (so the next read sees what others stored since)."""
         try:
-            return self.connection.execute(statement, params).fetchall()
+            rows = self.connection.execute(statement, params).fetchall()
         except self.connection.Error as exc:
-            raise KselectError(f"the record database {self.location} failed: {_first_line(exc)}") from None
+            raise KselectError(f"the record database {self.location} failed: {first_line(exc)}") from None
+        self.connection.commit()
+        return rows
 
     def add_device(self, fingerprint: str, description: dict) -> None:
         if self.read_only:
@@ -254,7 +252,6 @@ class RecordDB:
             query += " AND task=?"
             params.append(task)
         rows = self._query(query + " ORDER BY id", params)
-        self.connection.commit()
         return [_record(row) for row in rows]
 
     def all_records(self, device: str, library: str, version: str) -> list[tuple[dict, Record]]:
@@ -262,18 +259,10 @@ class RecordDB:
         models that learn across tasks)."""
         rows = self._query(f"SELECT task_json, {RECORD_COLUMNS} FROM records WHERE device=? AND library=?"
                            " AND library_version=? ORDER BY id", (device, library, version))
-        self.connection.commit()
         return [(json.loads(row[0]), _record(row[1:])) for row in rows]
 
     def count(self) -> int:
-        count = self._query("SELECT COUNT(*) FROM records")[0][0]
-        self.connection.commit()
-        return count
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        return self._query("SELECT COUNT(*) FROM records")[0][0]
 
 
 def _writable(path: Path) -> bool:

@@ -376,7 +376,7 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
                 prefix = f"{library}: " if len(found) > 1 else ""
                 for search, samples in curves(library_records).items():
                     panel.curves[prefix + search] = samples
-                default = [r for r in library_records if _is_default(r) and r.result.status == "ok"]
+                default = [r for r in library_records if r.is_default and r.result.status == "ok"]
                 if default:
                     panel.default_us[library] = default[-1].result.median_us
                 emulated = emulated or any(r.emulated for r in library_records)
@@ -399,9 +399,9 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
     def records_row(self, task_id: str, library: str, library_records: list) -> list[str]:
         by_search = defaultdict(int)
         for record in library_records:
-            by_search["default" if _is_default(record) else (getattr(record, "search", "") or "unknown")] += 1
+            by_search["default" if record.is_default else (record.search or "unknown")] += 1
         bad = sum(r.result.status != "ok" for r in library_records)
-        created = [c for c in (getattr(r, "created", None) for r in library_records) if c is not None]
+        created = [r.created for r in library_records if r.created is not None]
         return [esc(task_id), esc(library), str(len(library_records)),
                 esc(", ".join(f"{name} {count}" for name, count in by_search.items())), str(bad),
                 esc(_when(min(created) if created else None)), esc(_when(max(created) if created else None))]
@@ -492,23 +492,19 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
                 f"{_note(said + (' (emulated)' if self.emulated else ''))}</section>")
 
 
-def _is_default(record) -> bool:
-    return bool(record.is_default) or getattr(record, "search", "") == "default"
-
-
 def curves(library_records: list) -> dict[str, list[float | None]]:
     """Best-so-far time after each sample, per search backend, records in the order stored. Every
     tune measures the library default first, so each curve starts there (sample 1) and goes on
     with the configs its backend proposed. Records without a backend (made before records named
     it) form one curve, "records"."""
-    default = next((r for r in library_records if _is_default(r)), None)
+    default = next((r for r in library_records if r.is_default), None)
     start = _time(default) if default is not None else None
     best: dict[str, float | None] = {}
     result: dict[str, list[float | None]] = {}
     for record in library_records:
-        if _is_default(record):
+        if record.is_default:
             continue
-        name = getattr(record, "search", "") or "records"
+        name = record.search or "records"
         if name not in result:
             best[name] = start
             result[name] = [start] if default is not None else []

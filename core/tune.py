@@ -56,7 +56,6 @@ class TaskOutcome:
     invalid: int = 0
     stopped_early: bool = False
     out_of_time: bool = False  # the search ended on the time budget, before its own end
-    tuned_elsewhere: bool = False  # another worker of the fleet tuned it (core/fleet.py): read from its records
 
     @property
     def speedup(self) -> float | None:
@@ -225,8 +224,7 @@ class _Tuner:
                     self.db.drop_claims(self.device.fingerprint, self.library.name, self.version, task.key)
                 with measuring():
                     outcome = outcomes[task.key] = self.tune_task(task)
-                fleet.report.measured[task.key] = fleet.report.measured.get(task.key, 0) + outcome.measured_now
-                fleet.finished_task(claim, complete=not outcome.out_of_time)
+                fleet.finished_task(claim, outcome.measured_now, complete=not outcome.out_of_time)
                 continue
             held = fleet.held_elsewhere(self.library.name)
             if not held or not self.time_left():
@@ -237,8 +235,7 @@ class _Tuner:
             fleet.wait()
         for task in tasks:
             if task.key not in outcomes:
-                outcomes[task.key] = self.tune_task(task, search=False)
-                outcomes[task.key].tuned_elsewhere = True
+                outcomes[task.key] = self.tune_task(task, search=False)  # another worker tuned it
         return [outcomes[task.key] for task in tasks]
 
     def tune_task(self, task: Task, search: bool = True) -> TaskOutcome:
