@@ -506,7 +506,7 @@ def cmd_predict(args) -> None:
     model = load_model(args.model, args.input_shape)
     db = RecordDB(args.db or DEFAULT_DB)
     device = this_device()
-    with console.status(f"training the cost model on {db.path} and predicting {model.name}"):
+    with console.status(f"training the cost model on {db.location} and predicting {model.name}"):
         prediction = predict_model(model, library, device, db, seed=args.seed)
     data = {**prediction.to_json(), "emulated": library.emulated}
     if json_wanted(args):

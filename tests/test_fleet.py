@@ -65,6 +65,12 @@ def test_two_workers_split_the_tasks_and_neither_measures_a_config_twice(postgre
     assert report.returncode == 0, report.stderr
     assert "tuning-curves" in json.loads(report.stdout)["charts"]
     page = (tmp_path / "report.html").read_text()
+    # and the cost model learns from it
+    predicted = subprocess.run([sys.executable, "-m", "kselect.cli.main", "predict", str(small_model_path), "--library",
+                                "mlas", "--db", postgres_url, "--json"], capture_output=True, text=True)
+    assert predicted.returncode == 0, predicted.stderr
+    prediction = json.loads(predicted.stdout)
+    assert prediction["training_rows"] == len(records) and len(prediction["ops"]) == 7
     assert all(f">{task}<" in page or task in page for task in ("T01", "T07"))
     with psycopg.connect(postgres_url) as connection:  # the last worker cleared the run's claims
         assert connection.execute("SELECT COUNT(*) FROM task_claims").fetchone()[0] == 0
