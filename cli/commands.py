@@ -87,6 +87,12 @@ def _print_json(data) -> None:
     out.flush()
 
 
+def _write_json_file(path, data) -> None:
+    """``--json OUT.json``: the result written beside the table."""
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    console.print(f"wrote {path}")
+
+
 def _shape(shape) -> str:
     return "x".join(str(d) for d in shape)
 
@@ -524,8 +530,7 @@ def cmd_predict(args) -> None:
                   f"{prediction.total_us / 1000:.2f} ms; learnt from {prediction.training_rows} measurements of "
                   f"{prediction.training_tasks} tasks{label}")
     if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
+        _write_json_file(args.json, data)
 
 
 # -- plans ----------------------------------------------------------------------------------
@@ -644,8 +649,7 @@ def cmd_bench(args) -> None:
     if result["emulated"]:
         console.print(EMULATED_NOTE)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
+        _write_json_file(args.json, result)
 
 
 # -- report ---------------------------------------------------------------------------------
