@@ -239,6 +239,9 @@ class CliTuneEvents:
         console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
                       "that neither times the other's load[/]")
 
+    def library_left_out(self, library, why: str) -> None:
+        console.print(f"[yellow]{library.name} is left out of this tune's plans: {why}[/]")
+
     # -- one library ----------------------------------------------------------------------
     def library_started(self, model, library, tasks, options, device, db) -> None:
         self._stop_progress()

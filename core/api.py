@@ -76,6 +76,7 @@ class TuneResult:
     cross_plan: Plan | None = None  # several libraries: the plan across them, before the end-to-end check
     checks: list[dict] = field(default_factory=list)  # several libraries: each plan's whole-model check
     fleet: FleetReport | None = None  # what this worker did among the tunes sharing the database
+    left_out: dict[str, str] = field(default_factory=dict)  # several libraries: library -> why it has no plan
 
     @property
     def kept(self) -> str | None:
@@ -85,6 +86,7 @@ class TuneResult:
         return {"model": self.model.name, "device": self.device.summary(), "kept": self.kept,
                 "fleet": self.fleet.to_json() if self.fleet else None,
                 "libraries": [tuning.to_json() for tuning in self.tunings.values()],
+                "left_out": self.left_out,
                 "cross_library": (self.cross_plan.extra.get("cross_library") if self.cross_plan else None),
                 "checks": [{k: v for k, v in check.items() if k not in ("process_ms", "default_process_ms")}
                            for check in self.checks]}
@@ -108,6 +110,10 @@ class TuneEvents(Reporter):
         """One plan variant of ``library`` timed against its default on the whole model."""
 
     def library_tuned(self, tuning: LibraryTuning) -> None: ...
+
+    def library_left_out(self, library: Library, why: str) -> None:
+        """A tune of several libraries could not plan ``library`` (no valid config of some op):
+        the others are planned without it."""
 
     def cross_planned(self, plan: Plan) -> None:
         """The plan across libraries, before its end-to-end check (``plan.extra["cross_library"]``)."""
@@ -191,13 +197,20 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
 
     # The last worker of the tune plans, checks and keeps; every whole-model timing holds the lock.
     with lock():
-        tunings = {library.name: plan_library(model, library, device, db, options, tasks, outcomes, tune_s, verify,
-                                              events, int8 if _int8_plans(library, int8) else None, check_rounds,
-                                              check_max_rounds)
-                   for library, tasks, outcomes, options, tune_s in tuned}
+        tunings, left_out = {}, {}
+        for library, tasks, outcomes, options, tune_s in tuned:
+            try:
+                tunings[library.name] = plan_library(model, library, device, db, options, tasks, outcomes, tune_s,
+                                                     verify, events, int8 if _int8_plans(library, int8) else None,
+                                                     check_rounds, check_max_rounds)
+            except KselectError as exc:  # with several libraries, one that cannot plan is left out
+                if len(tuned) == 1 or (not tunings and len(left_out) == len(tuned) - 1):
+                    raise
+                left_out[library.name] = str(exc)
+                events.library_left_out(library, str(exc))
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
-                            fleet=fleet.report if fleet else None)
-        if len(chosen) > 1:
+                            fleet=fleet.report if fleet else None, left_out=left_out)
+        if len(tunings) > 1:
             _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events)
     return result
 

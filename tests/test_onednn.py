@@ -137,6 +137,10 @@ def test_other_conv_kinds_and_fc(onednn):
 
 
 # -- epilogues as post-ops --------------------------------------------------------------------
+LCNET_V3 = [["Mul", [2.0, "x"], {}], ["Add", ["t0", 0.5], {}], ["Add", ["t1", 3.0], {}], ["Clip", ["t2", 0.0, 6.0], {}],
+            ["Mul", ["t1", "t3"], {}], ["Div", ["t4", 6.0], {}]]
+
+
 @pytest.mark.parametrize("epilogue, expected", [
     (RELU, [("relu", 0.0, 0.0)]),
     (RELU6, [("clip_v2", 0.0, 6.0)]),
@@ -148,6 +152,11 @@ def test_other_conv_kinds_and_fc(onednn):
     ([["Relu", ["x"], {}], ["Mul", ["t0", 2.0], {}]], [("relu", 0.0, 0.0), ("linear", 2.0, 0.0)]),
     ([["PRelu", ["x", {"slope": [8, 1, 1]}], {}]], None),
     ([["Sigmoid", ["x"], {}], ["Add", ["x", "t0"], {}]], None),  # reads the op's output twice
+    # PP-LCNetV3's learnable affine before its HardSwish: two linear steps composed into one
+    (LCNET_V3, [("linear", 2.0, 0.5), ("hardswish", 0.0, 0.0)]),
+    # an algorithm twice in one chain: oneDNN 2.6 computes it wrongly, so it is no post-op chain
+    ([["Mul", ["x", 2.0], {}], ["Relu", ["t0"], {}], ["Add", ["t1", 1.0], {}]], None),
+    ([["LeakyRelu", ["x"], {"alpha": 0.1}], ["LeakyRelu", ["t0"], {"alpha": 0.5}]], None),
 ])
 def test_epilogues_map_to_post_ops(epilogue, expected):
     assert prim.post_ops(epilogue) == expected
@@ -158,7 +167,8 @@ def test_epilogues_map_to_post_ops(epilogue, expected):
     [["Tanh", ["x"], {}]],
     [["HardSwish", ["x"], {}]],
     [["Add", ["x", 3.0], {}], ["Clip", ["t0", 0.0, 6.0], {}], ["Mul", ["x", "t1"], {}], ["Div", ["t2", 6.0], {}]],
-], ids=["leaky", "tanh", "hardswish", "paddle-hardswish"])
+    LCNET_V3,
+], ids=["leaky", "tanh", "hardswish", "paddle-hardswish", "affine-hardswish"])
 def test_fused_epilogues_match_the_reference(onednn, epilogue):
     task = _conv("epilogue", [1, 16, 8, 8], [16, 16, 3, 3], [1, 16, 8, 8], 3, pads=(1, 1, 1, 1), epilogue=epilogue)
     assert onednn.supports(task)

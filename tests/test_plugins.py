@@ -155,3 +155,46 @@ def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its
     listed = run_kselect("tasks", model_path, "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     assert [task["kind"] for task in json.loads(listed.stdout)["tasks"]] == ["conv", "maxpool"]
+
+
+WRONG_LIBRARY_PLUGIN = textwrap.dedent('''
+    from kselect.core.hookspecs import hookimpl
+    from kselect.plugins.mlas.library import MlasLibrary
+
+
+    class NeverRightLibrary(MlasLibrary):
+        """MLAS's kernels under another name, every output judged wrong (a tolerance no error meets)."""
+
+        name = "neverright"
+
+        def tolerance(self, task, config):
+            return -1.0
+
+
+    @hookimpl
+    def register_libraries(register):
+        register(NeverRightLibrary())
+''')
+
+
+def test_a_library_with_no_valid_config_is_left_out_of_a_tune_of_several(tmp_path, small_model_path):
+    """One library that cannot plan (no config of an op measured right) does not end a tune of
+    several libraries: it is named in one line and the others are planned without it."""
+    (tmp_path / "kselect_neverright.py").write_text(WRONG_LIBRARY_PLUGIN)
+    info = tmp_path / "kselect_neverright-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kselect-neverright\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kselect]\nneverright = kselect_neverright\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    tuned = run_kselect("tune", small_model_path, "--library", "mlas,neverright", "--budget", "2", "--min-time", "0.01",
+                        "--no-verify", "--db", tmp_path / "r.db", "-o", tmp_path / "p.json", "--json", env=env)
+    assert tuned.returncode == 0, tuned.stderr
+    result = json.loads(tuned.stdout)
+    assert list(result["left_out"]) == ["neverright"] and "no config of" in result["left_out"]["neverright"]
+    assert [lib["library"] for lib in result["libraries"]] == ["mlas"]
+    assert "neverright is left out of this tune's plans" in tuned.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert set(plan["libraries"]) == {"mlas"}
+    alone = run_kselect("tune", small_model_path, "--library", "neverright", "--budget", "2", "--min-time", "0.01",
+                        "--db", tmp_path / "r.db", "-o", tmp_path / "q.json", env=env)
+    assert alone.returncode != 0 and "no plan: no config of" in alone.stderr

@@ -43,7 +43,9 @@ def _near(a: float | None, b: float) -> bool:
 def post_ops(epilogue: list) -> list[tuple[str, float, float]] | None:
     """The epilogue as a chain of eltwise post-ops ``(algorithm, alpha, beta)``, or None when a
     step does not map to one (each step must read the previous one's result; the exporters'
-    SiLU and HardSwish patterns, which read it twice, are recognised as a whole)."""
+    SiLU and HardSwish patterns, which read it twice, are recognised as a whole). Adjacent linear
+    steps are composed into one; a chain that still holds an algorithm twice is None: oneDNN 2.6
+    computes such chains wrongly (README.md, "Post-op chains")."""
     ops: list[tuple[str, float, float]] = []
     k, previous = 0, "x"
     while k < len(epilogue):
@@ -59,7 +61,21 @@ def post_ops(epilogue: list) -> list[tuple[str, float, float]] | None:
             ops.extend(op)
             k += 1
         previous = f"t{k - 1}"
-    return ops
+    ops = _compose_linear(ops)
+    algorithms = [algorithm for algorithm, _, _ in ops]
+    return ops if len(set(algorithms)) == len(algorithms) else None
+
+
+def _compose_linear(ops: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """a2 * (a1 * x + b1) + b2 as one linear step (a2 * a1) * x + (a2 * b1 + b2)."""
+    composed: list[tuple[str, float, float]] = []
+    for op in ops:
+        if composed and op[0] == "linear" and composed[-1][0] == "linear":
+            _, a1, b1 = composed.pop()
+            _, a2, b2 = op
+            op = ("linear", a2 * a1, a2 * b1 + b2)
+        composed.append(op)
+    return composed
 
 
 def _single(step: list, previous: str) -> list[tuple[str, float, float]] | None:
