@@ -6,12 +6,17 @@ its fp32 twin. The core derives the quantization parameters from that data, as m
 calibration would (``QuantParams``): activations asymmetric uint8 (a library running signed int8
 activations uses the same scale with zero point minus 128), weights symmetric int8 per output
 channel (a per-tensor candidate takes the largest channel scale), the output's range from the
-reference (after the activation). A candidate reads them from ``inputs["quant"]``.
+reference (after the activation). An activation that does not fold into the output's clamp (SiLU,
+HardSwish, LeakyRelu: anything but Relu and Clip) runs after the integer kernel on the op's
+pre-activation output, requantized onto its own range (``pre_scale``), as QDQ graphs do. A
+candidate reads them from ``inputs["quant"]``.
 
 Its output is compared with the float64 reference, as every candidate's is, within a tolerance
 derived from these steps (``int8_tolerance``): the error an exact implementation of this
 quantization makes on this data, per-tensor weights included, plus two output steps for rounding
-and fixed-point requantization. An int8 candidate beyond that is invalid, never selected.
+and fixed-point requantization; with an activation after the requantized kernel, plus twice what
+one step of the pre-activation grid, or rounding each of the activation's intermediate tensors
+onto its own range, moves the output. An int8 candidate beyond that is invalid, never selected.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class QuantParams:
     w_scales: np.ndarray  # per output channel (symmetric int8, zero point 0)
     y_scale: float
     y_zero_point: int  # uint8
+    # the op's output before an activation that does not fold into the output clamp (folds_into_output)
+    pre_scale: float | None = None
+    pre_zero_point: int | None = None  # uint8
 
     @property
     def w_scale_per_tensor(self) -> float:
@@ -64,13 +72,38 @@ def dequantize(q: np.ndarray, scale, zero_point_u8: int = 0, signed: bool = Fals
     return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
 
 
+def on_grid(x: np.ndarray, scale: float, zero_point_u8: int) -> np.ndarray:
+    """``x`` rounded onto a uint8 grid and back, in float64."""
+    return (np.clip(np.round(x / scale) + zero_point_u8, 0, 255) - zero_point_u8) * scale
+
+
+def on_own_grid(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded onto the uint8 grid of its own range (min-max calibration of that tensor)."""
+    return on_grid(x, *asymmetric_u8(x.min(), x.max()))
+
+
+def folds_into_output(epilogue: list) -> bool:
+    """Whether an op's activation is a clamp of its output grid (none, one Relu or one Clip), so
+    that the int8 op is one integer kernel with nothing after it."""
+    from kselect.core.activations import clamp_range
+
+    return not epilogue or clamp_range(epilogue) is not None
+
+
 def quant_params(task, inputs: dict[str, np.ndarray], reference: np.ndarray) -> QuantParams:
+    from kselect.core.opkind import op_kind
+
     x_scale, x_zero_point = asymmetric_u8(inputs["x"].min(), inputs["x"].max())
     w = inputs["w"]  # conv OIHW, fc (N, K): output channels first
     per_channel = np.abs(w).reshape(w.shape[0], -1).max(axis=1)
     w_scales = (np.maximum(per_channel, 1e-12) / 127.0).astype(np.float32)
     y_scale, y_zero_point = asymmetric_u8(reference.min(), reference.max())
-    return QuantParams(float(x_scale), x_zero_point, w_scales, float(y_scale), y_zero_point)
+    params = QuantParams(float(x_scale), x_zero_point, w_scales, float(y_scale), y_zero_point)
+    if not folds_into_output(task.epilogue):
+        pre = op_kind(task.kind).reference(task, inputs)
+        pre_scale, params.pre_zero_point = asymmetric_u8(pre.min(), pre.max())
+        params.pre_scale = float(pre_scale)
+    return params
 
 
 def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, params: QuantParams) -> float:
@@ -80,10 +113,19 @@ def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, p
 
     kind = op_kind(task.kind)
     x = dequantize(quantize(inputs["x"], params.x_scale, params.x_zero_point), params.x_scale, params.x_zero_point)
-    worst = 0.0
+    worst = rounding = 0.0
     for per_channel in (True, False):
         w = params.quantized_weights(inputs["w"], per_channel) * params.weight_scales(inputs["w"], per_channel)
-        exact = activations.reference(task.epilogue, kind.reference(task, {**inputs, "x": x, "w": w}))
+        pre = kind.reference(task, {**inputs, "x": x, "w": w})
+        if params.pre_scale is not None:  # the activation runs on the requantized kernel output
+            pre = on_grid(pre, params.pre_scale, params.pre_zero_point)
+            one_step = activations.reference(task.epilogue, pre + params.pre_scale)
+            each_rounded = activations.reference(task.epilogue, pre, on_own_grid)
+        exact = activations.reference(task.epilogue, pre)
         worst = max(worst, float(np.max(np.abs(exact - reference))))
+        if params.pre_scale is not None:
+            worst = max(worst, float(np.max(np.abs(each_rounded - reference))))
+            rounding = max(rounding, float(np.max(np.abs(one_step - exact))),
+                           float(np.max(np.abs(each_rounded - exact))))
     scale = max(float(np.max(np.abs(reference))), 1e-12)
-    return (worst + OUTPUT_STEPS * params.y_scale) / scale
+    return (worst + OUTPUT_STEPS * (params.y_scale + rounding)) / scale

@@ -45,7 +45,65 @@ def test_an_int8_op_on_mlas_matches_the_float_reference_within_its_quantization_
     assert 0 < result.error < 0.05  # int8 is not exact, and not far off
 
 
-def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks):
+SILU = [["Sigmoid", ["x"], {}], ["Mul", ["x", "t0"], {}]]
+PADDLE_HARDSWISH = [["Add", ["x", 3.0], {}], ["Clip", ["t0", 0.0, 6.0], {}], ["Mul", ["x", "t1"], {}],
+                    ["Div", ["t2", 6.0], {}]]
+ACTIVATIONS_AFTER_THE_KERNEL = {
+    "silu": SILU,
+    "paddle-hardswish": PADDLE_HARDSWISH,
+    "hardsigmoid-mul": [["HardSigmoid", ["x"], {"alpha": 1 / 6, "beta": 0.5}], ["Mul", ["x", "t0"], {}]],
+    "leaky-relu": [["LeakyRelu", ["x"], {"alpha": 0.1}]],
+    "affine-hardswish": [["Mul", [1.5, "x"], {}], ["Add", ["t0", 0.25], {}], ["HardSwish", ["t1"], {}]],
+}
+
+
+def _conv_task(epilogue, group=1):
+    from kselect.core.tasks import Task, task_key
+
+    x, w, y = [1, 32, 20, 20], [32, 32 // group, 3, 3], [1, 32, 20, 20]
+    attrs = {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": group}
+    signature = {"kind": "conv", "x": x, "w": w, "attrs": attrs, "epilogue": epilogue}
+    return Task("c", task_key(signature), "conv", x, w, y, attrs, True, ["c"], epilogue).at_precision("int8")
+
+
+@pytest.mark.parametrize("activations", ["u8", "s8"])
+@pytest.mark.parametrize("name", list(ACTIVATIONS_AFTER_THE_KERNEL))
+def test_an_int8_op_with_an_activation_after_its_kernel_matches_the_float_reference_on_mlas(name, activations):
+    """SiLU, HardSwish and the like do not fold into the output clamp: MLAS's candidate is the op
+    as onnxruntime.quantization writes it in a QDQ model (the kernel requantized, then the
+    activation), checked against the float reference within the tolerance its grids allow."""
+    library = MlasLibrary()
+    task = _conv_task(ACTIVATIONS_AFTER_THE_KERNEL[name], group=1 if activations == "u8" else 32)
+    assert library.supports(task)
+    config = {**library.default_config(task, this_device()), "activations": activations}
+    result = measure_in_this_process(library, task, config, FAST, {})
+    assert result.status == "ok", result.reason
+    assert 0 < result.error < 0.05
+
+
+def test_a_silu_op_in_int8_is_what_onnx_runtime_fuses_from_the_quantizers_qdq_graph(tmp_path):
+    """The candidate of a conv + SiLU is read and written in int8 on the core's grids, and ONNX
+    Runtime runs it as QLinearConv, QLinearSigmoid and QLinearMul: what the exported QDQ model runs."""
+    from kselect.core.measure import reference_output, task_inputs
+    from kselect.core.quant import quant_params
+    from kselect.plugins.mlas.int8 import single_op_model
+
+    task = _conv_task(SILU)
+    inputs = task_inputs(task)
+    inputs["quant"] = params = quant_params(task, inputs, reference_output(task, inputs))
+    assert params.pre_scale is not None  # the kernel's output is requantized before the activation
+    model = single_op_model(task, inputs, {"activations": "u8", "weights": "per-channel"})
+    assert [i.type.tensor_type.elem_type for i in (*model.graph.input, *model.graph.output)] == [onnx.TensorProto.UINT8] * 2
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fused = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert {"QLinearConv", "QLinearSigmoid", "QLinearMul"} <= set(fused)
+    assert not {"Conv", "Sigmoid", "Mul", "QuantizeLinear", "DequantizeLinear"} & set(fused)
+
+
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks, activation):
     """The kernel writes its output with a zero point 16 steps off the one its result is read
     with: the core's quantization-derived tolerance catches it, so it could never be selected."""
     from kselect.core.quant import QuantParams
@@ -61,7 +119,7 @@ def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks):
             return candidate
 
     _, tasks = int8_tasks
-    task = next(t for t in tasks if t.kind == "conv" and t.attrs["group"] == 1)
+    task = next(t for t in tasks if t.kind == "conv" and t.attrs["group"] == 1) if activation == "none" else _conv_task(SILU)
     library = WrongScale()
     result = measure_in_this_process(library, task, library.default_config(task, this_device()), FAST, {})
     assert result.status == "invalid" and "differs from reference" in result.reason

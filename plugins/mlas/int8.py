@@ -1,7 +1,9 @@
 """MLAS's int8 kernels as ONNX Runtime reaches them: QDQ graphs (DequantizeLinear -> Conv or Gemm
 -> QuantizeLinear), which ONNX Runtime's QDQ transformers fuse into QLinearConv and QGemm on
 MLAS's integer GEMMs. Per int8 task a candidate is one such op on already-quantized data (the
-timed work is the int8 kernel alone); Q and DQ at a boundary with float ops are the conversions
+timed work is the int8 kernel alone, or, with an activation that does not fold into the output
+clamp, the kernel and the activation as the quantizer writes them: QLinearSigmoid and QLinearMul
+for SiLU, say); Q and DQ at a boundary with float ops are the conversions
 of the label "mlas:int8"; a whole model is quantized with onnxruntime.quantization (int8.py in
 core's terms: ``quantized_model``), so the exported plan is the QDQ model a user would write
 with ONNX Runtime's own tools."""
@@ -13,17 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from kselect.core.activations import clamp_range
 from kselect.core.plan import int8_nodes
-from kselect.core.quant import QuantParams, dequantize, quantize
+from kselect.core.quant import QuantParams, dequantize, folds_into_output, quantize
 
 ACTIVATION_TYPES = ("u8", "s8")
 WEIGHT_GRANULARITY = ("per-channel", "per-tensor")
-# Activations ONNX Runtime folds into the output quantization (QDQ Relu / Clip removal): the int8
-# op with one of these after it is still one integer kernel.
-FOLDED_ACTIVATIONS = ("Relu", "Clip")
-
-
-def int8_epilogue_supported(epilogue: list) -> bool:
-    return not epilogue or (len(epilogue) == 1 and epilogue[0][0] in FOLDED_ACTIVATIONS)
 
 
 def _zero_point(zero_point_u8: int, activations: str) -> tuple[int, int]:
@@ -43,7 +38,11 @@ def dequantize_activation(q: np.ndarray, scale: float, zero_point_u8: int, activ
 
 def single_op_model(task, inputs: dict, config: dict):
     """The task as x_q -> DequantizeLinear -> op (weights and bias through DequantizeLinear) ->
-    its activation -> QuantizeLinear -> y_q, on the parameters in ``inputs["quant"]``."""
+    its activation -> QuantizeLinear -> y_q, on the parameters in ``inputs["quant"]``; ONNX
+    Runtime removes a Relu or Clip there (QDQ activation removal: the clamp is the output grid's).
+    Other activations: ``quantized_by_onnxruntime``."""
+    if not folds_into_output(task.epilogue):
+        return quantized_by_onnxruntime(task, inputs, config)
     params: QuantParams = inputs["quant"]
     activations, per_channel = config["activations"], config["weights"] == "per-channel"
     x_zp, element = _zero_point(params.x_zero_point, activations)
@@ -78,7 +77,7 @@ def single_op_model(task, inputs: dict, config: dict):
     else:
         nodes.append(helper.make_node("Gemm", op_inputs, ["y"], transB=1, alpha=a["alpha"]))
     last = "y"
-    for step in task.epilogue:  # Relu or Clip (int8_epilogue_supported)
+    for step in task.epilogue:  # Relu or Clip (folds_into_output)
         extra = []
         if step[0] == "Clip":
             low, high = clamp_range([step])
@@ -92,6 +91,67 @@ def single_op_model(task, inputs: dict, config: dict):
     graph = helper.make_graph(nodes, "int8_op", [helper.make_tensor_value_info("x_q", element, task.input_shape)],
                               [helper.make_tensor_value_info("y_q", element, task.output_shape)], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def quantized_by_onnxruntime(task, inputs: dict, config: dict):
+    """The op with an activation that does not fold into its output clamp (SiLU, HardSwish,
+    LeakyRelu...) as onnxruntime.quantization.quantize_static writes it inside a whole QDQ model:
+    the op requantized onto its output's range, then the activation's nodes with Q/DQ where the
+    quantizer puts them (ONNX Runtime fuses DQ -> Sigmoid -> Q into QLinearSigmoid, DQ -> Mul -> Q
+    into QLinearMul; nodes it does not quantize run in float between DQ and Q), min-max calibrated
+    on the task's input. Cut at the input's QuantizeLinear and the output's DequantizeLinear, it
+    reads x_q and writes y_q on the core's grids, as every int8 candidate does."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    from kselect.core.calibration import quantize_qdq
+    from kselect.core.measure import task_model
+
+    params: QuantParams = inputs["quant"]
+    activations = config["activations"]
+    with tempfile.TemporaryDirectory(prefix="kselect-int8-op-") as tmp:
+        path = Path(tmp) / "op.int8.onnx"
+        quantize_qdq(task_model(task, inputs), path, [{"x": inputs["x"]}],
+                     per_channel=config["weights"] == "per-channel", signed_activations=activations == "s8")
+        model = onnx.load(str(path))
+    graph = model.graph
+    enter = next(n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    x_scales, x_quantized = tuple(enter.input[1:3]), enter.output[0]
+    graph.node.remove(enter)
+    _rename(graph, x_quantized, "x_q")
+    leave = next((n for n in graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y"), None)
+    if leave is None:  # the activation's last node stays float (a Div): the next int8 op quantizes its output
+        scales = ("kselect_y_scale", "kselect_y_zp")
+        graph.node.append(helper.make_node("QuantizeLinear", ["y", *scales], ["y_q"]))
+    else:
+        scales, y_quantized = tuple(leave.input[1:3]), leave.input[0]
+        graph.node.remove(leave)
+        _rename(graph, y_quantized, "y_q")
+    x_zp, element = _zero_point(params.x_zero_point, activations)
+    y_zp, _ = _zero_point(params.y_zero_point, activations)
+    kept = [t for t in graph.initializer if t.name not in (*x_scales, *scales)]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + [
+        helper.make_tensor(x_scales[0], TensorProto.FLOAT, [], [params.x_scale]),
+        helper.make_tensor(x_scales[1], element, [], [x_zp]),
+        helper.make_tensor(scales[0], TensorProto.FLOAT, [], [params.y_scale]),
+        helper.make_tensor(scales[1], element, [], [y_zp])])
+    del graph.input[:], graph.output[:]
+    graph.input.append(helper.make_tensor_value_info("x_q", element, task.input_shape))
+    graph.output.append(helper.make_tensor_value_info("y_q", element, task.output_shape))
+    return model
+
+
+def _rename(graph, old: str, new: str) -> None:
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name == old:
+                node.input[position] = new
+        for position, name in enumerate(node.output):
+            if name == old:
+                node.output[position] = new
 
 
 def boundary_model(shape, direction: str, scale: float, zero_point_u8: int, activations: str = "u8"):

@@ -107,11 +107,8 @@ class MlasLibrary(Library):
         self.ort_nchwc_nodes = ort_nchwc_convs(model.proto)
 
     def supports(self, task: Task) -> bool:
-        if task.precision == "int8":
-            from kselect.plugins.mlas.int8 import int8_epilogue_supported
-
-            return (task.kind == "fc" or (task.kind == "conv" and not task.conv1d)) \
-                and int8_epilogue_supported(task.epilogue)
+        if task.precision == "int8":  # any activation (int8.single_op_model)
+            return task.kind == "fc" or (task.kind == "conv" and not task.conv1d)
         return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
