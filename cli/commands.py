@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table as _RichTable
 
@@ -355,7 +356,8 @@ def _front_table(library, search, check) -> None:
     """The latency / accuracy / weight-memory front of an int8 tune, the chosen point marked."""
     precision = search.plan.extra["precision"]
     calibration = precision["calibration"]
-    synthetic = " [SYNTHETIC calibration and held-out data: random inputs]" if calibration["synthetic"] else ""
+    caveat = calibration.get("caveat") or ("SYNTHETIC: random inputs, not data" if calibration["synthetic"] else "")
+    synthetic = escape(f" [calibration and held-out data: {caveat}]") if caveat else ""
     kept = check["kept"] if check else search.chosen.name
     table = Table(title=f"precision front on {library.name}: {precision['metric']} on {calibration['held_out_feeds']} "
                         f"held-out feeds, budget: drop <= {precision['max_drop']}{synthetic}")

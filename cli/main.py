@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precisions per op: fp32 (default) or fp32,int8 (int8 kernels chosen under --max-accuracy-drop)")
     p.add_argument("--calibration", metavar="FOLDER",
                    help="int8: a folder of .npz/.npy feeds or images (docs/mixed-precision.md); half calibrate, half "
-                        "are held out to measure accuracy. The built-in zoo may go without: synthetic feeds")
+                        "are held out to measure accuracy. 'samples': for a real model, pinned sample pictures "
+                        "preprocessed as its package does (not its own data). The built-in zoo may go without: "
+                        "synthetic feeds")
     p.add_argument("--calibration-method", default="minmax", choices=("minmax", "percentile", "entropy"),
                    help="int8: onnxruntime.quantization's calibrator (default minmax)")
     p.add_argument("--max-accuracy-drop", type=_fraction, default=0.01, metavar="X",

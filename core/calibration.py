@@ -4,12 +4,15 @@
 
 - ``.npz`` files, one feed each: an array per model input, named as the input (a model with one
   input also takes ``.npy`` files, or an ``.npz`` with one array whatever its name);
-- or images (``.jpg``, ``.jpeg``, ``.png``, ``.bmp``), for a model with one image input: each is
-  decoded as RGB, resized to the input's height and width (bilinear), scaled to [0, 1], then
-  normalised with ``mean`` and ``std`` per channel (ImageNet's by default) and laid out as the
-  input is (NCHW, or NHWC when its last dim is 3).
+- or images (``.jpg``, ``.jpeg``, ``.png``, ``.bmp``), for a model with one image input, made
+  into inputs as ``ImagePreprocess`` says: a real model of ``kselect models`` as its package
+  does, any other model as torchvision's ImageNet classifiers (RGB, [0, 1], ImageNet's mean and
+  std).
 
-From Python, any iterable of feeds (dicts of input name -> array) does.
+``--calibration samples`` takes, for a real model, the pinned sample pictures
+(core/realmodels.SAMPLE_PICTURES) preprocessed as its package does: pictures, but not the
+model's own data, and every output says so. From Python, any iterable of feeds (dicts of input
+name -> array) does.
 
 The feeds are split: the first half calibrates (onnxruntime.quantization's calibrators:
 min-max, percentile or entropy), the second half is held out, to measure accuracy. The built-in
@@ -34,6 +37,32 @@ from kselect.core.model import Model
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+SAMPLES = "samples"  # --calibration samples: the real models' sample pictures
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """How a picture becomes a model input: decoded as RGB, resized to the input's height and
+    width (bilinear), channels reordered to ``channels``, each value times ``scale``, minus
+    ``mean`` and divided by ``std`` per channel (both listed in ``channels`` order), laid out as
+    the input is (NCHW, or NHWC when its last dim is 3)."""
+
+    channels: str = "RGB"  # or "BGR"
+    scale: float = 1 / 255
+    mean: tuple = IMAGENET_MEAN
+    std: tuple = IMAGENET_STD
+
+    def apply(self, rgb: np.ndarray) -> np.ndarray:
+        """HWC uint8 RGB -> HWC float32 as the model takes it."""
+        pixels = rgb[..., ::-1] if self.channels == "BGR" else rgb
+        return ((pixels.astype(np.float32) * np.float32(self.scale) - np.asarray(self.mean, np.float32))
+                / np.asarray(self.std, np.float32))
+
+    def to_json(self) -> dict:
+        return {"channels": self.channels, "scale": self.scale, "mean": list(self.mean), "std": list(self.std)}
+
+
+IMAGENET = ImagePreprocess()
 METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 SYNTHETIC_FEEDS = 48  # 16 calibrate, 32 held out
 
@@ -42,17 +71,28 @@ SYNTHETIC_FEEDS = 48  # 16 calibrate, 32 held out
 class Calibration:
     calibrate: list[dict]  # feeds that set the quantization ranges
     held_out: list[dict]  # feeds accuracy is measured on
-    source: str  # the folder, "python", or "synthetic"
+    source: str  # the folder, "python", "synthetic" or the sample pictures
     synthetic: bool = False
     method: str = "minmax"
     ranges: dict = field(default_factory=dict)  # onnxruntime.quantization's calibration cache (JSON)
+    sample_pictures: bool = False  # --calibration samples: pictures, not the model's own data
+
+    @property
+    def caveat(self) -> str:
+        """What every output of an int8 tune says about data that is not the model's own."""
+        if self.synthetic:
+            return "SYNTHETIC: random inputs, not data"
+        if self.sample_pictures:
+            return "SAMPLE PICTURES, not the model's own data"
+        return ""
 
     def describe(self) -> str:
         text = f"{len(self.calibrate)} calibration + {len(self.held_out)} held-out feeds from {self.source}"
-        return text + (" (SYNTHETIC: random inputs, not data)" if self.synthetic else "")
+        return text + (f" ({self.caveat})" if self.caveat else "")
 
     def to_json(self) -> dict:
-        return {"source": self.source, "synthetic": self.synthetic, "method": self.method,
+        return {"source": self.source, "synthetic": self.synthetic, "sample_pictures": self.sample_pictures,
+                "caveat": self.caveat, "method": self.method,
                 "calibration_feeds": len(self.calibrate), "held_out_feeds": len(self.held_out)}
 
 
@@ -62,7 +102,7 @@ def synthetic_feeds(model: Model, count: int = SYNTHETIC_FEEDS, seed: int = 0) -
             for _ in range(count)]
 
 
-def _image(path: Path, shape: list[int], mean, std) -> np.ndarray:
+def _image(path: Path, shape: list[int], preprocess: ImagePreprocess) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     channels_last = shape[-1] == 3
@@ -72,7 +112,7 @@ def _image(path: Path, shape: list[int], mean, std) -> np.ndarray:
             rgb = image.convert("RGB").resize((width, height), Image.BILINEAR)
     except (OSError, UnidentifiedImageError) as exc:
         raise KselectError(f"--calibration: cannot read image {path.name}: {exc}") from None
-    array = (np.asarray(rgb, np.float32) / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    array = preprocess.apply(np.asarray(rgb))
     array = array if channels_last else array.transpose(2, 0, 1)
     return np.broadcast_to(array[None], shape).astype(np.float32)
 
@@ -112,14 +152,39 @@ def check_feed(feed: dict, model: Model, where: str) -> dict:
     return checked
 
 
-def load_feeds(path: str | Path, model: Model, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> list[dict]:
-    """The feeds in a calibration folder (module docstring), checked against the model's inputs."""
+def load_feeds(path: str | Path, model: Model, preprocess: ImagePreprocess | None = None) -> list[dict]:
+    """The feeds in a calibration folder (module docstring), checked against the model's inputs;
+    images made inputs with ``preprocess`` (default: the real model's own, else ``IMAGENET``)."""
     folder = Path(path)
     if not folder.is_dir():
         raise KselectError(f"--calibration: {folder} is not a folder")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz", *IMAGE_SUFFIXES))
     if not files:
         raise KselectError(f"--calibration: {folder} has no .npy, .npz or image files")
+    return _feeds_from_files(files, model, preprocess or model_preprocess(model) or IMAGENET)
+
+
+def model_preprocess(model: Model) -> ImagePreprocess | None:
+    """How the package of a real model (``kselect models``) makes a picture its input."""
+    from kselect.core.realmodels import registry_entry
+
+    entry = registry_entry(model)
+    return entry.preprocess if entry else None
+
+
+def sample_feeds(model: Model) -> list[dict]:
+    """``--calibration samples``: the pinned sample pictures, as the real model's package makes
+    pictures its input."""
+    from kselect.core.realmodels import fetch_sample_pictures
+
+    preprocess = model_preprocess(model)
+    if preprocess is None:
+        raise KselectError(f"--calibration samples: sample pictures are for the real models of `kselect models` that "
+                           f"take a picture; give {model.name} a folder of its own data")
+    return _feeds_from_files(fetch_sample_pictures(), model, preprocess)
+
+
+def _feeds_from_files(files: list[Path], model: Model, preprocess: ImagePreprocess) -> list[dict]:
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     if images and len(model.input_shapes) != 1:
         raise KselectError(f"--calibration: images feed a model with one input; this one has "
@@ -131,7 +196,7 @@ def load_feeds(path: str | Path, model: Model, mean=IMAGENET_MEAN, std=IMAGENET_
             if len(shape) != 4 or 3 not in (shape[1], shape[-1]):
                 raise KselectError(f"--calibration: images need an NCHW or NHWC input with 3 channels; "
                                    f"{name!r} is {shape}")
-            feed = {name: _image(file, shape, mean, std)}
+            feed = {name: _image(file, shape, preprocess)}
         else:
             feed = _feed_from_arrays(file, model)
         feeds.append(check_feed(feed, model, file.name))
@@ -152,9 +217,14 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
         return data
     if data is None:
         if model.source != "builtin":
+            hint = " or, for a real model, --calibration samples" if model_preprocess(model) else ""
             raise KselectError(f"{model.name}: int8 needs calibration data (--calibration FOLDER of .npz/.npy feeds "
-                               f"or images); synthetic data is for the built-in zoo only")
+                               f"or images{hint}); synthetic data is for the built-in zoo only")
         feeds, source, synthetic = synthetic_feeds(model), "synthetic", True
+    elif _means_samples(data):
+        from kselect.core.realmodels import SAMPLE_PICTURES
+
+        feeds, source, synthetic = sample_feeds(model), SAMPLE_PICTURES.describe(), False
     elif isinstance(data, (str, Path)):
         feeds, source, synthetic = load_feeds(data, model), str(data), False
     else:
@@ -164,7 +234,12 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
         raise KselectError(f"--calibration: {len(feeds)} feed(s); at least 2 are needed (half calibrate, half "
                            f"measure accuracy)")
     half = (len(feeds) + 2) // 3 if synthetic else (len(feeds) + 1) // 2
-    return Calibration(feeds[:half], feeds[half:], source, synthetic, method)
+    return Calibration(feeds[:half], feeds[half:], source, synthetic, method, sample_pictures=_means_samples(data))
+
+
+def _means_samples(data) -> bool:
+    """``--calibration samples``, unless a folder of that name is there."""
+    return isinstance(data, (str, Path)) and str(data) == SAMPLES and not Path(data).is_dir()
 
 
 class _Reader:

@@ -466,7 +466,8 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         points = [charts.FrontPoint(p["name"], p["predicted_us"] / 1000, p["score"], bool(p.get("within_budget")),
                                     p["name"] == kept) for p in usable]
         calibration = precision.get("calibration", {})
-        synthetic = " [SYNTHETIC calibration data]" if calibration.get("synthetic") else ""
+        caveat = calibration.get("caveat") or ("SYNTHETIC" if calibration.get("synthetic") else "")
+        synthetic = f" [calibration data: {caveat}]" if caveat else ""
         title = (f"Latency / accuracy front: {metric}, budget drop <= {precision.get('max_drop')}{synthetic}"
                  + (" [EMULATED]" if self.emulated else ""))
         svg = charts.precision_front(points, metric, budget, title, self.unit_note)

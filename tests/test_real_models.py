@@ -99,58 +99,67 @@ def test_acl_runs_real_models_with_onnxruntime_for_what_its_engine_lacks(acl):
             runner.close()
 
 
-def _photo_feeds(folder, count: int, name: str, size: int):
-    """Crops of matplotlib's sample photo (a real photograph, installed with matplotlib), scaled to
-    [0, 1] as Ultralytics feeds YOLOv8: one .npz feed each."""
-    import matplotlib
+
+def test_sample_pictures_become_feeds_as_the_models_package_makes_them():
+    """``--calibration samples``: the pinned pictures, hash-checked, made inputs as the package
+    does (PP-OCR's classifier: BGR, (x / 255 - 0.5) / 0.5), half calibrating, half held out, and
+    labelled as not the model's own data."""
     import numpy as np
     from PIL import Image
 
-    folder.mkdir()
-    photo = Image.open(f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg").convert("RGB")
-    width, height = photo.size
-    for i in range(count):
-        scale = 0.5 + 0.5 * (i % 4) / 3
-        w, h = int(width * scale), int(height * scale)
-        x, y = (width - w) * ((i * 7) % 5) // 4, (height - h) * ((i * 3) % 5) // 4
-        crop = photo.crop((x, y, x + w, y + h)).resize((size, size), Image.BILINEAR)
-        crop = crop.transpose(Image.FLIP_LEFT_RIGHT) if i % 2 else crop
-        np.savez(folder / f"{i:02d}.npz", **{name: np.asarray(crop, np.float32).transpose(2, 0, 1)[None] / 255.0})
-    return folder
+    from kselect.core.calibration import calibration_for
+    from kselect.core.model import load_model
+    from kselect.core.realmodels import SAMPLE_PICTURES, fetch_sample_pictures
+
+    model = load_model("ppocr-v2-cls-mobilenetv3")
+    calibration = calibration_for(model, "samples")
+    assert len(calibration.calibrate) + len(calibration.held_out) == len(SAMPLE_PICTURES.files) >= 20
+    assert calibration.sample_pictures and not calibration.synthetic and "not the model's own data" in calibration.caveat
+    first = fetch_sample_pictures()[0]
+    rgb = np.asarray(Image.open(first).convert("RGB").resize((192, 48), Image.BILINEAR), np.float32)
+    expected = ((rgb[..., ::-1] / 255 - 0.5) / 0.5).transpose(2, 0, 1)[None]
+    np.testing.assert_allclose(calibration.calibrate[0]["x"], expected, atol=1e-6)
+
+
+def test_sample_pictures_are_for_the_real_models_only(small_model_path):
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration", "samples")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "sample pictures are for the real models" in result.stderr
 
 
 def test_a_yolov8_detector_runs_its_silu_convs_in_int8_and_exports_a_qdq_model(tmp_path):
     """Every conv of YOLOv8n carries SiLU (Sigmoid * Mul), which does not fold into an int8 output
     clamp: on MLAS each has an int8 twin (QLinearConv, QLinearSigmoid, QLinearMul), the front is
-    measured on real photographs, and the exported QDQ model runs in plain onnxruntime with the
+    measured on the sample pictures, and the exported QDQ model runs in plain onnxruntime with the
     score the plan stored."""
     import numpy as np
     import onnx
     import onnxruntime as ort
 
-    folder = _photo_feeds(tmp_path / "photos", 16, "images", 128)
+    from kselect.core.calibration import calibration_for
+    from kselect.core.model import load_model
+
     shape = ("--input-shape", "images=1,3,128,128")
     result = run_kselect("tune", "yolov8n-nudenet-320", *shape, "--library", "mlas", "--precision", "fp32,int8",
-                         "--calibration", folder, "--metric", "cosine", "--max-accuracy-drop", "0.05", "--no-verify",
+                         "--calibration", "samples", "--metric", "cosine", "--max-accuracy-drop", "0.05", "--no-verify",
                          *TUNE, "--db", tmp_path / "r.db", "-o", tmp_path / "plan.json", "--json")
     assert result.returncode == 0, result.stderr
+    assert "SAMPLE PICTURES, not the model's own data" in " ".join(result.stderr.split())  # the front's title
     tuned = json.loads(result.stdout)
     precision = tuned["libraries"][0]["precision"]
-    assert not precision["calibration"]["synthetic"]
+    assert precision["calibration"]["sample_pictures"]
     chosen = next(p for p in precision["front"] if p["name"] == precision["chosen"])
     assert chosen["int8_ops"] > 50 and chosen["within_budget"]  # the SiLU convs (64 convs in all)
     exported = next(path for path in tuned["artifacts"] if path.endswith(".kselect.onnx"))
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     session = ort.InferenceSession(exported, options, providers=["CPUExecutionProvider"])
-    assert {"QLinearConv", "QLinearSigmoid", "QLinearMul"} <= {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
-    from kselect.core.model import load_model
-
-    fp32 = ort.InferenceSession(load_model("yolov8n-nudenet-320", ["images=1,3,128,128"]).proto.SerializeToString(),
-                                providers=["CPUExecutionProvider"])
+    fused = {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert {"QLinearConv", "QLinearSigmoid", "QLinearMul"} <= fused
+    model = load_model("yolov8n-nudenet-320", ["images=1,3,128,128"])
+    fp32 = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     cosines = []
-    for path in sorted(folder.iterdir())[8:]:  # the held-out half
-        feed = {"images": np.load(path)["images"]}
+    for feed in calibration_for(model, "samples").held_out:
         a, b = session.run(None, feed)[0].ravel(), fp32.run(None, feed)[0].ravel()
         cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
     assert np.mean(cosines) == pytest.approx(chosen["score"], abs=1e-3)
