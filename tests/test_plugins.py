@@ -32,13 +32,16 @@ PLUGIN = textwrap.dedent('''
 ''')
 
 
-def install_fake_distribution(folder):
-    (folder / "kselect_reverse.py").write_text(PLUGIN)
-    info = folder / "kselect_reverse-0.3.1.dist-info"
+def install_plugin(folder, name: str, source: str, version: str = "1.0") -> dict:
+    """A distribution ``kselect-NAME`` with module ``kselect_NAME`` and an entry point in the
+    ``kselect`` group, installed in ``folder``; the environment that finds it."""
+    (folder / f"kselect_{name}.py").write_text(source)
+    info = folder / f"kselect_{name}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kselect-reverse\nVersion: 0.3.1\n")
-    (info / "entry_points.txt").write_text("[kselect]\nreverse = kselect_reverse\n")
-    (info / "top_level.txt").write_text("kselect_reverse\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kselect-{name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[kselect]\n{name} = kselect_{name}\n")
+    (info / "top_level.txt").write_text(f"kselect_{name}\n")
+    return {"PYTHONPATH": str(folder)}
 
 
 def plugins_json(env):
@@ -48,8 +51,7 @@ def plugins_json(env):
 
 
 def test_third_party_plugin_is_listed_and_used(tmp_path, small_model_path):
-    install_fake_distribution(tmp_path)
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = install_plugin(tmp_path, "reverse", PLUGIN, "0.3.1")
     found = plugins_json(env)
     assert found["reverse"]["kind"] == "search" and found["reverse"]["version"] == "0.3.1"
     assert found["mlas"]["status"] == "available" and found["mlas"]["version"].startswith("onnxruntime")
@@ -59,8 +61,8 @@ def test_third_party_plugin_is_listed_and_used(tmp_path, small_model_path):
 
 
 def test_kselect_plugins_env_restricts_libraries_and_third_party(tmp_path):
-    install_fake_distribution(tmp_path)
-    found = plugins_json({"PYTHONPATH": str(tmp_path), "KSELECT_PLUGINS": "mlas"})
+    env = install_plugin(tmp_path, "reverse", PLUGIN, "0.3.1")
+    found = plugins_json({**env, "KSELECT_PLUGINS": "mlas"})
     assert "mlas" in found and "reverse" not in found and "xnnpack" not in found and "acl" not in found
     assert {"random", "exhaustive", "zoo"} <= set(found)  # core plugins always load
 
@@ -112,12 +114,7 @@ def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its
     """A new kind of op is one OpKind in a plugin: ``kselect tasks`` lists the model's MaxPool as
     a task of that kind, and the core's reference for it (used to check every candidate) comes
     from the kind and matches ONNX Runtime running the kind's own one-op model."""
-    (tmp_path / "kselect_maxpool.py").write_text(OP_KIND_PLUGIN)
-    info = tmp_path / "kselect_maxpool-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kselect-maxpool\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[kselect]\nmaxpool = kselect_maxpool\n")
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = install_plugin(tmp_path, "maxpool", OP_KIND_PLUGIN)
     model_path = tmp_path / "conv_pool.onnx"
     weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
     graph = helper.make_graph(
@@ -180,12 +177,7 @@ WRONG_LIBRARY_PLUGIN = textwrap.dedent('''
 def test_a_library_with_no_valid_config_is_left_out_of_a_tune_of_several(tmp_path, small_model_path):
     """One library that cannot plan (no config of an op measured right) does not end a tune of
     several libraries: it is named in one line and the others are planned without it."""
-    (tmp_path / "kselect_neverright.py").write_text(WRONG_LIBRARY_PLUGIN)
-    info = tmp_path / "kselect_neverright-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kselect-neverright\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[kselect]\nneverright = kselect_neverright\n")
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = install_plugin(tmp_path, "neverright", WRONG_LIBRARY_PLUGIN)
     tuned = run_kselect("tune", small_model_path, "--library", "mlas,neverright", "--budget", "2", "--min-time", "0.01",
                         "--no-verify", "--db", tmp_path / "r.db", "-o", tmp_path / "p.json", "--json", env=env)
     assert tuned.returncode == 0, tuned.stderr
