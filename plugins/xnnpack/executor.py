@@ -31,7 +31,11 @@ op's input range); between a signed and an unsigned variant it is converted by f
 bit (same scale, zero points 128 apart); a float consumer (every op other than an int8 conv / fc)
 gets it dequantized once (``xnn_create_convert_nc_q*8_f32``), and a float tensor read by int8 ops
 is quantized once per signedness (``xnn_create_convert_nc_f32_q*8``). A plan with no int8 nodes
-builds exactly what it built before.
+builds exactly what it built before. An int8 node whose activation is a Sigmoid or a SiLU (its
+task's epilogue, int8.activation_after) runs it in 8 bits too, as its int8 twin was measured: the
+node writes its output tensor's grid (the pre-activation range), the Sigmoid node is XNNPack's
+8-bit sigmoid (output on its fixed grid, scale 1/256) and the SiLU's Mul node the 8-bit multiply
+onto the Mul output's calibrated range.
 """
 
 from __future__ import annotations
@@ -137,6 +141,7 @@ class Executor:
         self._free: list[_Storage] = []
         self._consts: list[np.ndarray] = []  # constant operands, kept alive while operators read them
         self.int8_nodes = int8_nodes(plan) if plan is not None else set()
+        self.int8_activations: dict[str, str] = {}  # Sigmoid / Mul node after an int8 node -> its variant
         self.ranges = calibrated_ranges(plan) if self.int8_nodes else {}
         plan_level = getattr(plan, "plan_level", None) or {}
         self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
@@ -230,6 +235,8 @@ class Executor:
             tensor.storage.pinned = True
             self.inputs.append((name, tensor))
         ops = {op.node: op for op in find_ops(self.model)}
+        self._epilogues = {name: op.epilogue for name, op in ops.items()}
+        self._nodes, self._consumers = nodes, consumers
         self._tasks = {}
         for name, op in ops.items():
             self._tasks[name] = Task(name, "", op.kind, op.input_shape, op.weight_shape, op.output_shape, op.attrs,
@@ -424,6 +431,50 @@ class Executor:
         self.configs[node.name] = config
         y.threads = threads
         self.tensors[out_name] = y
+        if int8.activation_after(self._epilogues.get(node.name, [])) is not None:
+            for reader in self._consumers.get(node.output[0], []):  # the epilogue's Sigmoid and, for SiLU, Mul
+                self.int8_activations[self._nodes[reader].name] = variant
+
+    def _int8_sigmoid(self, node, out_name) -> None:
+        """The Sigmoid after an int8 node: XNNPack's 8-bit sigmoid, onto its fixed output grid."""
+        from kselect.plugins.xnnpack import int8
+
+        variant = self.int8_activations[node.name]
+        x = self.tensors[node.input[0]]
+        (signed, scale, zero_point), xq = next(iter(x.q.items()))  # the grid the int8 node wrote
+        channels = xq.shape[-1] if xq.ndim else 1
+        op = int8.sigmoid_operator(variant, channels, scale, zero_point)
+        yq = self._int8_buffer(xq.shape, signed)
+        op.setup(xq.reshape(-1, channels), yq.reshape(-1, channels))
+        self._add_op(op, self._threads(x))
+        self._int8_tensor(out_name, node, yq, (signed, *int8.SIGMOID_GRID), x)
+
+    def _int8_multiply(self, node, out_name, act) -> None:
+        """A SiLU's Mul after an int8 node: XNNPack's 8-bit multiply of the node's output and its
+        sigmoid, onto the calibrated range of the Mul's output."""
+        from kselect.plugins.xnnpack import int8
+
+        if act != (-math.inf, math.inf):  # a clamp after it would have made the epilogue more than SiLU
+            raise KselectError(f"xnnpack executor: Mul {node.name!r} after an int8 node has a clamp folded in")
+        variant = self.int8_activations[node.name]
+        a, b = (self.tensors[name] for name in node.input[:2])
+        ((signed, a_scale, a_zero_point), aq), ((_, b_scale, b_zero_point), bq) = \
+            next(iter(a.q.items())), next(iter(b.q.items()))
+        y_scale, y_zero_point = self._quantization(out_name, node)
+        op = int8.multiply_operator(variant, (a_scale, a_zero_point), (b_scale, b_zero_point),
+                                    (float(y_scale), y_zero_point))
+        yq = self._int8_buffer(aq.shape, signed)
+        op.setup(aq, bq, yq)
+        self._add_op(op, self._threads(a))
+        self._int8_tensor(out_name, node, yq, (signed, float(y_scale), y_zero_point), a)
+
+    def _int8_tensor(self, name, node, q: np.ndarray, key: tuple, source: _Tensor) -> None:
+        shape = [int(d) for d in self._shape(node.output[0])]
+        tensor = _Tensor(name, shape, None, None, source.nhwc, source.perm)
+        tensor.q[key] = q
+        tensor.int8_output = True
+        tensor.threads = source.threads
+        self.tensors[name] = tensor
 
     # -- ops --------------------------------------------------------------------------------
     def _op_Conv(self, node, i, out_name, act):
@@ -596,6 +647,9 @@ class Executor:
         self._binary(node, i, out_name, act, "add")
 
     def _op_Mul(self, node, i, out_name, act):
+        if node.name in self.int8_activations:
+            self._int8_multiply(node, out_name, act)
+            return
         self._binary(node, i, out_name, act, "multiply")
 
     def _op_Sub(self, node, i, out_name, act):
@@ -626,6 +680,9 @@ class Executor:
         self._add_op(op, y.threads)
 
     def _op_Sigmoid(self, node, i, out_name, act):
+        if node.name in self.int8_activations:
+            self._int8_sigmoid(node, out_name)
+            return
         self._unary(node, i, out_name, lambda c: xa.Unary("sigmoid", c))
 
     def _op_HardSwish(self, node, i, out_name, act):

@@ -15,7 +15,11 @@ take the same scale with zero point minus 128) before it is timed; the timed run
 operator alone (``xnn_run_operator``) on NHWC (conv) or (M, K) (fc) integers; its output is the
 8-bit result dequantized, in the task's NCHW / (M, N) layout. A Relu or Clip after the op is the
 operator's output clamp [output_min, output_max] in the output's integers (as TFLite's delegate
-folds it); any other activation makes the int8 twin unsupported.
+folds it). A Sigmoid or a SiLU (Sigmoid, then Mul by the op's output) runs after the operator
+on XNNPack's 8-bit sigmoid and multiply operators: the operator writes the pre-activation grid
+(``QuantParams.pre_scale``), the sigmoid the only grid XNNPack's sigmoid writes (scale 1/256),
+the multiply the output's grid; all of them are the timed run. Any other activation makes the
+int8 twin unsupported.
 
 Micro-kernels: the verified table override of ukernels.py rewrites the family's own gemm / dwconv
 entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read in
@@ -25,6 +29,7 @@ child processes (``ukernels.catalog_int8``), at their native MR only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -42,9 +47,27 @@ VARIANTS = xa.INT8_VARIANTS  # ("qc8", "qs8", "qu8")
 QU8_KERNEL_ZERO_POINT = 128  # symmetric int8 weights q stored as q + 128
 
 
+SIGMOID = ["Sigmoid", ["x"], {}]
+
+
+def activation_after(epilogue: list) -> str | None:
+    """"sigmoid" or "silu" when the epilogue is one XNNPack's 8-bit operators run after the
+    kernel: a lone Sigmoid, or Sigmoid then Mul of the op's output by it (either operand order)."""
+    steps = [[step[0], list(step[1]), dict(step[2])] for step in epilogue]
+    if steps == [SIGMOID]:
+        return "sigmoid"
+    if len(steps) == 2 and steps[0] == SIGMOID and steps[1][0] == "Mul" and not steps[1][2] \
+            and steps[1][1] in (["x", "t0"], ["t0", "x"]):
+        return "silu"
+    return None
+
+
 def epilogue_supported(epilogue: list) -> bool:
-    """No activation, or one Relu / Clip: the operator's output clamp."""
-    return not epilogue or clamp_range(epilogue) is not None
+    """No activation, or one Relu / Clip (the operator's output clamp), or a Sigmoid / SiLU when
+    the build has the 8-bit sigmoid and multiply operators."""
+    if not epilogue or clamp_range(epilogue) is not None:
+        return True
+    return activation_after(epilogue) is not None and xa.int8_activation_availability()[0]
 
 
 def supports(task) -> bool:
@@ -115,6 +138,27 @@ def quantized_operands(task, inputs: dict, params: QuantParams, variant: str, fo
     return {"weights": q, "bias": bias,
             "kernel_scale": scales.astype(np.float32) if per_channel else float(scales[0]),
             "kernel_zero_point": QU8_KERNEL_ZERO_POINT if variant == "qu8" else 0}
+
+
+def datatype(variant: str) -> str:
+    """The 8-bit type of a variant's activations as the elementwise operators name it."""
+    return "qu8" if variant == "qu8" else "qs8"
+
+
+def sigmoid_operator(variant: str, channels: int, scale: float, zero_point_u8: int):
+    """XNNPack's 8-bit sigmoid from the (scale, uint8 zero point) grid; it writes the grid
+    (``xa.SIGMOID_OUTPUT_SCALE``, uint8 zero point 0)."""
+    return xa.QSigmoid(datatype(variant), channels, zero_point_u8 - offset(variant), scale)
+
+
+def multiply_operator(variant: str, a: tuple[float, int], b: tuple[float, int], y: tuple[float, int]):
+    """XNNPack's 8-bit multiply of grids ``a`` and ``b`` onto ``y`` (each (scale, uint8 zero point)),
+    unclamped."""
+    return xa.QMultiply(datatype(variant), a[1] - offset(variant), a[0], b[1] - offset(variant), b[0],
+                        y[1] - offset(variant), y[0], -offset(variant), 255 - offset(variant))
+
+
+SIGMOID_GRID = (xa.SIGMOID_OUTPUT_SCALE, 0)  # (scale, uint8 zero point) of the 8-bit sigmoid's output
 
 
 def buffer(shape, dtype) -> np.ndarray:
@@ -267,14 +311,35 @@ def create_operator(task, config: dict, w: np.ndarray, b: np.ndarray | None, kq:
         raise
 
 
-def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> configured.Built:
+class Chain(configured.Built):
+    """The 8-bit operator and the activation's operators after it (``after``), run in turn;
+    ``between``: the tensors they pass on, kept alive while the operators point at them."""
+
+    def __init__(self, op, steps, x, y, notes, after: list, between: list):
+        super().__init__(op, steps, x, y, notes)
+        self.after = after
+        self.between = between
+
+    def close(self) -> None:
+        super().close()
+        for op in self.after:
+            op.close()
+        self.after = []
+
+
+def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> Chain:
     """The 8-bit operator for ``config`` on the task's input, quantized as ``inputs["quant"]``
-    says, bound to its input and output buffers. ``kernel_quant`` (default: the same) is what the
-    operator is told the quantization is: only a test gives it another one."""
+    says, bound to its input and output buffers; with a Sigmoid or SiLU after it, the operator
+    writes the pre-activation grid and the sigmoid (and multiply) follow. ``kernel_quant``
+    (default: the same) is what the operators are told the quantization is: only a test gives
+    them another one."""
     params: QuantParams = inputs["quant"]
     kq = kernel_quant or params
     variant = config_variant(config, task)
     dtype = xa.int8_dtype(variant)
+    activation = activation_after(task.epilogue)
+    if activation is not None and kq.pre_scale is None:
+        raise ValueError("an int8 op with an activation after it needs the pre-activation grid (pre_scale)")
     x_q = quantize_activations(inputs["x"], params.x_scale, params.x_zero_point, variant)
     if task.kind == "fc":
         m, k = task.input_shape
@@ -288,24 +353,51 @@ def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = N
         x = buffer((n, h, w, c), dtype)
         np.copyto(x, x_q.transpose(0, 2, 3, 1))
         y = buffer((n, oh, ow, oc), dtype)
-    op, pool, notes = create_operator(task, config, inputs["w"], inputs.get("b"), kq)
+    operator_quant = kq
+    if activation is not None:  # the operator writes the pre-activation grid, unclamped
+        operator_quant = dataclasses.replace(kq, y_scale=kq.pre_scale, y_zero_point=kq.pre_zero_point)
+    op, pool, notes = create_operator(task, config, inputs["w"], inputs.get("b"), operator_quant,
+                                      bounds=None if activation is None else (-math.inf, math.inf))
+    after, between = [], []
     try:
         op.setup(x, y)
-        return configured.Built(op, [(xa.lib().xnn.xnn_run_operator, op.handle, None if pool is None else pool.handle)],
-                                x, y, notes)
+        ops = [op]
+        if activation is not None:
+            channels = y.shape[-1]
+            pre, y = y, buffer(y.shape, dtype)
+            between.append(pre)
+            sigmoid = sigmoid_operator(variant, channels, kq.pre_scale, kq.pre_zero_point)
+            after.append(sigmoid)
+            sigmoid.setup(pre.reshape(-1, channels), y.reshape(-1, channels))
+            ops.append(sigmoid)
+            if activation == "silu":
+                sigmoid_out, y = y, buffer(y.shape, dtype)
+                between.append(sigmoid_out)
+                multiply = multiply_operator(variant, (kq.pre_scale, kq.pre_zero_point), SIGMOID_GRID,
+                                             (kq.y_scale, kq.y_zero_point))
+                after.append(multiply)
+                multiply.setup(pre, sigmoid_out, y)
+                ops.append(multiply)
+        run, pool_handle = xa.lib().xnn.xnn_run_operator, None if pool is None else pool.handle
+        return Chain(op, [(run, o.handle, pool_handle) for o in ops], x, y, notes, after, between)
     except BaseException:
         op.close()
+        for other in after:
+            other.close()
         raise
 
 
 class Int8Candidate(XnnCandidate):
-    """The timed run is ``xnn_run_operator`` on the quantized input; ``output()`` dequantizes."""
+    """The timed run is ``xnn_run_operator`` of each operator on the quantized input; ``output()``
+    dequantizes the last one's output (a lone Sigmoid's from the sigmoid's fixed grid)."""
 
     def __init__(self, built: configured.Built, task, params: QuantParams, variant: str, flags: int = 0):
         super().__init__(built, task.kind != "fc", flags)
         self.task = task
-        self.y_scale = np.float32(params.y_scale)
-        self.y_zero_point = np.float32(params.y_zero_point - offset(variant))
+        scale, zero_point = (SIGMOID_GRID if activation_after(task.epilogue) == "sigmoid"
+                             else (params.y_scale, params.y_zero_point))
+        self.y_scale = np.float32(scale)
+        self.y_zero_point = np.float32(zero_point - offset(variant))
 
     def output(self) -> np.ndarray:
         y = (self.built.y.astype(np.float32) - self.y_zero_point) * self.y_scale

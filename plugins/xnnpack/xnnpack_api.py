@@ -1064,19 +1064,52 @@ def int8_availability() -> tuple[bool, str]:
     ok, why = availability()
     if not ok:
         return False, why
+    return _bind(_INT8_PROTOS, "qc8 / qs8 / qu8 convolution, qs8 / qu8 fully connected")
+
+
+def _bind(prototypes: dict, what: str) -> tuple[bool, str]:
+    """Sets the prototypes of optional functions of the loaded build; (False, why) when one lacks."""
     xnn = lib().xnn
-    missing = [name for name in _INT8_PROTOS if not hasattr(xnn, name)]
+    missing = [name for name in prototypes if not hasattr(xnn, name)]
     if missing:
         return False, f"{LIBXNNPACK} lacks {', '.join(missing)}"
-    for name, argtypes in _INT8_PROTOS.items():
+    for name, argtypes in prototypes.items():
         fn = getattr(xnn, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
-    return True, "qc8 / qs8 / qu8 convolution, qs8 / qu8 fully connected"
+    return True, what
+
+
+# The 8-bit operators an activation after an int8 conv / fc runs on (int8.py, the executor):
+# sigmoid (a 256-entry lookup table) and multiply, both in lut-elementwise-nc.c /
+# binary-elementwise-nd.c at ae108ef. Optional: without them only folding activations run in int8.
+_INT8_ACTIVATION_PROTOS = {}
+for _kind, _q in (("qs8", _i8), ("qu8", _u8)):
+    _INT8_ACTIVATION_PROTOS[f"xnn_create_sigmoid_nc_{_kind}"] = [_sz] * 3 + [_q, _f32, _q, _f32, _q, _q, _u32, _op_out]
+    _INT8_ACTIVATION_PROTOS[f"xnn_setup_sigmoid_nc_{_kind}"] = [_vp, _sz, _vp, _vp, _vp]
+    _INT8_ACTIVATION_PROTOS[f"xnn_create_multiply_nd_{_kind}"] = [_q, _f32, _q, _f32, _q, _f32, _q, _q, _u32, _op_out]
+    _INT8_ACTIVATION_PROTOS[f"xnn_setup_multiply_nd_{_kind}"] = [_vp, _sz, _szp, _sz, _szp, _vp, _vp, _vp, _vp]
+# XNNPack's 8-bit sigmoid writes only this grid: [0, 1) in 256 steps, zero point -128 (qs8) / 0 (qu8)
+SIGMOID_OUTPUT_SCALE = 1.0 / 256.0
+
+
+@functools.lru_cache(maxsize=None)
+def int8_activation_availability() -> tuple[bool, str]:
+    """Whether the loaded build has the 8-bit sigmoid and multiply operators (prototypes set)."""
+    ok, why = int8_availability()
+    if not ok:
+        return False, why
+    return _bind(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply")
 
 
 def _require_int8() -> None:
     ok, why = int8_availability()
+    if not ok:
+        raise XNNPackUnavailable(why)
+
+
+def _require_int8_activations() -> None:
+    ok, why = int8_activation_availability()
     if not ok:
         raise XNNPackUnavailable(why)
 
@@ -1220,6 +1253,61 @@ class QFullyConnected(_QuantizedOperator):
         return out
 
 
+class QSigmoid(_RowwiseNC):
+    """``xnn_create_sigmoid_nc_{qs8,qu8}`` over the last axis (``datatype`` "qs8" or "qu8"): from the
+    input's grid onto the only output grid XNNPack accepts, scale ``SIGMOID_OUTPUT_SCALE`` with zero
+    point -128 (qs8) or 0 (qu8)."""
+
+    def __init__(self, datatype: str, channels: int, input_zero_point: int, input_scale: float, *,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_int8_activations()
+        if datatype not in ("qs8", "qu8"):
+            raise ValueError(f"no {datatype} sigmoid operator (qs8, qu8)")
+        self.variant = datatype
+        self.channels = int(channels)
+        low, high = (-128, 127) if datatype == "qs8" else (0, 255)
+        self.output_zero_point = low
+        self._create(f"xnn_create_sigmoid_nc_{datatype}", self.channels, self.channels, self.channels,
+                     int(input_zero_point), float(input_scale), low, SIGMOID_OUTPUT_SCALE, low, high, 0)
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
+        if x.shape != out.shape or x.shape[-1] != self.channels:
+            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
+        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
+class QMultiply(Binary):
+    """``xnn_create_multiply_nd_{qs8,qu8}`` (``datatype`` "qs8" or "qu8") with numpy broadcasting:
+    a * b from two grids onto the output's, clamped to [output_min, output_max] in its integers.
+    XNNPack refuses a ratio (a scale x b scale / output scale) outside [2**-16, 2**8)."""
+
+    def __init__(self, datatype: str, a_zero_point: int, a_scale: float, b_zero_point: int, b_scale: float,
+                 output_zero_point: int, output_scale: float, output_min: int, output_max: int, *,
+                 threadpool: Threadpool | None = None):
+        Operator.__init__(self, threadpool)
+        _require_int8_activations()
+        if datatype not in ("qs8", "qu8"):
+            raise ValueError(f"no {datatype} multiply operator (qs8, qu8)")
+        self.kind = f"multiply {datatype}"
+        self.variant = datatype
+        self._create(f"xnn_create_multiply_nd_{datatype}", int(a_zero_point), float(a_scale), int(b_zero_point),
+                     float(b_scale), int(output_zero_point), float(output_scale), int(output_min), int(output_max), 0)
+        self._shape_cache = {}
+
+    def _setup(self, a, b, out, threadpool=None) -> np.ndarray:
+        a, b, out = _as_q(a, self.variant, "a"), _as_q(b, self.variant, "b"), _as_q(out, self.variant, "out")
+        sa, sb, na, nb, oshape = self._shapes(a.shape, b.shape)
+        if tuple(out.shape) != tuple(oshape):
+            raise ValueError(f"out: expected shape {tuple(oshape)}, got {tuple(out.shape)}")
+        _check(self._setup_fn(self.handle, na, sa, nb, sb, _ptr(a), _ptr(b), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
 class QuantizeConvert(Operator):
     """``xnn_create_convert_nc_f32_{qs8,qu8}`` (quantize, ``to`` = "qs8" / "qu8") or
     ``xnn_create_convert_nc_{qs8,qu8}_f32`` (dequantize, ``to`` = "f32", ``variant`` the 8-bit
@@ -1260,4 +1348,5 @@ __all__ = [
     "FullyConnected", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling", "Add", "Binary", "Clamp",
     "Unary", "PReLU", "ResizeBilinear", "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
     "INT8_VARIANTS", "int8_availability", "QConvolution2DNHWC", "QFullyConnected", "QuantizeConvert",
+    "int8_activation_availability", "QSigmoid", "QMultiply", "SIGMOID_OUTPUT_SCALE",
 ]
