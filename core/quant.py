@@ -117,15 +117,16 @@ def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, p
     for per_channel in (True, False):
         w = params.quantized_weights(inputs["w"], per_channel) * params.weight_scales(inputs["w"], per_channel)
         pre = kind.reference(task, {**inputs, "x": x, "w": w})
-        if params.pre_scale is not None:  # the activation runs on the requantized kernel output
-            pre = on_grid(pre, params.pre_scale, params.pre_zero_point)
-            one_step = activations.reference(task.epilogue, pre + params.pre_scale)
-            each_rounded = activations.reference(task.epilogue, pre, on_own_grid)
+        if params.pre_scale is None:
+            exact = activations.reference(task.epilogue, pre)
+            worst = max(worst, float(np.max(np.abs(exact - reference))))
+            continue
+        # the activation runs on the requantized kernel output
+        pre = on_grid(pre, params.pre_scale, params.pre_zero_point)
         exact = activations.reference(task.epilogue, pre)
-        worst = max(worst, float(np.max(np.abs(exact - reference))))
-        if params.pre_scale is not None:
-            worst = max(worst, float(np.max(np.abs(each_rounded - reference))))
-            rounding = max(rounding, float(np.max(np.abs(one_step - exact))),
-                           float(np.max(np.abs(each_rounded - exact))))
+        one_step = activations.reference(task.epilogue, pre + params.pre_scale)
+        each_rounded = activations.reference(task.epilogue, pre, on_own_grid)
+        worst = max(worst, float(np.max(np.abs(exact - reference))), float(np.max(np.abs(each_rounded - reference))))
+        rounding = max(rounding, float(np.max(np.abs(one_step - exact))), float(np.max(np.abs(each_rounded - exact))))
     scale = max(float(np.max(np.abs(reference))), 1e-12)
     return (worst + OUTPUT_STEPS * (params.y_scale + rounding)) / scale
