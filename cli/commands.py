@@ -333,12 +333,17 @@ def cmd_tune(args) -> None:
     plan_path = api.check_plan_path(Path(args.output or f"{model.name}.{names}.plan.json"))
     settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
                                max_time_s=15 * args.min_time)
+    preprocess = None
+    if any(v is not None for v in (args.image_channels, args.image_scale, args.image_mean, args.image_std)):
+        from kselect.core.calibration import image_preprocess
+
+        preprocess = image_preprocess(model, args.image_channels, args.image_scale, args.image_mean, args.image_std)
     result = api.tune(model, libraries, search=args.search, budget=args.budget, time_budget_s=args.time_budget,
                       seed=args.seed, early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
                       verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
                       check_max_rounds=args.check_max_rounds, precision=args.precision, calibration=args.calibration,
                       calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
-                      metric=args.metric, lease_s=args.lease, events=CliTuneEvents())
+                      metric=args.metric, image_preprocess=preprocess, lease_s=args.lease, events=CliTuneEvents())
     artifacts = []
     if result.plan is None:
         fleet = result.fleet

@@ -36,7 +36,7 @@ from kselect.core.tasks import Task, extract_tasks
 from kselect.core.tune import Reporter, TaskOutcome, TuneOptions
 
 if TYPE_CHECKING:
-    from kselect.core.calibration import Calibration
+    from kselect.core.calibration import Calibration, ImagePreprocess
     from kselect.core.mixed import PrecisionSearch
 
 
@@ -131,7 +131,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
          remeasure: bool = True, check_rounds: int = 4, check_max_rounds: int = 10,
          input_shape: list[str] | tuple = (), precision: str | tuple = ("fp32",), calibration=None,
          calibration_method: str = "minmax", max_accuracy_drop: float = 0.01, metric=None,
-         lease_s: float = DEFAULT_LEASE_S, events: TuneEvents | None = None) -> TuneResult:
+         image_preprocess: "ImagePreprocess | None" = None, lease_s: float = DEFAULT_LEASE_S,
+         events: TuneEvents | None = None) -> TuneResult:
     """Tunes ``model`` (a Model, an ONNX file, a built-in or real model's name; ``input_shape`` as
     ``["name=1,3,224,224"]``) on ``libraries`` (a ``--library`` spec such as "mlas",
     "mlas,xnnpack" or "all", or a list of names or Library objects) and returns the plan kept.
@@ -148,8 +149,10 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     ``precision="fp32,int8"`` adds each op's int8 kernels (core/quant.py) and chooses which ops run
     in int8 under ``max_accuracy_drop`` of ``metric`` (a name from core/accuracy.py, or a callable
     ``evaluate(outputs, feeds) -> float``), measured on held-out feeds of ``calibration`` (a
-    folder, or an iterable of feeds; the built-in zoo alone may go without: synthetic feeds)
-    (core/mixed.py); the plan stores the front, the metric and the budget."""
+    folder, "samples", or an iterable of feeds; the built-in zoo alone may go without: synthetic
+    feeds; pictures become inputs as ``image_preprocess`` says, default the model's own:
+    core/calibration.image_preprocess) (core/mixed.py); the plan stores the front, the metric and
+    the budget."""
     from kselect.core.fleet import Fleet, tune_id
     from kselect.core.tune import library_tasks, tune as tune_tasks
 
@@ -161,7 +164,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     if not isinstance(model, Model):
         model = load_model(str(model), list(input_shape))
     extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
-    int8 = _int8_request(model, chosen, precision, calibration, calibration_method, max_accuracy_drop, metric)
+    int8 = _int8_request(model, chosen, precision, calibration, calibration_method, max_accuracy_drop, metric,
+                         image_preprocess)
     device = this_device()
     db = db if isinstance(db, RecordDB) else RecordDB(db or DEFAULT_DB)
     settings = settings or MeasureSettings()
@@ -259,7 +263,7 @@ class Int8Request:
 
 
 def _int8_request(model: Model, libraries: list[Library], precision, calibration, method: str, max_drop: float,
-                  metric) -> Int8Request | None:
+                  metric, preprocess=None) -> Int8Request | None:
     """Refuses, before anything is measured, what an int8 tune cannot do; calibrates."""
     from kselect.core.accuracy import get_metric, user_metric
     from kselect.core.calibration import calibration_for, compute_ranges
@@ -270,7 +274,7 @@ def _int8_request(model: Model, libraries: list[Library], precision, calibration
     if unknown or "fp32" not in wanted:
         raise KselectError(f"--precision {','.join(wanted)}: give fp32 or fp32,int8 (known: {', '.join(PRECISIONS)})")
     if "int8" not in wanted:
-        if calibration is not None:
+        if calibration is not None or preprocess is not None:
             raise KselectError("--calibration is for int8: add --precision fp32,int8")
         return None
     lacking = [lib for lib in libraries if "int8" not in lib.plan_precisions]
@@ -287,7 +291,7 @@ def _int8_request(model: Model, libraries: list[Library], precision, calibration
         chosen_metric, name = user_metric(metric), getattr(metric, "__name__", "user metric")
     else:
         chosen_metric, name = (get_metric(metric), metric) if metric else (None, None)
-    data = calibration_for(model, calibration, method)
+    data = calibration_for(model, calibration, method, preprocess)
     compute_ranges(model, data)
     return Int8Request(data, chosen_metric, name, max_drop)
 

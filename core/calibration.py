@@ -23,6 +23,7 @@ zoo has no data: for it alone, seeded random feeds stand in, and every output sa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -63,6 +64,22 @@ class ImagePreprocess:
 
 
 IMAGENET = ImagePreprocess()
+
+
+def image_preprocess(model: Model, channels: str | None = None, scale: float | None = None, mean=None,
+                     std=None) -> ImagePreprocess:
+    """The model's preprocessing (a real model's package's, else ``IMAGENET``) with the values
+    given here in place of its own (``--image-channels``, ``--image-scale``, ...)."""
+    given = {"channels": channels, "scale": scale, "mean": tuple(mean) if mean is not None else None,
+             "std": tuple(std) if std is not None else None}
+    if channels is not None and channels not in ("RGB", "BGR"):
+        raise KselectError(f"--image-channels {channels!r}: give RGB or BGR")
+    for name in ("mean", "std"):
+        if given[name] is not None and len(given[name]) != 3:
+            raise KselectError(f"--image-{name}: give three values, one per channel (R,G,B order, or B,G,R with BGR)")
+    if any(v == 0 for v in given["std"] or ()) or (scale is not None and not scale > 0):
+        raise KselectError("--image-std and --image-scale must be above 0")
+    return dataclasses.replace(model_preprocess(model) or IMAGENET, **{k: v for k, v in given.items() if v is not None})
 METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 SYNTHETIC_FEEDS = 48  # 16 calibrate, 32 held out
 
@@ -76,6 +93,7 @@ class Calibration:
     method: str = "minmax"
     ranges: dict = field(default_factory=dict)  # onnxruntime.quantization's calibration cache (JSON)
     sample_pictures: bool = False  # --calibration samples: pictures, not the model's own data
+    preprocess: ImagePreprocess | None = None  # how pictures became inputs, when there were pictures
 
     @property
     def caveat(self) -> str:
@@ -93,6 +111,7 @@ class Calibration:
     def to_json(self) -> dict:
         return {"source": self.source, "synthetic": self.synthetic, "sample_pictures": self.sample_pictures,
                 "caveat": self.caveat, "method": self.method,
+                "preprocess": self.preprocess.to_json() if self.preprocess else None,
                 "calibration_feeds": len(self.calibrate), "held_out_feeds": len(self.held_out)}
 
 
@@ -172,15 +191,16 @@ def model_preprocess(model: Model) -> ImagePreprocess | None:
     return entry.preprocess if entry else None
 
 
-def sample_feeds(model: Model) -> list[dict]:
-    """``--calibration samples``: the pinned sample pictures, as the real model's package makes
-    pictures its input."""
+def sample_feeds(model: Model, preprocess: ImagePreprocess | None = None) -> list[dict]:
+    """``--calibration samples``: the pinned sample pictures, made inputs as the real model's
+    package does (or as ``preprocess`` says, for any model)."""
     from kselect.core.realmodels import fetch_sample_pictures
 
-    preprocess = model_preprocess(model)
+    preprocess = preprocess or model_preprocess(model)
     if preprocess is None:
         raise KselectError(f"--calibration samples: sample pictures are for the real models of `kselect models` that "
-                           f"take a picture; give {model.name} a folder of its own data")
+                           f"take a picture, or a model whose picture preprocessing is given (--image-scale, "
+                           f"--image-mean, ...); give {model.name} a folder of its own data")
     return _feeds_from_files(fetch_sample_pictures(), model, preprocess)
 
 
@@ -204,10 +224,11 @@ def _feeds_from_files(files: list[Path], model: Model, preprocess: ImagePreproce
 
 
 def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibration | None",
-                    method: str = "minmax") -> Calibration:
+                    method: str = "minmax", preprocess: ImagePreprocess | None = None) -> Calibration:
     """Splits the feeds (half calibrate, half held out; a ``Calibration`` is taken as split);
-    ``data`` None is allowed for the built-in zoo only (synthetic feeds). Refuses, in one line,
-    data that does not fit the model."""
+    ``data`` None is allowed for the built-in zoo only (synthetic feeds); pictures become inputs
+    with ``preprocess`` (default: ``image_preprocess(model)``). Refuses, in one line, data that
+    does not fit the model."""
     if method not in METHODS:
         raise KselectError(f"--calibration-method {method!r}: choose from {', '.join(METHODS)}")
     if isinstance(data, Calibration):  # already split (a benchmark's own synthetic set, say)
@@ -215,6 +236,9 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
             check_feed(feed, model, f"feed {i}")
         data.method = method
         return data
+    if preprocess is not None and not isinstance(data, (str, Path)):
+        raise KselectError("--image-channels, --image-scale, --image-mean and --image-std are for --calibration with "
+                           "pictures (a folder of images, or samples)")
     if data is None:
         if model.source != "builtin":
             hint = " or, for a real model, --calibration samples" if model_preprocess(model) else ""
@@ -224,9 +248,9 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
     elif _means_samples(data):
         from kselect.core.realmodels import SAMPLE_PICTURES
 
-        feeds, source, synthetic = sample_feeds(model), SAMPLE_PICTURES.describe(), False
+        feeds, source, synthetic = sample_feeds(model, preprocess), SAMPLE_PICTURES.describe(), False
     elif isinstance(data, (str, Path)):
-        feeds, source, synthetic = load_feeds(data, model), str(data), False
+        feeds, source, synthetic = load_feeds(data, model, preprocess), str(data), False
     else:
         feeds = [check_feed(feed, model, f"feed {i}") for i, feed in enumerate(data)]
         source, synthetic = "python", False
@@ -234,7 +258,10 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
         raise KselectError(f"--calibration: {len(feeds)} feed(s); at least 2 are needed (half calibrate, half "
                            f"measure accuracy)")
     half = (len(feeds) + 2) // 3 if synthetic else (len(feeds) + 1) // 2
-    return Calibration(feeds[:half], feeds[half:], source, synthetic, method, sample_pictures=_means_samples(data))
+    pictures = _means_samples(data) or (isinstance(data, (str, Path)) and any(
+        p.suffix.lower() in IMAGE_SUFFIXES for p in Path(data).iterdir()))
+    return Calibration(feeds[:half], feeds[half:], source, synthetic, method, sample_pictures=_means_samples(data),
+                       preprocess=(preprocess or image_preprocess(model)) if pictures else None)
 
 
 def _means_samples(data) -> bool:

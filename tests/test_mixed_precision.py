@@ -162,7 +162,8 @@ def _feeds_folder(folder: Path, count: int, shape=(1, 3, 32, 32), seed=0) -> Pat
 
 
 @pytest.mark.parametrize("case", ["empty folder", "wrong shape", "unreadable image", "no folder", "no int8",
-                                  "calibration without int8", "bad drop"])
+                                  "calibration without int8", "bad drop", "two means", "zero scale",
+                                  "preprocessing without pictures"])
 def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_model_path, case):
     folder = tmp_path / "calibration"
     args = ["--precision", "fp32,int8", "--calibration", folder]
@@ -185,6 +186,15 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
         _feeds_folder(folder, 2)
         args = ["--calibration", folder]
         says = "--calibration is for int8"
+    elif case == "two means":
+        args += ["--image-mean", "0.5,0.5"]
+        says = "give three numbers, one per channel"
+    elif case == "zero scale":
+        args += ["--image-scale", "0/255"]
+        says = "must be above 0"
+    elif case == "preprocessing without pictures":
+        args = ["--precision", "fp32,int8", "--image-channels", "BGR"]
+        says = "are for --calibration with pictures"
     else:
         _feeds_folder(folder, 2)
         args += ["--max-accuracy-drop", "1.5"]
@@ -262,6 +272,29 @@ def test_calibration_images_are_resized_normalised_and_laid_out_as_the_input(tmp
         black = feeds[1]["image"][0]
         assert np.allclose(black[:, 0, 0] if shape[1] == 3 else black[0, 0, :],
                            -np.array(IMAGENET_MEAN) / np.array(IMAGENET_STD), atol=1e-5)
+
+
+def test_calibration_pictures_take_the_preprocessing_given(tmp_path):
+    """--image-channels / --image-scale / --image-mean / --image-std replace the default
+    preprocessing (here as YOLO-style exporters feed: BGR, 0..1, no mean or std), and the
+    calibration records what it used."""
+    from PIL import Image
+
+    from kselect.core.calibration import calibration_for, image_preprocess
+    from kselect.core.model import Model
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(4):
+        Image.new("RGB", (16, 16), (255, 0, 128)).save(folder / f"{i}.png")
+    model = Model("m", onnx.ModelProto(), "in memory", {"image": [1, 3, 8, 8]})
+    preprocess = image_preprocess(model, channels="BGR", scale=1 / 255, mean=(0, 0, 0), std=(1, 1, 1))
+    calibration = calibration_for(model, folder, preprocess=preprocess)
+    assert np.allclose(calibration.calibrate[0]["image"][0][:, 3, 3], [128 / 255, 0.0, 1.0], atol=1e-6)
+    assert calibration.to_json()["preprocess"] == {"channels": "BGR", "scale": 1 / 255, "mean": [0, 0, 0],
+                                                   "std": [1, 1, 1]}
+    partly = image_preprocess(model, scale=1.0)  # the rest stays ImageNet's (no real model here)
+    assert partly.channels == "RGB" and partly.scale == 1.0 and partly.mean == (0.485, 0.456, 0.406)
 
 
 def test_a_plan_calibrated_with_percentile_runs_with_its_ranges(tmp_path, small_model_path):
