@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from kselect.core import plugins
 from kselect.core.device import Device, this_device
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, one_line
 from kselect.core.fleet import DEFAULT_LEASE_S, FleetReport
 from kselect.core.library import Library
 from kselect.core.measure import MeasureSettings
@@ -119,6 +119,11 @@ class TuneEvents(Reporter):
         """The plan across libraries, before its end-to-end check (``plan.extra["cross_library"]``)."""
 
     def cross_checked(self, chosen: Plan, results: list[dict]) -> None: ...
+
+    def cross_int8_scored(self, library: str, score: float | None, drop: float | None, max_drop: float,
+                          failed: str = "") -> None:
+        """The plan across libraries with ``library``'s int8 ops, its metric on the held-out feeds
+        (``failed``: why it could not run); it races only within ``max_drop``."""
 
     def precision_searched(self, library: Library, search: "PrecisionSearch", check: dict | None) -> None:
         """The latency / accuracy front of a tune with int8 (core/mixed.py), the point kept, and
@@ -215,8 +220,33 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
                             fleet=fleet.report if fleet else None, left_out=left_out)
         if len(tunings) > 1:
-            _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events)
+            _plan_across(result, db, settings, verify, remeasure, check_rounds, check_max_rounds, events, int8)
     return result
+
+
+def _cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Request", events: TuneEvents) -> list:
+    """The plan across libraries with each library's chosen int8 ops put in (core/mixed.py,
+    ``with_int8_ops``), as race candidates: those whose metric on the held-out feeds stays within
+    the budget."""
+    from kselect.core.mixed import score_plan, with_int8_ops
+
+    candidates = []
+    for name, tuning in tunings.items():
+        search = tuning.precision
+        combined = with_int8_ops(cross, search.plan) if search is not None else None
+        if combined is None:
+            continue
+        with events.working(f"measuring the accuracy of the cross-library plan with {name}'s int8 ops"):
+            try:
+                score, drop = score_plan(model, combined, int8.calibration, int8.metric, search.metric_name)
+            except Exception as exc:  # a combination a runner cannot build is not raced
+                events.cross_int8_scored(name, None, None, int8.max_drop, one_line(exc))
+                continue
+        events.cross_int8_scored(name, score, drop, int8.max_drop)
+        combined.extra["precision"]["cross_score"] = {"score": round(score, 6), "drop": round(drop, 6)}
+        if drop <= int8.max_drop:
+            candidates.append((f"cross-library plan with {name}'s int8 ops", combined))
+    return candidates
 
 
 def _int8_plans(library: Library, int8: "Int8Request | None") -> bool:
@@ -409,11 +439,12 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
 
 
 def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, verify: bool, remeasure: bool,
-                 check_rounds: int, check_max_rounds: int, events: TuneEvents) -> None:
+                 check_rounds: int, check_max_rounds: int, events: TuneEvents, int8: "Int8Request | None" = None) -> None:
     """Per op across the tuned libraries, conversions counted; then ONNX Runtime's default
-    session, each library's plan and the cross-library plan, each alone in fresh processes: what
-    is shown faster than the default is kept, else ONNX Runtime's own configuration (when MLAS,
-    its library, was tuned)."""
+    session, each library's plan, the cross-library plan and (with int8) the cross-library plan
+    with each library's int8 ops put in, when within the accuracy budget, each alone in fresh
+    processes: what is shown faster than the default is kept, else ONNX Runtime's own
+    configuration (when MLAS, its library, was tuned)."""
     from kselect.core.selection import verified_across
     from kselect.core.crossplan import plan_across
     from kselect.core.spinning import spinning_variants
@@ -433,6 +464,8 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     if not verify:
         return
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
+    if int8 is not None:
+        candidates += _cross_with_int8_ops(model, plan, tunings, int8, events)
     fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
     with events.working("checking the plans end to end against ONNX Runtime's default session"):
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,

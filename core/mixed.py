@@ -17,6 +17,9 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
 4. The chosen plan is the fastest predicted point within the budget; ``core.api`` then times the
    points within the budget end to end with the rounds protocol and keeps the fastest measured
    one if it is shown faster than the fp32 plan.
+5. With several libraries, the plan across them (made per op in fp32) also races with each
+   library's chosen int8 ops put in (``with_int8_ops``), once its metric on the held-out feeds is
+   measured within the budget (``score_plan``).
 
 A plan's int8 ops are entries of their int8 tasks (``Task.precision``); ``plan.extra["precision"]``
 holds the calibration ranges the library's runner quantizes with, the metric, the budget and
@@ -36,7 +39,7 @@ from kselect.core.cross_problem import data_edges
 from kselect.core.errors import KselectError, one_line
 from kselect.core.library import Library
 from kselect.core.model import Model
-from kselect.core.plan import Plan, choose, plan_node, plan_task
+from kselect.core.plan import Plan, choose, int8_nodes, plan_node, plan_task
 from kselect.core.records import RecordDB
 from kselect.core.tasks import Task
 from kselect.core.tune import library_defaults, stored_outcomes
@@ -123,6 +126,58 @@ def mixed_plan(fp32_plan: Plan, int8_entries: dict[str, dict], int8_settings: di
     plan.library_settings = {plan.library: dict(int8_settings)}
     plan.extra["precision"] = precision
     return plan
+
+
+def with_int8_ops(cross: Plan, mixed: Plan) -> Plan | None:
+    """The plan across libraries with one library's int8 ops put in: each node ``mixed`` (that
+    library's mixed-precision plan) runs in int8 runs so here, on that library, with its config
+    and its int8 settings and calibration ranges; every other node stays as ``cross`` planned it.
+    None when ``mixed`` has no int8 node, or ``cross`` runs on that library alone (``mixed``
+    itself is then the plan to race)."""
+    library, int8 = mixed.library, int8_nodes(mixed)
+    if not int8 or set(cross.libraries) == {library}:
+        return None
+    plan = copy.deepcopy(cross)
+    tasks = []
+    for entry in plan.tasks:
+        kept = [node for node in entry["nodes"] if node not in int8]
+        if kept:
+            tasks.append({**entry, "nodes": kept})
+    for entry in mixed.tasks:
+        chosen = [node for node in entry["nodes"] if node in int8]
+        if entry.get("precision") == "int8" and chosen:
+            tasks.append({**copy.deepcopy(entry), "nodes": chosen})
+    plan.tasks = tasks
+    for node in int8:
+        plan.nodes[node] = copy.deepcopy(mixed.nodes[node])
+    used = {entry["library"] for entry in plan.nodes.values()}
+    versions = {**plan.libraries, library: mixed.libraries[library]}
+    plan.libraries = {name: version for name, version in versions.items() if name in used}
+    # the cross plan's settings for the library (its one-spinner policy) stand; the int8 ones join them
+    settings = {**plan.library_settings, library: {**mixed.plan_level, **plan.library_settings.get(library, {})}}
+    plan.library_settings = {name: value for name, value in settings.items() if name in used}
+    plan.plan_level = {} if len(used) > 1 else dict(plan.library_settings[library])
+    plan.extra["precision"] = {**copy.deepcopy(mixed.extra["precision"]), "int8_from": library}
+    return plan
+
+
+def score_plan(model: Model, plan: Plan, calibration: Calibration, metric: Metric | None,
+               metric_name: str | None) -> tuple[float, float]:
+    """(score, drop) of a plan of any libraries on the held-out feeds, against ONNX Runtime's
+    default session in fp32."""
+    from kselect.core import plugins
+    from kselect.core.runtime import load_plan
+
+    baseline = plugins.baseline_library().model_runner(model, None)
+    reference = run_outputs(baseline, calibration.held_out)
+    metric = metric or get_metric(metric_name or default_metric(reference))
+    runner = load_plan(plan, model)
+    try:
+        outputs = run_outputs(runner.run, calibration.held_out)
+    finally:
+        runner.close()
+    score = metric(outputs, reference, calibration.held_out)
+    return score, metric(reference, reference, calibration.held_out) - score
 
 
 def weight_bytes(model: Model, int8_nodes: set[str]) -> int:

@@ -315,8 +315,9 @@ def test_a_plan_calibrated_with_percentile_runs_with_its_ranges(tmp_path, small_
 def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_across_them(tmp_path, small_model_path):
     """`--library mlas,xnnpack --precision fp32,int8`: each library chooses its int8 ops under the
     budget; the plan across libraries is made in fp32; ONNX Runtime's default, each library's
-    kept plan and the plan across them race end to end. An int8 plan, held to its accuracy budget,
-    is not refused for differing from ONNX Runtime's fp32 outputs."""
+    kept plan, the plan across them and that plan with a library's int8 ops put in (within the
+    budget) race end to end. An int8 plan, held to its accuracy budget, is not refused for
+    differing from ONNX Runtime's fp32 outputs."""
     import kselect
     from kselect.core.plan import int8_nodes
     from kselect.core.selection import verified_across
@@ -334,6 +335,26 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     if int8_nodes(result.plan):  # kept a mixed plan: one of the libraries', within its budget
         precision = result.plan.extra["precision"]
         assert next(p for p in precision["front"] if p["name"] == precision["chosen"])["drop"] <= 0.02
+
+    # one library's int8 op put into the plan across them: it runs on that library, the rest as planned
+    from kselect.core.calibration import calibration_for
+    from kselect.core.mixed import mixed_plan, score_plan, with_int8_ops
+
+    cross = result.cross_plan
+    name = next(n for n in ("mlas", "xnnpack") if set(cross.libraries) != {n})
+    search = result.tunings[name].precision
+    full = search.plans["int8"]
+    entries = {t["key"]: t for t in full.tasks if t.get("precision") == "int8"}
+    node = sorted(int8_nodes(full))[0]
+    partial = mixed_plan(search.plans["fp32"], entries, full.plan_level, {node}, full.extra["precision"])
+    combined = with_int8_ops(cross, partial)
+    assert int8_nodes(combined) == {node} and combined.nodes[node]["library"] == name
+    assert {n: e for n, e in combined.nodes.items() if n != node} == {n: e for n, e in cross.nodes.items() if n != node}
+    assert combined.extra["precision"]["ranges"] and name in combined.libraries
+    score, drop = score_plan(result.model, combined, calibration_for(result.model, folder), None, "cosine")
+    assert 0.9 < score <= 1.0 + 1e-6 and drop < 0.1
+    raced = [c for variant, c in tried.items() if "int8 ops" in variant]
+    assert not any("failed" in c for c in raced)
 
     full_int8 = result.tunings["mlas"].precision.plans["int8"]  # error ~1e-2 against fp32: still a candidate
     kept, (check,) = verified_across(result.model, [("mlas int8", full_int8)], rounds=2, max_rounds=2)
