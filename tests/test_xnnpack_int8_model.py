@@ -140,10 +140,10 @@ def test_int8_plan_matches_onnxruntime_qdq_model(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_int8_tensors_stay_int8_between_int8_ops(name):
-    """A tensor an int8 op writes and only int8 ops read is never dequantized (MobileNetV2's
-    expand -> depthwise -> project chains, ResNet-18's conv -> conv in a block); a tensor an int8
-    op writes is dequantized once when a float op (Add, pooling, the graph output) reads it; a
-    float tensor int8 ops read is quantized once."""
+    """A tensor an int8 op writes and only 8-bit readers read is never dequantized (MobileNetV2's
+    expand -> depthwise -> project chains, ResNet-18's conv -> conv in a block, the residual Adds,
+    the pools, a Flatten's view); a tensor an int8 op writes is dequantized once when a float op
+    (the graph output here) reads it; a float tensor int8 ops read is quantized once."""
     s = setup_of(name)
     runner = s.library.model_runner(s.model, s.int8_plan())
     graph = s.model.proto.graph
@@ -154,8 +154,11 @@ def test_int8_tensors_stay_int8_between_int8_ops(name):
     outputs = {o.name for o in graph.output}
     written = {name for name, t in runner.tensors.items() if t.int8_output}
     read_by_int8 = {n.input[0] for n in graph.node if n.name in runner.int8_nodes}
-    int8_only = {t for t in written if t not in outputs and all(r in runner.int8_nodes for r in readers[t])}
+    eight_bit = runner.int8_nodes | set(runner.int8_ops) | set(runner.int8_activations)
+    eight_bit |= {n.name for n in graph.node if n.output and n.output[0] in written}  # views of 8-bit tensors
+    int8_only = {t for t in written if t not in outputs and all(r in eight_bit for r in readers[t])}
     assert int8_only, "no int8 -> int8 edge in the model"
+    assert {"Add", "GlobalAveragePool"} <= {n.op_type for n in graph.node if n.name in runner.int8_ops}
     for tensor in int8_only:
         assert runner.tensors[tensor].array is None, f"{tensor} was dequantized though only int8 ops read it"
     converts = [op for op in runner._ops if isinstance(op, xa.QuantizeConvert)]

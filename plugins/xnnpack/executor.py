@@ -28,10 +28,15 @@ folded Relu / Clip), as asymmetric uint8 (core/quant.py ``asymmetric_u8``; signe
 zero point - 128). The ranges are ``plan.extra["precision"]["ranges"]``, onnxruntime.quantization's
 calibration cache. An 8-bit tensor stays 8-bit between two int8 ops (the output's range is the next
 op's input range); between a signed and an unsigned variant it is converted by flipping the top
-bit (same scale, zero points 128 apart); a float consumer (every op other than an int8 conv / fc)
-gets it dequantized once (``xnn_create_convert_nc_q*8_f32``), and a float tensor read by int8 ops
-is quantized once per signedness (``xnn_create_convert_nc_f32_q*8``). A plan with no int8 nodes
-builds exactly what it built before. An int8 node whose activation is a Sigmoid or a SiLU (its
+bit (same scale, zero points 128 apart). An Add, MaxPool or GlobalAveragePool whose data inputs are
+all 8-bit tensors int8 ops wrote, of one signedness, runs on XNNPack's 8-bit operator (``int8_ops``):
+the add and the global average pooling from their inputs' grids onto their output's calibrated range,
+the max pooling on its input's grid (it takes no quantization; ``grids``), as does a Flatten of an
+8-bit tensor (a view). A float consumer (any other op, or one of these the 8-bit operator cannot
+take) gets an 8-bit tensor dequantized once (``xnn_create_convert_nc_q*8_f32``), and a float tensor
+read by int8 ops is quantized once per signedness (``xnn_create_convert_nc_f32_q*8``). The plan's
+int8 nodes are still only its conv / fc ones. A plan with no int8 nodes builds exactly what it built
+before. An int8 node whose activation is a Sigmoid or a SiLU (its
 task's epilogue, int8.activation_after) runs it in 8 bits too, as its int8 twin was measured: the
 node writes its output tensor's grid (the pre-activation range), the Sigmoid node is XNNPack's
 8-bit sigmoid (output on its fixed grid, scale 1/256) and the SiLU's Mul node the 8-bit multiply
@@ -142,6 +147,10 @@ class Executor:
         self._consts: list[np.ndarray] = []  # constant operands, kept alive while operators read them
         self.int8_nodes = int8_nodes(plan) if plan is not None else set()
         self.int8_activations: dict[str, str] = {}  # Sigmoid / Mul node after an int8 node -> its variant
+        # Add / MaxPool / GlobalAveragePool (ReduceMean) nodes run on 8-bit operators -> "qs8" / "qu8"
+        self.int8_ops: dict[str, str] = {}
+        # tensors an op wrote on its input's grid (8-bit max pooling, Flatten): (scale, uint8 zero point)
+        self.grids: dict[str, tuple[float, int]] = {}
         self.ranges = calibrated_ranges(plan) if self.int8_nodes else {}
         plan_level = getattr(plan, "plan_level", None) or {}
         self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
@@ -341,7 +350,11 @@ class Executor:
     # -- int8 -------------------------------------------------------------------------------
     def _quantization(self, tensor: str, node) -> tuple[float, int]:
         """(scale, uint8 zero point) of a tensor from its calibrated range, as onnxruntime's
-        quantizer derives them (asymmetric uint8, the range widened to include 0)."""
+        quantizer derives them (asymmetric uint8, the range widened to include 0); for a tensor an
+        8-bit max pooling or a Flatten wrote, its input's grid (as onnxruntime's quantizer gives
+        those ops their input's quantization)."""
+        if tensor in self.grids:
+            return self.grids[tensor]
         if tensor not in self.ranges:
             raise KselectError(f"xnnpack executor: int8 node {node.name!r}: the plan's calibration has no range for "
                                f"tensor {tensor!r}")
@@ -470,11 +483,94 @@ class Executor:
 
     def _int8_tensor(self, name, node, q: np.ndarray, key: tuple, source: _Tensor) -> None:
         shape = [int(d) for d in self._shape(node.output[0])]
-        tensor = _Tensor(name, shape, None, None, source.nhwc, source.perm)
+        tensor = _Tensor(name, shape, None, None, len(shape) == 4, source.perm)
         tensor.q[key] = q
         tensor.int8_output = True
         tensor.threads = source.threads
         self.tensors[name] = tensor
+
+    # -- Add, MaxPool, GlobalAveragePool between int8 ops ---------------------------------------
+    def _int8_inputs(self, node, count: int) -> list | None:
+        """(tensor, grid key, 8-bit array) of each of the node's first ``count`` inputs, on the grid
+        it was written on, when every one is an 8-bit tensor int8 ops wrote: the node can run on an
+        8-bit operator without dequantizing anything. Inputs of the other signedness than the first
+        come with their top bit flipped (the same grid). Otherwise None."""
+        if not self.int8_nodes or len(node.input) < count or not xa.int8_graph_availability()[0]:
+            return None
+        inputs = []
+        for name in node.input[:count]:
+            tensor = self.tensors.get(name)
+            if tensor is None or not tensor.int8_output or not tensor.q:
+                return None
+            key, q = next(iter(tensor.q.items()))  # the first copy is the one written
+            inputs.append((tensor, key, q))
+        signed = inputs[0][1][0]
+        for k, (tensor, key, q) in enumerate(inputs):
+            if key[0] != signed:
+                flipped = (signed, *key[1:])
+                inputs[k] = (tensor, flipped, self._quantized(tensor, *flipped, self._threads(tensor), None))
+        return inputs
+
+    def _calibrated(self, tensor: str) -> tuple[float, int] | None:
+        return asymmetric_u8(*self.ranges[tensor]) if tensor in self.ranges else None
+
+    def _int8_add(self, node, out_name, act) -> bool:
+        """A residual Add of two 8-bit tensors: XNNPack's 8-bit add from both inputs' grids onto the
+        calibrated range of its output (after a folded Relu / Clip, which becomes its clamp).
+        False (the Add runs in float) when the operator cannot take it."""
+        from kselect.plugins.xnnpack import int8
+
+        inputs = self._int8_inputs(node, 2)
+        y_grid = self._calibrated(out_name)
+        if inputs is None or y_grid is None:
+            return False
+        (a, a_key, aq), (b, b_key, bq) = inputs
+        if aq.shape != bq.shape or a.nhwc != b.nhwc or a.perm is not None or b.perm is not None \
+                or list(self._shape(node.output[0])) != a.shape:
+            return False
+        signed, y_scale, y_zero_point = a_key[0], float(y_grid[0]), y_grid[1]
+        low, high = xa.ADD_SCALE_RATIO
+        if not all(low <= np.float32(key[1]) / np.float32(y_scale) < high for key in (a_key, b_key)):
+            return False
+        variant = "qs8" if signed else "qu8"
+        grid = QuantParams(y_scale, y_zero_point, np.ones(1), y_scale, y_zero_point)  # only the output grid is read
+        out_min, out_max = int8.clamp_in_integers(act, grid, variant)
+        if out_min >= out_max:
+            return False
+        shift = 128 if signed else 0
+        op = xa.QAdd(variant, a_key[2] - shift, a_key[1], b_key[2] - shift, b_key[1], y_zero_point - shift, y_scale,
+                     out_min, out_max)
+        yq = self._int8_buffer(aq.shape, signed)
+        op.setup(aq, bq, yq)
+        self._add_op(op, self._threads(a))
+        self._int8_tensor(out_name, node, yq, (signed, y_scale, y_zero_point), a)
+        self.int8_ops[node.name] = variant
+        return True
+
+    def _int8_global_average(self, node, out_name, x: _Tensor) -> bool:
+        """A global average pooling of an 8-bit tensor: XNNPack's 8-bit one from its grid onto the
+        calibrated range of its output. False (it runs in float) when the operator cannot take it."""
+        inputs = self._int8_inputs(node, 1)
+        y_grid = self._calibrated(out_name)
+        if inputs is None or y_grid is None:
+            return False
+        _, (signed, x_scale, x_zero_point), xq = inputs[0]
+        y_scale, y_zero_point = float(y_grid[0]), y_grid[1]
+        ratio = np.float32(x_scale) / np.float32(y_scale)
+        low, high = xa.GLOBAL_AVERAGE_SCALE_RATIO
+        # at setup XNNPack asserts ratio / pixels >= 2**-32 (params-init.c), an abort otherwise
+        if not low <= ratio < high or ratio / (x.shape[2] * x.shape[3]) < 2.0 ** -32:
+            return False
+        variant, shift = ("qs8", 128) if signed else ("qu8", 0)
+        n, c = x.shape[:2]
+        op = xa.QGlobalAveragePooling(variant, c, x_zero_point - shift, x_scale, y_zero_point - shift, y_scale)
+        y_shape = [int(d) for d in self._shape(node.output[0])]
+        yq = self._int8_buffer((n, 1, 1, c) if len(y_shape) == 4 else y_shape, signed)
+        op.setup(xq, yq.reshape(n, c))
+        self._add_op(op, self._threads(x))
+        self._int8_tensor(out_name, node, yq, (signed, y_scale, y_zero_point), x)
+        self.int8_ops[node.name] = variant
+        return True
 
     # -- ops --------------------------------------------------------------------------------
     def _op_Conv(self, node, i, out_name, act):
@@ -550,7 +646,7 @@ class Executor:
         self._unary(node, i, out_name, lambda channels: xa.Clamp(channels, rng[0], rng[1]))
 
     def _pool(self, node, i, out_name, kind):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         if not x.nhwc:
             raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} needs a 4-D input", node.name)
         kernel = list(_attr(node, "kernel_shape"))
@@ -560,12 +656,19 @@ class Executor:
         y_shape = self._shape(node.output[0])
         if kernel == [1, 1]:  # XNNPack rejects 1x1 pooling windows; unstrided, unpadded it is an identity
             if strides == [1, 1] and not any(pads):
-                self._alias(out_name, x, y_shape, i)
+                self._alias(out_name, self._float(x, i), y_shape, i)
                 return
             raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} with a 1x1 window and stride "
                                 f"{strides} is not supported", node.name)
         channels = x.shape[1]
-        if kind == "max":
+        # max pooling of an 8-bit tensor: on its grid (the operator takes no quantization)
+        quantized = self._int8_inputs(node, 1) if kind == "max" else None
+        if quantized is not None:
+            key, xq = quantized[0][1:]
+            op = xa.QMaxPooling2D("qs8" if key[0] else "qu8", channels, kernel, stride=strides, dilation=dilations,
+                                  padding=pads)
+        elif kind == "max":
+            x = self._float(x, i)
             op = xa.MaxPooling2D(channels, kernel, stride=strides, dilation=dilations, padding=pads)
         else:
             if dilations != [1, 1]:
@@ -573,12 +676,21 @@ class Executor:
             if _attr(node, "count_include_pad", 0) and any(pads):
                 raise UnsupportedOp(f"xnnpack executor: AveragePool {node.name!r} with count_include_pad=1 and "
                                     "padding is not supported (XNNPack divides by the valid pixels)", node.name)
+            x = self._float(x, i)
             op = xa.AveragePooling2D(channels, kernel, stride=strides, padding=pads)
         expected = op.output_shape((x.shape[0], x.shape[2], x.shape[3], channels))
         if tuple(expected) != (y_shape[0], y_shape[2], y_shape[3], y_shape[1]):
             op.close()
             raise UnsupportedOp(f"xnnpack executor: {node.op_type} {node.name!r} output {y_shape} needs ceil_mode, "
                                 "which is not supported", node.name)
+        if quantized is not None:
+            yq = self._int8_buffer(expected, key[0])
+            op.setup(xq, yq)
+            self._add_op(op, self._threads(x))
+            self._int8_tensor(out_name, node, yq, key, x)
+            self.grids[out_name] = key[1:]
+            self.int8_ops[node.name] = op.variant
+            return
         y = self._new_tensor(out_name, y_shape, i)
         op.setup(x.array, y.array)
         y.threads = self._threads(x)
@@ -593,12 +705,15 @@ class Executor:
         self._pool(node, i, out_name, "avg")
 
     def _op_GlobalAveragePool(self, node, i, out_name, act):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         if not x.nhwc:
             raise UnsupportedOp(f"xnnpack executor: GlobalAveragePool {node.name!r} needs a 4-D input", node.name)
         self._global_average(node, i, out_name, x)
 
     def _global_average(self, node, i, out_name, x: _Tensor) -> None:
+        if self._int8_global_average(node, out_name, x):
+            return
+        x = self._float(x, i)
         y = self._new_tensor(out_name, self._shape(node.output[0]), i)
         op = xa.GlobalAveragePooling(x.shape[1])
         op.setup(x.array, y.array.reshape(x.shape[0], x.shape[1]))
@@ -644,7 +759,8 @@ class Executor:
         self._add_op(op, y.threads)
 
     def _op_Add(self, node, i, out_name, act):
-        self._binary(node, i, out_name, act, "add")
+        if not self._int8_add(node, out_name, act):
+            self._binary(node, i, out_name, act, "add")
 
     def _op_Mul(self, node, i, out_name, act):
         if node.name in self.int8_activations:
@@ -717,7 +833,7 @@ class Executor:
 
     def _op_ReduceMean(self, node, i, out_name, act):
         """Over the spatial axes of a 4-D tensor: a global average pooling."""
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         axes = _attr(node, "axes", None)
         if axes is None and len(node.input) > 1 and node.input[1]:
             const = self._const(node.input[1])
@@ -821,7 +937,7 @@ class Executor:
         y.threads = threads
 
     def _op_Flatten(self, node, i, out_name, act):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         axis = int(_attr(node, "axis", 1))
         axis = axis + len(x.shape) if axis < 0 else axis
         if axis != 1:
@@ -830,31 +946,46 @@ class Executor:
 
     def _flatten(self, node, i, out_name, x: _Tensor, y_shape):
         if not x.nhwc:
-            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape), perm=x.perm)
+            self._view(out_name, x, y_shape, i, x.perm)
             return
         n, c, h, w = x.shape
         if h * w == 1:
-            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape))
+            self._view(out_name, x, y_shape, i)
             return
         users = [nd for nd in self.model.proto.graph.node if out_name in nd.input]
         if users and all(nd.op_type in ("Gemm", "MatMul") and nd.input[0] == out_name for nd in users) \
                 and out_name not in self.graph_outputs:
-            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape), perm=(c, h, w))
+            self._view(out_name, x, y_shape, i, (c, h, w))
             return
+        x = self._float(x, i)
         y = self._new_tensor(out_name, y_shape, i)
         src = x.array.transpose(0, 3, 1, 2)
         dst = y.array.reshape(n, c, h, w)
         self.steps.append((lambda d, s: np.copyto(d, s), dst, src))
         y.threads = x.threads
 
+    def _view(self, out_name, x: _Tensor, y_shape, i, perm=None) -> None:
+        """``x`` reshaped to ``y_shape`` in its stored order, no data moved; when int8 ops wrote ``x``,
+        its 8-bit copies too, and the result stays on ``x``'s grid."""
+        if x.array is not None:
+            y = self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape), perm=perm)
+        else:
+            y = _Tensor(out_name, y_shape, None, None, False, perm)
+            y.threads = x.threads
+            self.tensors[out_name] = y
+        if x.int8_output:
+            y.q = {key: q.reshape(y_shape) for key, q in x.q.items()}
+            y.int8_output = True
+            self.grids[out_name] = next(iter(x.q))[1:]
+
     def _op_Reshape(self, node, i, out_name, act):
-        x = self._input(node)
+        x = self._input(node, as_float=False)
         y_shape = self._shape(node.output[0])
         if len(y_shape) == 2 and y_shape[0] == x.shape[0]:
             self._flatten(node, i, out_name, x, y_shape)
             return
         if not x.nhwc and len(y_shape) != 4:
-            self._alias(out_name, x, y_shape, i, array=x.array.reshape(y_shape))
+            self._view(out_name, x, y_shape, i)
             return
         raise UnsupportedOp(f"xnnpack executor: Reshape {node.name!r} to {y_shape} is not supported", node.name)
 

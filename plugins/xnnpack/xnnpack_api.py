@@ -1102,6 +1102,46 @@ def int8_activation_availability() -> tuple[bool, str]:
     return _bind(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply")
 
 
+# The 8-bit operators the executor runs between int8 conv / fc ops of a whole model: a residual
+# add, max pooling and global average pooling (binary-elementwise-nd.c, max-pooling-nhwc.c,
+# global-average-pooling-nwc.c at ae108ef). Max pooling takes no quantization: its output is on
+# its input's grid. Optional: without them those ops run in float.
+_INT8_GRAPH_PROTOS = {}
+for _kind, _q, _x in (("qs8", _i8, "s8"), ("qu8", _u8, "u8")):
+    _INT8_GRAPH_PROTOS[f"xnn_create_add_nd_{_kind}"] = [_q, _f32, _q, _f32, _q, _f32, _q, _q, _u32, _op_out]
+    _INT8_GRAPH_PROTOS[f"xnn_setup_add_nd_{_kind}"] = [_vp, _sz, _szp, _sz, _szp, _vp, _vp, _vp, _vp]
+    _INT8_GRAPH_PROTOS[f"xnn_create_max_pooling2d_nhwc_{_x}"] = [_u32] * 10 + [_sz] * 3 + [_q, _q, _u32, _op_out]
+    _INT8_GRAPH_PROTOS[f"xnn_setup_max_pooling2d_nhwc_{_x}"] = [_vp, _sz, _sz, _sz, _vp, _vp, _vp]
+    _INT8_GRAPH_PROTOS[f"xnn_create_global_average_pooling_nwc_{_kind}"] = \
+        [_sz] * 3 + [_q, _f32, _q, _f32, _q, _q, _u32, _op_out]
+    _INT8_GRAPH_PROTOS[f"xnn_setup_global_average_pooling_nwc_{_kind}"] = [_vp, _sz, _sz, _vp, _vp, _vp]
+# Scale ratios the operators accept (they refuse others at creation): each input scale / output
+# scale of an add in [2**-10, 2**8), input scale / output scale of a global average pooling in
+# [2**-8, 2**8), both computed in float32.
+ADD_SCALE_RATIO = (2.0 ** -10, 2.0 ** 8)
+GLOBAL_AVERAGE_SCALE_RATIO = (2.0 ** -8, 2.0 ** 8)
+
+
+@functools.lru_cache(maxsize=None)
+def int8_graph_availability() -> tuple[bool, str]:
+    """Whether the loaded build has the 8-bit add, max pooling and global average pooling
+    operators (prototypes set)."""
+    ok, why = int8_availability()
+    if not ok:
+        return False, why
+    return _bind(_INT8_GRAPH_PROTOS, "qs8 / qu8 add, s8 / u8 max pooling, qs8 / qu8 global average pooling")
+
+
+def _require_int8_graph() -> None:
+    ok, why = int8_graph_availability()
+    if not ok:
+        raise XNNPackUnavailable(why)
+
+
+def _type_range(datatype: str) -> tuple[int, int]:
+    return (-128, 127) if datatype == "qs8" else (0, 255)
+
+
 def _require_int8() -> None:
     ok, why = int8_availability()
     if not ok:
@@ -1280,21 +1320,23 @@ class QSigmoid(_RowwiseNC):
         return out
 
 
-class QMultiply(Binary):
-    """``xnn_create_multiply_nd_{qs8,qu8}`` (``datatype`` "qs8" or "qu8") with numpy broadcasting:
-    a * b from two grids onto the output's, clamped to [output_min, output_max] in its integers.
-    XNNPack refuses a ratio (a scale x b scale / output scale) outside [2**-16, 2**8)."""
+class _QBinary(Binary):
+    """``xnn_create_<kind>_nd_{qs8,qu8}`` (``datatype`` "qs8" or "qu8") with numpy broadcasting:
+    a op b from two grids onto the output's, clamped to [output_min, output_max] in its integers."""
+
+    _kind = ""
+    _require = staticmethod(_require_int8_activations)
 
     def __init__(self, datatype: str, a_zero_point: int, a_scale: float, b_zero_point: int, b_scale: float,
                  output_zero_point: int, output_scale: float, output_min: int, output_max: int, *,
                  threadpool: Threadpool | None = None):
         Operator.__init__(self, threadpool)
-        _require_int8_activations()
+        self._require()
         if datatype not in ("qs8", "qu8"):
-            raise ValueError(f"no {datatype} multiply operator (qs8, qu8)")
-        self.kind = f"multiply {datatype}"
+            raise ValueError(f"no {datatype} {self._kind} operator (qs8, qu8)")
+        self.kind = f"{self._kind} {datatype}"
         self.variant = datatype
-        self._create(f"xnn_create_multiply_nd_{datatype}", int(a_zero_point), float(a_scale), int(b_zero_point),
+        self._create(f"xnn_create_{self._kind}_nd_{datatype}", int(a_zero_point), float(a_scale), int(b_zero_point),
                      float(b_scale), int(output_zero_point), float(output_scale), int(output_min), int(output_max), 0)
         self._shape_cache = {}
 
@@ -1305,6 +1347,89 @@ class QMultiply(Binary):
             raise ValueError(f"out: expected shape {tuple(oshape)}, got {tuple(out.shape)}")
         _check(self._setup_fn(self.handle, na, sa, nb, sb, _ptr(a), _ptr(b), _ptr(out), self._pool(threadpool)),
                self._setup_name)
+        return out
+
+
+class QMultiply(_QBinary):
+    """``xnn_create_multiply_nd_{qs8,qu8}``: a * b. XNNPack refuses a ratio (a scale x b scale /
+    output scale) outside [2**-16, 2**8)."""
+
+    _kind = "multiply"
+
+
+class QAdd(_QBinary):
+    """``xnn_create_add_nd_{qs8,qu8}``: a + b. XNNPack refuses a ratio (either input's scale /
+    output scale) outside ``ADD_SCALE_RATIO``."""
+
+    _kind = "add"
+    _require = staticmethod(_require_int8_graph)
+
+
+class QMaxPooling2D(_Pool2DBase):
+    """``xnn_create_max_pooling2d_nhwc_{s8,u8}`` (``datatype`` "qs8" or "qu8": int8 or uint8, NHWC).
+    It takes no quantization: the output is on the input's grid, clamped to [output_min,
+    output_max] (default: the whole type)."""
+
+    def __init__(self, datatype: str, channels: int, pool, *, stride=None, dilation=1, padding=0,
+                 output_min: int | None = None, output_max: int | None = None,
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_int8_graph()
+        if datatype not in ("qs8", "qu8"):
+            raise ValueError(f"no {datatype} max pooling operator (qs8, qu8)")
+        self.variant = datatype
+        self.channels = int(channels)
+        self.pool = _pair(pool, "pool")
+        self.stride = self.pool if stride is None else _pair(stride, "stride")
+        self.dilation = _pair(dilation, "dilation")
+        self.padding = _pads(padding)
+        low, high = _type_range(datatype)
+        t, l, b, r = self.padding
+        self._create(f"xnn_create_max_pooling2d_nhwc_{datatype[1:]}", t, r, b, l, self.pool[0], self.pool[1],
+                     self.stride[0], self.stride[1], self.dilation[0], self.dilation[1],
+                     self.channels, self.channels, self.channels, low if output_min is None else int(output_min),
+                     high if output_max is None else int(output_max), 0)
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
+        if x.ndim != 4 or x.shape[3] != self.channels:
+            raise ValueError(f"x: expected (N, H, W, {self.channels}), got {x.shape}")
+        if tuple(out.shape) != self.output_shape(x.shape):
+            raise ValueError(f"out: expected shape {self.output_shape(x.shape)}, got {tuple(out.shape)}")
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
+                              self._pool(threadpool)), self._setup_name)
+        return out
+
+
+class QGlobalAveragePooling(Operator):
+    """``xnn_create_global_average_pooling_nwc_{qs8,qu8}``: (N, W, C) or (N, H, W, C) -> (N, C), from
+    the input's grid onto the output's, clamped to [output_min, output_max] (default: the whole
+    type). XNNPack refuses a ratio input scale / output scale outside ``GLOBAL_AVERAGE_SCALE_RATIO``."""
+
+    def __init__(self, datatype: str, channels: int, input_zero_point: int, input_scale: float,
+                 output_zero_point: int, output_scale: float, *, output_min: int | None = None,
+                 output_max: int | None = None, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_int8_graph()
+        if datatype not in ("qs8", "qu8"):
+            raise ValueError(f"no {datatype} global average pooling operator (qs8, qu8)")
+        self.variant = datatype
+        self.channels = int(channels)
+        low, high = _type_range(datatype)
+        self._create(f"xnn_create_global_average_pooling_nwc_{datatype}", self.channels, self.channels,
+                     self.channels, int(input_zero_point), float(input_scale), int(output_zero_point),
+                     float(output_scale), low if output_min is None else int(output_min),
+                     high if output_max is None else int(output_max), 0)
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
+        if x.ndim not in (3, 4) or x.shape[-1] != self.channels:
+            raise ValueError(f"x: expected (N, W, {self.channels}) or (N, H, W, {self.channels}), got {x.shape}")
+        n = x.shape[0]
+        if tuple(out.shape) != (n, self.channels):
+            raise ValueError(f"out: expected shape {(n, self.channels)}, got {tuple(out.shape)}")
+        width = x.size // (n * self.channels) if n else 0
+        _check(self._setup_fn(self.handle, n, width, _ptr(x), _ptr(out), self._pool(threadpool)), self._setup_name)
         return out
 
 
@@ -1349,4 +1474,6 @@ __all__ = [
     "Unary", "PReLU", "ResizeBilinear", "Softmax", "Concatenate", "conv_output_size", "STATUS_NAMES",
     "INT8_VARIANTS", "int8_availability", "QConvolution2DNHWC", "QFullyConnected", "QuantizeConvert",
     "int8_activation_availability", "QSigmoid", "QMultiply", "SIGMOID_OUTPUT_SCALE",
+    "int8_graph_availability", "QAdd", "QMaxPooling2D", "QGlobalAveragePooling", "ADD_SCALE_RATIO",
+    "GLOBAL_AVERAGE_SCALE_RATIO",
 ]
