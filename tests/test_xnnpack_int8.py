@@ -93,7 +93,11 @@ OPS = {
 @pytest.mark.parametrize("variant", int8.VARIANTS)
 @pytest.mark.parametrize("name", list(OPS))
 def test_variant_matches_float_reference(lib, name, variant):
-    task = OPS[name]
+    assert_matches_float_reference(lib, OPS[name], variant)
+
+
+def assert_matches_float_reference(lib, task, variant: str) -> None:
+    """The variant's candidate is offered, measures, and is within the core's int8 tolerance."""
     assert lib.supports(task)
     config = variant_config(lib, task, variant)
     assert config in lib.space(task, this_device())

@@ -26,7 +26,7 @@ from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.xnnpack import int8
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from test_xnnpack_int8 import variant_config
+from test_xnnpack_int8 import assert_matches_float_reference, variant_config
 
 _OK, _REASON = xa.int8_activation_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
@@ -82,13 +82,7 @@ def test_which_activations_have_twins(lib):
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 @pytest.mark.parametrize("group", [1, 32])
 def test_conv_with_activation_matches_float_reference(lib, name, variant, group):
-    task = conv_task(ACTIVATIONS[name], group)
-    config = variant_config(lib, task, variant)
-    assert config in lib.space(task, this_device())
-    result = measure_in_this_process(lib, task, config, QUICK, {})
-    assert result.status == "ok", result.reason
-    assert 0 < result.error <= tolerance(task)
-    assert result.median_us > 0
+    assert_matches_float_reference(lib, conv_task(ACTIVATIONS[name], group), variant)
 
 
 @pytest.mark.parametrize("variant", int8.VARIANTS)
