@@ -217,7 +217,8 @@ def test_kselect_tune_with_int8_stores_the_front_metric_and_budget_in_the_plan(t
     assert "precision front" in result.stdout
     precision = json.loads(plan_path.read_text())["extra"]["precision"]
     assert precision["metric"] == "cosine" and precision["max_drop"] == 0.02
-    assert precision["calibration"] == {"source": str(folder), "synthetic": False, "method": "minmax",
+    assert precision["calibration"] == {"source": str(folder), "synthetic": False, "sample_pictures": False,
+                                        "caveat": "", "method": "minmax", "preprocess": None,
                                         "calibration_feeds": 8, "held_out_feeds": 8}
     assert [p["name"] for p in precision["front"]][:2] == ["fp32", "int8"]
     chosen = next(p for p in precision["front"] if p["name"] == precision["chosen"])
