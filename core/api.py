@@ -17,6 +17,7 @@ same figures for scripts.
 from __future__ import annotations
 
 import contextlib
+import copy
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -459,7 +460,8 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     with events.working(doing):
         plan = plan_across(model, device, db, {name: t.library for name, t in tunings.items()}, fp32_plans, settings,
                            remeasure=remeasure)
-    result.cross_plan = result.plan = plan
+    # as planned: the race below marks the plan it keeps, which may be this one
+    result.cross_plan, result.plan = copy.deepcopy(plan), plan
     events.cross_planned(plan)
     if not verify:
         return
