@@ -214,10 +214,13 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
                                                      verify, events, int8 if _int8_plans(library, int8) else None,
                                                      check_rounds, check_max_rounds)
             except KselectError as exc:  # with several libraries, one that cannot plan is left out
-                if len(tuned) == 1 or (not tunings and len(left_out) == len(tuned) - 1):
+                if len(tuned) == 1:
                     raise
+                last_error = exc
                 left_out[library.name] = str(exc)
                 events.library_left_out(library, str(exc))
+        if not tunings:
+            raise last_error
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
                             fleet=fleet.report if fleet else None, left_out=left_out)
         if len(tunings) > 1:

@@ -249,8 +249,12 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
         from kselect.core.realmodels import SAMPLE_PICTURES
 
         feeds, source, synthetic = sample_feeds(model, preprocess), SAMPLE_PICTURES.describe(), False
+        preprocess = preprocess or model_preprocess(model)
     elif isinstance(data, (str, Path)):
+        preprocess = preprocess or image_preprocess(model)
         feeds, source, synthetic = load_feeds(data, model, preprocess), str(data), False
+        if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in Path(data).iterdir()):
+            preprocess = None  # arrays only: no picture was made an input
     else:
         feeds = [check_feed(feed, model, f"feed {i}") for i, feed in enumerate(data)]
         source, synthetic = "python", False
@@ -258,10 +262,8 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
         raise KselectError(f"--calibration: {len(feeds)} feed(s); at least 2 are needed (half calibrate, half "
                            f"measure accuracy)")
     half = (len(feeds) + 2) // 3 if synthetic else (len(feeds) + 1) // 2
-    pictures = _means_samples(data) or (isinstance(data, (str, Path)) and any(
-        p.suffix.lower() in IMAGE_SUFFIXES for p in Path(data).iterdir()))
     return Calibration(feeds[:half], feeds[half:], source, synthetic, method, sample_pictures=_means_samples(data),
-                       preprocess=(preprocess or image_preprocess(model)) if pictures else None)
+                       preprocess=preprocess)
 
 
 def _means_samples(data) -> bool:
