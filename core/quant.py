@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PRECISIONS = ("fp32", "int8")
-INT8_KINDS = ("conv", "fc")  # op kinds with int8 twins
+INT8_KINDS = ("conv", "deconv", "fc")  # op kinds with int8 twins
 OUTPUT_STEPS = 2.0  # output quantization steps allowed beyond the exact implementation's error
 
 
@@ -34,7 +34,7 @@ OUTPUT_STEPS = 2.0  # output quantization steps allowed beyond the exact impleme
 class QuantParams:
     x_scale: float
     x_zero_point: int  # uint8
-    w_scales: np.ndarray  # per output channel (symmetric int8, zero point 0)
+    w_scales: np.ndarray  # per output channel (symmetric int8, zero point 0; weight_scales_of)
     y_scale: float
     y_zero_point: int  # uint8
     # the op's output before an activation that does not fold into the output clamp (folds_into_output)
@@ -51,6 +51,25 @@ class QuantParams:
 
     def quantized_weights(self, w: np.ndarray, per_channel: bool = True) -> np.ndarray:
         return np.clip(np.round(w / self.weight_scales(w, per_channel)), -127, 127).astype(np.int8)
+
+
+def weight_scales_of(kind: str, w: np.ndarray, groups: int = 1) -> np.ndarray:
+    """Symmetric int8 scales of float weights, one per output channel: conv OIHW and fc (N, K)
+    hold them first; a deconv's ONNX weights (C_in, C_out / groups, kH, kW) hold them second,
+    within each group."""
+    if kind == "deconv":
+        cin, cout_g = w.shape[:2]
+        largest = np.abs(w).reshape(groups, cin // groups, cout_g, -1).max(axis=(1, 3)).reshape(-1)
+    else:
+        largest = np.abs(w).reshape(w.shape[0], -1).max(axis=1)
+    return (np.maximum(largest, 1e-12) / 127.0).astype(np.float32)
+
+
+def weight_granularities(kind: str) -> tuple[bool, ...]:
+    """Per output channel (True) and per tensor (False) for conv and fc; per tensor only for a
+    deconv, whose output channels are not its weights' first axis (``weight_scales`` scales
+    along that axis)."""
+    return (False,) if kind == "deconv" else (True, False)
 
 
 def asymmetric_u8(low: float, high: float) -> tuple[float, int]:
@@ -94,9 +113,7 @@ def quant_params(task, inputs: dict[str, np.ndarray], reference: np.ndarray) -> 
     from kselect.core.opkind import op_kind
 
     x_scale, x_zero_point = asymmetric_u8(inputs["x"].min(), inputs["x"].max())
-    w = inputs["w"]  # conv OIHW, fc (N, K): output channels first
-    per_channel = np.abs(w).reshape(w.shape[0], -1).max(axis=1)
-    w_scales = (np.maximum(per_channel, 1e-12) / 127.0).astype(np.float32)
+    w_scales = weight_scales_of(task.kind, inputs["w"], int(task.attrs.get("group", 1)))
     y_scale, y_zero_point = asymmetric_u8(reference.min(), reference.max())
     params = QuantParams(float(x_scale), x_zero_point, w_scales, float(y_scale), y_zero_point)
     if not folds_into_output(task.epilogue):
@@ -114,7 +131,7 @@ def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, p
     kind = op_kind(task.kind)
     x = dequantize(quantize(inputs["x"], params.x_scale, params.x_zero_point), params.x_scale, params.x_zero_point)
     worst = rounding = 0.0
-    for per_channel in (True, False):
+    for per_channel in weight_granularities(task.kind):
         w = params.quantized_weights(inputs["w"], per_channel) * params.weight_scales(inputs["w"], per_channel)
         pre = kind.reference(task, {**inputs, "x": x, "w": w})
         if params.pre_scale is None:

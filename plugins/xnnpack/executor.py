@@ -20,7 +20,7 @@ mixes libraries (``release_at_end``) spinning pools are put to sleep when the se
 that the next library's threads are not left one core short.
 
 int8 (a plan whose int8 nodes are entries of int8 tasks, ``task["precision"] == "int8"``): such a
-conv / fc runs its configured 8-bit operator (int8.py: variant qc8 / qs8 / qu8, micro-kernel,
+conv / deconv / fc runs its configured 8-bit operator (int8.py: variant qc8 / qs8 / qu8, micro-kernel,
 threads), its weights quantized from the model's float weights (per output channel for qc8, one
 scale otherwise; bias int32 at input scale x weight scale), its input quantized with the
 calibrated range of its input tensor and its output with that of its output tensor (after the
@@ -35,12 +35,13 @@ the max pooling on its input's grid (it takes no quantization; ``grids``), as do
 8-bit tensor (a view). A float consumer (any other op, or one of these the 8-bit operator cannot
 take) gets an 8-bit tensor dequantized once (``xnn_create_convert_nc_q*8_f32``), and a float tensor
 read by int8 ops is quantized once per signedness (``xnn_create_convert_nc_f32_q*8``). The plan's
-int8 nodes are still only its conv / fc ones. A plan with no int8 nodes builds exactly what it built
-before. An int8 node whose activation is a Sigmoid or a SiLU (its
+int8 nodes are still only its conv / deconv / fc ones. A plan with no int8 nodes builds exactly what it built
+before. An int8 node whose activation is a Sigmoid, a SiLU or a LeakyRelu (its
 task's epilogue, int8.activation_after) runs it in 8 bits too, as its int8 twin was measured: the
 node writes its output tensor's grid (the pre-activation range), the Sigmoid node is XNNPack's
-8-bit sigmoid (output on its fixed grid, scale 1/256) and the SiLU's Mul node the 8-bit multiply
-onto the Mul output's calibrated range.
+8-bit sigmoid (output on its fixed grid, scale 1/256), the SiLU's Mul node the 8-bit multiply
+onto the Mul output's calibrated range, and the LeakyRelu node the 8-bit (qu8) leaky relu onto
+its output's calibrated range.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from onnx import numpy_helper
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.plan import int8_nodes
-from kselect.core.quant import QuantParams, asymmetric_u8
+from kselect.core.quant import QuantParams, asymmetric_u8, weight_scales_of
 from kselect.core.tasks import Task, explicit_pads, find_ops
 from kselect.plugins.xnnpack import configured
 from kselect.plugins.xnnpack import xnnpack_api as xa
@@ -412,15 +413,15 @@ class Executor:
         from kselect.plugins.xnnpack import int8
 
         task = self._tasks[node.name]
-        if task.kind not in ("conv", "fc") or task.conv1d:
+        if task.kind not in ("conv", "deconv", "fc") or task.conv1d:
             raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} has no int8 operator here "
-                               "(2-D conv and fully connected only)")
+                               "(2-D conv, deconv and fully connected only)")
         config = self._config(node)
         variant = int8.config_variant(config, task)
         signed = variant != "qu8"
         x_scale, x_zero_point = self._quantization(x.name, node)
         y_scale, y_zero_point = self._quantization(out_name, node)
-        w_scales = (np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0).astype(np.float32)
+        w_scales = weight_scales_of(task.kind, w, int(task.attrs.get("group", 1)))
         params = QuantParams(float(x_scale), x_zero_point, w_scales, float(y_scale), y_zero_point)
         threads = int(config.get("threads", self.default_threads))
         op, pool, notes = int8.create_operator(task, config, w, b, params, act, folded=True)
@@ -461,6 +462,26 @@ class Executor:
         op.setup(xq.reshape(-1, channels), yq.reshape(-1, channels))
         self._add_op(op, self._threads(x))
         self._int8_tensor(out_name, node, yq, (signed, *int8.SIGMOID_GRID), x)
+
+    def _int8_leaky_relu(self, node, out_name) -> None:
+        """The LeakyRelu after an int8 node: XNNPack's 8-bit leaky relu (qu8 only), onto the
+        calibrated range of its output."""
+        from kselect.plugins.xnnpack import int8
+
+        variant = self.int8_activations[node.name]
+        x = self.tensors[node.input[0]]
+        (signed, scale, zero_point), xq = next(iter(x.q.items()))  # the grid the int8 node wrote
+        y_scale, y_zero_point = self._quantization(out_name, node)
+        channels = xq.shape[-1] if xq.ndim else 1
+        try:
+            op = int8.leaky_relu_operator(variant, channels, float(_attr(node, "alpha", 0.01)), (scale, zero_point),
+                                          (float(y_scale), y_zero_point))
+        except configured.ConfigError as exc:
+            raise KselectError(f"xnnpack executor: LeakyRelu {node.name!r} after an int8 node: {exc}") from None
+        yq = self._int8_buffer(xq.shape, signed)
+        op.setup(xq.reshape(-1, channels), yq.reshape(-1, channels))
+        self._add_op(op, self._threads(x))
+        self._int8_tensor(out_name, node, yq, (signed, float(y_scale), y_zero_point), x)
 
     def _int8_multiply(self, node, out_name, act) -> None:
         """A SiLU's Mul after an int8 node: XNNPack's 8-bit multiply of the node's output and its
@@ -577,9 +598,9 @@ class Executor:
         x = self._input(node, as_float=False)
         w = self._const(node.input[1])
         b = self._const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if node.name in self.int8_nodes and (node.op_type != "Conv" or not x.nhwc):
+        if node.name in self.int8_nodes and not x.nhwc:
             raise KselectError(f"xnnpack executor: {node.op_type} {node.name!r} has no int8 operator here "
-                               "(2-D conv and fully connected only)")
+                               "(2-D conv, deconv and fully connected only)")
         if node.op_type == "Conv" and len(x.shape) == 3:
             return self._conv1d(node, i, out_name, act, self._float(x, i), w, b)
         if not x.nhwc:
@@ -805,6 +826,9 @@ class Executor:
         self._unary(node, i, out_name, lambda c: xa.Unary("hardswish", c))
 
     def _op_LeakyRelu(self, node, i, out_name, act):
+        if node.name in self.int8_activations:
+            self._int8_leaky_relu(node, out_name)
+            return
         self._unary(node, i, out_name, lambda c: xa.Unary("leaky_relu", c, float(_attr(node, "alpha", 0.01))))
 
     def _op_Elu(self, node, i, out_name, act):

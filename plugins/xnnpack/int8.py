@@ -10,6 +10,10 @@ This snapshot (libxnnpack0 0.0~git20220216, xnnpack.h at ae108ef) has three 8-bi
 - ``qu8``: uint8 activations, uint8 weights with one scale and zero point 128
   (``..._convolution2d_nhwc_qu8``, ``xnn_create_fully_connected_nc_qu8``).
 
+A transposed convolution (deconv task, ONNX's ConvTranspose) runs on
+``xnn_create_deconvolution2d_nhwc_qs8`` / ``_qu8``: this snapshot has no per-channel (qc8) form,
+so its variants are qs8 and qu8, and, as in float, no micro-kernel choice is offered.
+
 A candidate quantizes its input as ``inputs["quant"]`` says (uint8 asymmetric; signed variants
 take the same scale with zero point minus 128) before it is timed; the timed run is the 8-bit
 operator alone (``xnn_run_operator``) on NHWC (conv) or (M, K) (fc) integers; its output is the
@@ -18,8 +22,10 @@ operator's output clamp [output_min, output_max] in the output's integers (as TF
 folds it). A Sigmoid or a SiLU (Sigmoid, then Mul by the op's output) runs after the operator
 on XNNPack's 8-bit sigmoid and multiply operators: the operator writes the pre-activation grid
 (``QuantParams.pre_scale``), the sigmoid the only grid XNNPack's sigmoid writes (scale 1/256),
-the multiply the output's grid; all of them are the timed run. Any other activation makes the
-int8 twin unsupported.
+the multiply the output's grid; all of them are the timed run. A LeakyRelu (slope in (0, 1]) runs
+after it on XNNPack's 8-bit leaky relu, a lookup table from the pre-activation grid onto the
+output's; this snapshot has it for qu8 only, so such an op's only variant is qu8. Any other
+activation makes the int8 twin unsupported.
 
 Micro-kernels: the verified table override of ukernels.py rewrites the family's own gemm / dwconv
 entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read in
@@ -51,11 +57,14 @@ SIGMOID = ["Sigmoid", ["x"], {}]
 
 
 def activation_after(epilogue: list) -> str | None:
-    """"sigmoid" or "silu" when the epilogue is one XNNPack's 8-bit operators run after the
-    kernel: a lone Sigmoid, or Sigmoid then Mul of the op's output by it (either operand order)."""
+    """"sigmoid", "silu" or "leaky_relu" when the epilogue is one XNNPack's 8-bit operators run
+    after the kernel: a lone Sigmoid, Sigmoid then Mul of the op's output by it (either operand
+    order), or a lone LeakyRelu whose slope the 8-bit operator takes (0 < alpha <= 1)."""
     steps = [[step[0], list(step[1]), dict(step[2])] for step in epilogue]
     if steps == [SIGMOID]:
         return "sigmoid"
+    if len(steps) == 1 and steps[0][:2] == ["LeakyRelu", ["x"]] and 0.0 < steps[0][2].get("alpha", 0.01) <= 1.0:
+        return "leaky_relu"
     if len(steps) == 2 and steps[0] == SIGMOID and steps[1][0] == "Mul" and not steps[1][2] \
             and steps[1][1] in (["x", "t0"], ["t0", "x"]):
         return "silu"
@@ -64,10 +73,18 @@ def activation_after(epilogue: list) -> str | None:
 
 def epilogue_supported(epilogue: list) -> bool:
     """No activation, or one Relu / Clip (the operator's output clamp), or a Sigmoid / SiLU when
-    the build has the 8-bit sigmoid and multiply operators."""
+    the build has the 8-bit sigmoid and multiply operators, or a LeakyRelu when it has the 8-bit
+    leaky relu."""
     if not epilogue or clamp_range(epilogue) is not None:
         return True
-    return activation_after(epilogue) is not None and xa.int8_activation_availability()[0]
+    activation = activation_after(epilogue)
+    if activation == "leaky_relu":
+        return xa.int8_leaky_relu_availability()[0]
+    return activation is not None and xa.int8_activation_availability()[0]
+
+
+def leaky_relu_slope(epilogue: list) -> float:
+    return float(dict(epilogue[0][2]).get("alpha", 0.01))
 
 
 def supports(task) -> bool:
@@ -75,17 +92,36 @@ def supports(task) -> bool:
         return False
     if task.kind == "fc":
         return len(task.input_shape) == 2
+    if task.kind == "deconv":
+        return xa.int8_deconvolution_availability()[0] and not task.conv1d and len(task.input_shape) == 4 \
+            and task.input_shape[1] % task.attrs["group"] == 0
     if task.kind != "conv" or task.conv1d or len(task.input_shape) != 4:
         return False
     groups = task.attrs["group"]
     return task.input_shape[1] % groups == 0 and task.weight_shape[0] % groups == 0
 
 
+def variants(task) -> tuple[str, ...]:
+    """The 8-bit variants of this op's operator: qc8 / qs8 / qu8, a deconvolution qs8 / qu8; qu8
+    only with a LeakyRelu after it (the only 8-bit leaky relu of this build)."""
+    own = xa.INT8_DECONV_VARIANTS if task.kind == "deconv" else VARIANTS
+    if activation_after(task.epilogue) == "leaky_relu":
+        return tuple(v for v in own if v == "qu8")
+    return own
+
+
+def has_kernel_choice(task) -> bool:
+    """Whether the space offers the 8-bit micro-kernels (not for a deconvolution, as in float)."""
+    return task.kind != "deconv" and override_on()
+
+
 def default_variant(task) -> str:
     """What XNNPack runs for a TFLite-style int8 model (its subgraph API at this snapshot):
-    per-channel weights for convolutions (qc8); fully connected ops take only per-tensor int8
-    weights there (qs8)."""
-    return "qs8" if task.kind == "fc" else "qc8"
+    per-channel weights for convolutions (qc8); fully connected and transposed convolutions take
+    only per-tensor int8 weights there (qs8); an op the variant cannot take (a LeakyRelu after
+    it) its only variant."""
+    own = "qs8" if task.kind in ("fc", "deconv") else "qc8"
+    return own if own in variants(task) else variants(task)[0]
 
 
 def offset(variant: str) -> int:
@@ -115,13 +151,13 @@ def clamp_in_integers(bounds, params: QuantParams, variant: str) -> tuple[int, i
 
 
 def quantized_operands(task, inputs: dict, params: QuantParams, variant: str, folded: bool = False) -> dict:
-    """Weights (OIHW conv / (N, K) fc, int8, uint8 for qu8), int32 bias and kernel scale(s) of
-    the op under ``params``; a fully connected op's alpha and beta folded in (unless ``folded``:
-    the executor has already folded them into ``w`` and ``b``)."""
+    """Weights (OIHW conv, ONNX's (C_in, C_out / groups, kH, kW) deconv, (N, K) fc; int8, uint8 for
+    qu8), int32 bias and kernel scale(s) of the op under ``params``; a fully connected op's alpha
+    and beta folded in (unless ``folded``: the executor has already folded them into ``w`` and ``b``)."""
     w = inputs["w"]
     per_channel = variant == "qc8"
     q = params.quantized_weights(w, per_channel)
-    scales = (params.w_scales if per_channel else np.full(w.shape[0], params.w_scale_per_tensor)).astype(np.float64)
+    scales = params.w_scales.astype(np.float64) if per_channel else np.float64(params.w_scale_per_tensor)
     b = inputs.get("b")
     if task.kind == "fc" and not folded:
         alpha = float(task.attrs.get("alpha", 1.0))
@@ -136,7 +172,7 @@ def quantized_operands(task, inputs: dict, params: QuantParams, variant: str, fo
     if variant == "qu8":
         q = (q.astype(np.int16) + QU8_KERNEL_ZERO_POINT).astype(np.uint8)
     return {"weights": q, "bias": bias,
-            "kernel_scale": scales.astype(np.float32) if per_channel else float(scales[0]),
+            "kernel_scale": scales.astype(np.float32) if per_channel else float(scales),
             "kernel_zero_point": QU8_KERNEL_ZERO_POINT if variant == "qu8" else 0}
 
 
@@ -149,6 +185,14 @@ def sigmoid_operator(variant: str, channels: int, scale: float, zero_point_u8: i
     """XNNPack's 8-bit sigmoid from the (scale, uint8 zero point) grid; it writes the grid
     (``xa.SIGMOID_OUTPUT_SCALE``, uint8 zero point 0)."""
     return xa.QSigmoid(datatype(variant), channels, zero_point_u8 - offset(variant), scale)
+
+
+def leaky_relu_operator(variant: str, channels: int, slope: float, x: tuple[float, int], y: tuple[float, int]):
+    """XNNPack's 8-bit leaky relu from grid ``x`` onto grid ``y`` (each (scale, uint8 zero point));
+    qu8 only in this build."""
+    if variant != "qu8":
+        raise configured.ConfigError(f"no {variant} leaky relu in this build (qu8 only)")
+    return xa.QLeakyRelu(channels, slope, x[1], x[0], y[1], y[0])
 
 
 def multiply_operator(variant: str, a: tuple[float, int], b: tuple[float, int], y: tuple[float, int]):
@@ -197,9 +241,9 @@ def kernel_options(task, variant: str) -> list[str]:
 
 def space(task, device: Device) -> Space:
     space = Space()
-    space.add(Categorical("variant", VARIANTS, role="precision"))
-    if override_on():
-        options = [name for variant in VARIANTS for name in kernel_options(task, variant)]
+    space.add(Categorical("variant", variants(task), role="precision"))
+    if has_kernel_choice(task):
+        options = [name for variant in variants(task) for name in kernel_options(task, variant)]
         space.add(Categorical("ukernel", tuple(options), role="micro-kernel"))
         space.constrain("ukernel is a kernel of the variant's family (qc8, qs8, qu8)",
                         lambda c: "ukernel" not in c or kernels.int8_family(c["ukernel"]) == c["variant"])
@@ -214,7 +258,7 @@ def default_config(task, device: Device) -> dict:
     fully connected, the kernel its initialisation put in the family's table, all cores."""
     variant = default_variant(task)
     config: dict = {"variant": variant}
-    if override_on():
+    if has_kernel_choice(task):
         config["ukernel"] = kernels.int8_default_kernel(variant, op_class(task), kernels.gemm_rows(task), _taps(task))
     config["threads"] = device.cores
     if device.cores > 1 and tileshim.shim() is not None:
@@ -262,8 +306,9 @@ def _forced(choice, family: str):
 def config_variant(config: dict, task) -> str:
     """The config's variant, checked; refuses keys 8-bit operators do not take."""
     variant = config.get("variant", default_variant(task))
-    if variant not in VARIANTS:
-        raise configured.ConfigError(f"unknown variant {variant!r} (one of {VARIANTS})")
+    if variant not in variants(task):
+        raise configured.ConfigError(f"variant {variant!r} is not offered for this {task.kind} "
+                                     f"(its variants: {', '.join(variants(task))})")
     if config.get("path", "nhwc") != "nhwc" or config.get("tile_n", "default") != "default" \
             or config.get("loop", "rows") != "rows":
         raise configured.ConfigError("8-bit operators take variant, ukernel, threads and spinning only")
@@ -272,11 +317,11 @@ def config_variant(config: dict, task) -> str:
 
 def create_operator(task, config: dict, w: np.ndarray, b: np.ndarray | None, kq: QuantParams,
                     bounds=None, folded: bool = False):
-    """The 8-bit operator of ``config`` for float weights ``w`` (OIHW conv, (N, K) fc) and bias
-    ``b``, quantized under ``kq`` (input and output scales and uint8 zero points, weight scales),
-    its output clamped to the float ``bounds`` (a folded Relu / Clip; None: the task's epilogue),
-    with the configured micro-kernel, which is checked to be the one the operator holds. Returns
-    (operator, its pool, notes). A qc8 fc is a 1x1 qc8 convolution: set it up on (M, 1, 1, K)
+    """The 8-bit operator of ``config`` for float weights ``w`` (OIHW conv, ONNX's deconv, (N, K)
+    fc) and bias ``b``, quantized under ``kq`` (input and output scales and uint8 zero points,
+    weight scales), its output clamped to the float ``bounds`` (a folded Relu / Clip; None: the
+    task's epilogue), with the configured micro-kernel, which is checked to be the one the
+    operator holds. Returns (operator, its pool, notes). A qc8 fc is a 1x1 qc8 convolution: set it up on (M, 1, 1, K)
     and (M, 1, 1, N) views. ``folded``: an fc's alpha and beta are already in ``w`` and ``b``."""
     variant = config_variant(config, task)
     pool = configured.pool_for(config.get("threads", 1))
@@ -295,6 +340,10 @@ def create_operator(task, config: dict, w: np.ndarray, b: np.ndarray | None, kq:
             op = xa.QConvolution2DNHWC(variant, operands["weights"].reshape(n, k, 1, 1), operands["bias"], **quant)
         elif task.kind == "fc":
             op = xa.QFullyConnected(variant, operands["weights"], operands["bias"], **quant)
+        elif task.kind == "deconv":
+            op = xa.QDeconvolution2DNHWC(variant, operands["weights"], operands["bias"], stride=a["strides"],
+                                         dilation=a["dilations"], padding=a["pads"], groups=a["group"],
+                                         adjustment=a["output_padding"], **quant)
         else:
             op = xa.QConvolution2DNHWC(variant, operands["weights"], operands["bias"], stride=a["strides"],
                                        dilation=a["dilations"], padding=a["pads"], groups=a["group"], **quant)
@@ -329,10 +378,10 @@ class Chain(configured.Built):
 
 def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = None) -> Chain:
     """The 8-bit operator for ``config`` on the task's input, quantized as ``inputs["quant"]``
-    says, bound to its input and output buffers; with a Sigmoid or SiLU after it, the operator
-    writes the pre-activation grid and the sigmoid (and multiply) follow. ``kernel_quant``
-    (default: the same) is what the operators are told the quantization is: only a test gives
-    them another one."""
+    says, bound to its input and output buffers; with a Sigmoid, SiLU or LeakyRelu after it, the
+    operator writes the pre-activation grid and the sigmoid (and multiply) or the leaky relu
+    follow. ``kernel_quant`` (default: the same) is what the operators are told the quantization
+    is: only a test gives them another one."""
     params: QuantParams = inputs["quant"]
     kq = kernel_quant or params
     variant = config_variant(config, task)
@@ -362,7 +411,16 @@ def build(task, config: dict, inputs: dict, kernel_quant: QuantParams | None = N
     try:
         op.setup(x, y)
         ops = [op]
-        if activation is not None:
+        if activation == "leaky_relu":
+            channels = y.shape[-1]
+            pre, y = y, buffer(y.shape, dtype)
+            between.append(pre)
+            leaky = leaky_relu_operator(variant, channels, leaky_relu_slope(task.epilogue),
+                                        (kq.pre_scale, kq.pre_zero_point), (kq.y_scale, kq.y_zero_point))
+            after.append(leaky)
+            leaky.setup(pre.reshape(-1, channels), y.reshape(-1, channels))
+            ops.append(leaky)
+        elif activation is not None:
             channels = y.shape[-1]
             pre, y = y, buffer(y.shape, dtype)
             between.append(pre)

@@ -1102,6 +1102,44 @@ def int8_activation_availability() -> tuple[bool, str]:
     return _bind(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply")
 
 
+# The 8-bit leaky relu after an int8 conv / fc (lut-elementwise-nc.c at ae108ef: a 256-entry table
+# built at creation): qu8 only in this snapshot, slope in (0, 1], input / output scale ratio in
+# [2^-8, 2^8).
+_INT8_LEAKY_RELU_PROTOS = {
+    "xnn_create_leaky_relu_nc_qu8": [_sz] * 3 + [_f32, _u8, _f32, _u8, _f32, _u8, _u8, _u32, _op_out],
+    "xnn_setup_leaky_relu_nc_qu8": [_vp, _sz, _vp, _vp, _vp],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def int8_leaky_relu_availability() -> tuple[bool, str]:
+    """Whether the loaded build has the 8-bit (qu8) leaky relu operator (prototypes set)."""
+    ok, why = int8_availability()
+    if not ok:
+        return False, why
+    return _bind(_INT8_LEAKY_RELU_PROTOS, "qu8 leaky relu")
+
+
+# The 8-bit transposed convolution (deconvolution-nhwc.c): qs8 and qu8 only, one weight scale (no
+# per-channel form in this snapshot); the same quantization arguments as the convolution's.
+_INT8_DECONV_PROTOS = {
+    "xnn_create_deconvolution2d_nhwc_qs8": _INT8_PROTOS["xnn_create_convolution2d_nhwc_qs8"],
+    "xnn_create_deconvolution2d_nhwc_qu8": _INT8_PROTOS["xnn_create_convolution2d_nhwc_qu8"],
+}
+for _variant in ("qs8", "qu8"):
+    _INT8_DECONV_PROTOS[f"xnn_setup_deconvolution2d_nhwc_{_variant}"] = [_vp, _sz, _sz, _sz, _u32, _u32, _vp, _vp, _vp]
+INT8_DECONV_VARIANTS = ("qs8", "qu8")
+
+
+@functools.lru_cache(maxsize=None)
+def int8_deconvolution_availability() -> tuple[bool, str]:
+    """Whether the loaded build has the 8-bit deconvolution operators (prototypes set)."""
+    ok, why = int8_availability()
+    if not ok:
+        return False, why
+    return _bind(_INT8_DECONV_PROTOS, "qs8 / qu8 deconvolution")
+
+
 # The 8-bit operators the executor runs between int8 conv / fc ops of a whole model: a residual
 # add, max pooling and global average pooling (binary-elementwise-nd.c, max-pooling-nhwc.c,
 # global-average-pooling-nwc.c at ae108ef). Max pooling takes no quantization: its output is on
@@ -1259,6 +1297,70 @@ class QConvolution2DNHWC(_QuantizedOperator):
         return out
 
 
+class QDeconvolution2DNHWC(_QuantizedOperator):
+    """``xnn_create_deconvolution2d_nhwc_{qs8,qu8}``: ONNX's ConvTranspose on 8-bit NHWC data.
+
+    ``weights``: ONNX's (C_in, C_out / groups, kh, kw), int8 (qs8) or uint8 (qu8, with
+    ``kernel_zero_point``); ``kernel_scale``: one; ``bias``: int32 at input_scale * kernel_scale;
+    ``padding``: ONNX's pads (top, left, bottom, right), cropped from the output; ``adjustment``:
+    ONNX's output_padding (h, w). Input (N, H, W, C_in) -> output (N, OH, OW, C_out).
+    """
+
+    def __init__(self, variant: str, weights, bias=None, *, input_zero_point: int, input_scale: float,
+                 kernel_scale: float, output_zero_point: int, output_scale: float, output_min: int, output_max: int,
+                 kernel_zero_point: int = 0, stride=1, dilation=1, padding=0, groups=1, adjustment=(0, 0),
+                 threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        ok, why = int8_deconvolution_availability()
+        if not ok:
+            raise XNNPackUnavailable(why)
+        if variant not in INT8_DECONV_VARIANTS:
+            raise ValueError(f"no {variant} deconvolution operator in this build {INT8_DECONV_VARIANTS}")
+        w = _as_q(weights, variant, "weights")
+        if w.ndim != 4:
+            raise ValueError("weights must be 4-D (C_in, C_out / groups, kh, kw)")
+        cin, cout_g, kh, kw = w.shape
+        groups = int(groups)
+        if groups < 1 or cin % groups:
+            raise ValueError(f"input channels {cin} not divisible by groups {groups}")
+        self.groups, self.input_channels, self.output_channels = groups, cin, cout_g * groups
+        self.kernel, self.stride, self.dilation = (kh, kw), _pair(stride, "stride"), _pair(dilation, "dilation")
+        self.padding = _pads(padding)
+        self.adjustment = _pair(adjustment, "adjustment")
+        # XNNPack's layout: [groups][C_out / groups][kh][kw][C_in / groups]
+        kernel = np.ascontiguousarray(w.reshape(groups, cin // groups, cout_g, kh, kw).transpose(0, 2, 3, 4, 1))
+        quant = self._quant_args(variant, kernel, bias, input_zero_point, input_scale, kernel_scale, output_zero_point,
+                                 output_scale, output_min, output_max, kernel_zero_point, self.output_channels)
+        t, l, b, r = self.padding
+        self._create(f"xnn_create_deconvolution2d_nhwc_{variant}", t, r, b, l, kh, kw, self.stride[0], self.stride[1],
+                     self.dilation[0], self.dilation[1], groups, cin // groups, cout_g, cin, self.output_channels,
+                     *quant)
+        self._release()
+
+    def _describe(self) -> str:
+        return (f"{type(self).__name__} {getattr(self, 'variant', '')} k={self.kernel} s={self.stride} "
+                f"d={self.dilation} pad(t,l,b,r)={self.padding} groups={self.groups} adjustment={self.adjustment}")
+
+    def output_shape(self, input_shape) -> tuple:
+        n, h, w, _ = input_shape
+        t, l, b, r = self.padding
+        size = [self.stride[axis] * (hw - 1) + self.adjustment[axis] + (self.kernel[axis] - 1) * self.dilation[axis] + 1
+                for axis, hw in enumerate((h, w))]
+        return (n, size[0] - t - b, size[1] - l - r, self.output_channels)
+
+    def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
+        x = _as_q(x, self.variant, "x")
+        if x.ndim != 4 or x.shape[3] != self.input_channels:
+            raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
+        shape = self.output_shape(x.shape)
+        out = np.empty(shape, int8_dtype(self.variant)) if out is None else _as_q(out, self.variant, "out")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], self.adjustment[0], self.adjustment[1],
+                              _ptr(x), _ptr(out), self._pool(threadpool)), self._setup_name)
+        return out
+
+
 class QFullyConnected(_QuantizedOperator):
     """``xnn_create_fully_connected_nc_{qs8,qu8}``: y = x @ W.T + b on 8-bit data (one weight scale;
     this snapshot has no per-channel fully connected operator). ``weights``: (C_out, C_in)."""
@@ -1310,6 +1412,33 @@ class QSigmoid(_RowwiseNC):
         self.output_zero_point = low
         self._create(f"xnn_create_sigmoid_nc_{datatype}", self.channels, self.channels, self.channels,
                      int(input_zero_point), float(input_scale), low, SIGMOID_OUTPUT_SCALE, low, high, 0)
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
+        if x.shape != out.shape or x.shape[-1] != self.channels:
+            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
+        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
+class QLeakyRelu(_RowwiseNC):
+    """``xnn_create_leaky_relu_nc_qu8`` over the last axis: x < 0 ? slope * x : x from the input's
+    grid onto the output's (each a scale and a uint8 zero point), unclamped; qu8 only here."""
+
+    def __init__(self, channels: int, negative_slope: float, input_zero_point: int, input_scale: float,
+                 output_zero_point: int, output_scale: float, *, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        ok, why = int8_leaky_relu_availability()
+        if not ok:
+            raise XNNPackUnavailable(why)
+        self.variant = "qu8"
+        self.channels = int(channels)
+        self._create("xnn_create_leaky_relu_nc_qu8", self.channels, self.channels, self.channels, float(negative_slope),
+                     int(input_zero_point), float(input_scale), int(output_zero_point), float(output_scale), 0, 255, 0)
+
+    def _describe(self) -> str:
+        return f"{type(self).__name__} channels={self.channels}"
 
     def _setup(self, x, out, threadpool=None) -> np.ndarray:
         x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
@@ -1475,5 +1604,6 @@ __all__ = [
     "INT8_VARIANTS", "int8_availability", "QConvolution2DNHWC", "QFullyConnected", "QuantizeConvert",
     "int8_activation_availability", "QSigmoid", "QMultiply", "SIGMOID_OUTPUT_SCALE",
     "int8_graph_availability", "QAdd", "QMaxPooling2D", "QGlobalAveragePooling", "ADD_SCALE_RATIO",
-    "GLOBAL_AVERAGE_SCALE_RATIO",
+    "GLOBAL_AVERAGE_SCALE_RATIO", "INT8_DECONV_VARIANTS", "int8_deconvolution_availability", "QDeconvolution2DNHWC",
+    "int8_leaky_relu_availability", "QLeakyRelu",
 ]
