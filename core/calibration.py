@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import onnx
 
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
@@ -341,7 +342,26 @@ def quantizable(proto):
     if opset >= QDQ_OPSET:
         return proto
     try:
-        return version_converter.convert_version(proto, QDQ_OPSET)
+        converted = version_converter.convert_version(_initializers_as_inputs(proto), QDQ_OPSET)
     except Exception as exc:  # the converter raises many kinds
         raise KselectError(f"int8 needs opset {QDQ_OPSET} (per-channel QDQ) and onnx cannot convert this opset-{opset} "
                            f"model: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    declared = {value.name for value in proto.graph.input}
+    inputs = [value for value in converted.graph.input if value.name in declared]
+    del converted.graph.input[:]
+    converted.graph.input.extend(inputs)
+    converted.ir_version = max(converted.ir_version, onnx.helper.find_min_ir_version_for(
+        [onnx.helper.make_opsetid("", QDQ_OPSET)]))
+    return converted
+
+
+def _initializers_as_inputs(proto):
+    """A copy of the model whose weights are also graph inputs: onnx's version converter looks
+    for them there, as IR version 3 (opset 8 and older) required, and calls them undefined
+    otherwise."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    declared = {value.name for value in copy.graph.input}
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(weight.name, weight.data_type, weight.dims)
+                            for weight in copy.graph.initializer if weight.name not in declared)
+    return copy

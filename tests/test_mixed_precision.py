@@ -360,3 +360,31 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     full_int8 = result.tunings["mlas"].precision.plans["int8"]  # error ~1e-2 against fp32: still a candidate
     kept, (check,) = verified_across(result.model, [("mlas int8", full_int8)], rounds=2, max_rounds=2)
     assert kept is full_int8 and check["max_relative_output_error"] > 1e-3
+
+
+def test_an_opset_8_model_whose_weights_are_not_graph_inputs_quantizes(tmp_path):
+    """Exporters of the opset-8 era (waifu2x's) keep weights as initializers only; onnx's version
+    converter calls them undefined unless they are graph inputs too. The QDQ model comes out at
+    opset 13 with only the model's own input, and runs close to the float model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.calibration import quantize_qdq
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1)],
+        "opset8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    feeds = [{"x": rng.random((1, 3, 16, 16), dtype=np.float32)} for _ in range(4)]
+    quantize_qdq(model, tmp_path / "qdq.onnx", feeds)
+
+    quantized = onnx.load(tmp_path / "qdq.onnx")
+    assert next(o.version for o in quantized.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    assert [value.name for value in quantized.graph.input] == ["x"]
+    assert "DequantizeLinear" in {node.op_type for node in quantized.graph.node}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds[0])[0]
+    got = ort.InferenceSession(str(tmp_path / "qdq.onnx")).run(None, feeds[0])[0]
+    step = (expected.max() - min(expected.min(), 0.0)) / 255.0
+    assert np.max(np.abs(got - expected)) < 4 * step

@@ -164,3 +164,19 @@ def test_a_yolov8_detector_runs_its_silu_convs_in_int8_and_exports_a_qdq_model(t
         cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
     assert np.mean(cosines) == pytest.approx(chosen["score"], abs=1e-3)
 
+
+def test_waifu2x_runs_its_leaky_relu_convs_and_its_convtranspose_in_int8_on_xnnpack(tmp_path):
+    """waifu2x UpConv7: six 3x3 convs, each followed by LeakyRelu(0.1), then a 4x4/s2
+    ConvTranspose. On XNNPack every one of the seven has an int8 twin (the qu8 convolution and
+    8-bit leaky relu; the qs8 / qu8 deconvolution), and the front's all-int8 point runs all seven
+    in the whole model, measured on the sample pictures, close to the float model."""
+    shape = ("--input-shape", "input=1,3,40,40")
+    result = run_kselect("tune", "waifu2x-upconv7-2x", *shape, "--library", "xnnpack", "--precision", "fp32,int8",
+                         "--calibration", "samples", "--metric", "cosine", "--max-accuracy-drop", "0.05", "--no-verify",
+                         *TUNE, "--db", tmp_path / "r.db", "-o", tmp_path / "plan.json", "--json")
+    assert result.returncode == 0, result.stderr
+    precision = json.loads(result.stdout)["libraries"][0]["precision"]
+    front = {point["name"]: point for point in precision["front"]}
+    assert "failed" not in front["int8"], front["int8"]
+    assert front["int8"]["int8_ops"] == 7
+    assert front["int8"]["score"] > 0.99
