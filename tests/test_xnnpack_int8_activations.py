@@ -180,14 +180,16 @@ def _silu_model(seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-def _plans(model, library, ranges, variant: str) -> tuple[Plan, Plan]:
-    """(fp32 plan of XNNPack's defaults, that plan with every conv in int8 at ``variant``), as
-    core/mixed.py builds them."""
+def _plans(model, library, ranges, variant: str | None = None,
+           twin_kinds: tuple = ("conv", "conv", "conv")) -> tuple[Plan, Plan]:
+    """(fp32 plan of XNNPack's defaults, that plan with every int8 twin in int8 at ``variant``, or
+    at the twin's own default config when None), as core/mixed.py builds them. ``twin_kinds``: the
+    kinds of the twins the model must have, one per fp32 task."""
     device = this_device()
     tasks = library_tasks(model, library, ("fp32", "int8"))
     fp32 = [t for t in tasks if t.precision == "fp32"]
     twins = [t for t in tasks if t.precision == "int8"]
-    assert len(twins) == len(fp32) == 3  # SiLU, SiLU and Sigmoid: each conv has its int8 twin
+    assert sorted(t.kind for t in twins) == sorted(twin_kinds) and len(fp32) == len(twin_kinds)
     entries, nodes = [], {}
     for task in fp32:
         config = library.default_config(task, device)
@@ -198,7 +200,7 @@ def _plans(model, library, ranges, variant: str) -> tuple[Plan, Plan]:
                      emulated=False, plan_level=level, tasks=entries, nodes=nodes)
     int8_entries = {}
     for task in twins:
-        config = variant_config(library, task, variant)
+        config = library.default_config(task, device) if variant is None else variant_config(library, task, variant)
         int8_entries[task.key] = plan_task(task, task.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False)
     plan = mixed_plan(fp32_plan, int8_entries, dict(level), {n for t in twins for n in t.nodes},
                       {"ranges": ranges, "metric": "cosine", "max_drop": 0.01})
@@ -223,7 +225,7 @@ def test_int8_plan_runs_silu_and_sigmoid_in_8_bits_and_matches_onnxruntime(varia
     feeds = [{"x": rng.standard_normal((1, 8, 10, 10)).astype(np.float32)} for _ in range(12)]
     calibration = calibration_for(model, feeds)
     ranges = compute_ranges(model, calibration)
-    fp32_plan, plan = _plans(model, library, ranges, variant)
+    fp32_plan, plan = _plans(model, library, ranges, variant)  # SiLU, SiLU and Sigmoid: each conv has its twin
     session = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     qdq = ort.InferenceSession(quantized_model(model, plan).SerializeToString(), providers=["CPUExecutionProvider"])
     runner = library.model_runner(model, plan)

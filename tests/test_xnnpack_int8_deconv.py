@@ -15,14 +15,12 @@ from kselect.core import plugins
 from kselect.core.calibration import calibration_for, compute_ranges
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
-from kselect.core.mixed import mixed_plan
 from kselect.core.model import load_model
-from kselect.core.plan import Plan, plan_node, plan_task
 from kselect.core.quant import int8_tolerance, quant_params
 from kselect.core.tasks import Task, task_key
-from kselect.core.tune import library_tasks
 from kselect.plugins.xnnpack import configured, int8
 from kselect.plugins.xnnpack import xnnpack_api as xa
+from test_xnnpack_int8_activations import _plans
 
 _OK, _REASON = xa.int8_deconvolution_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
@@ -116,28 +114,12 @@ def test_a_model_runs_its_convtranspose_in_int8_between_int8_convs(tmp_path):
     path = tmp_path / "upsampler.onnx"
     upsampler(path)
     model = load_model(str(path))
-    library, device = plugins.get_library("xnnpack"), this_device()
+    library = plugins.get_library("xnnpack")
     rng = np.random.default_rng(0)
     calibration = calibration_for(model, [{"x": rng.random((1, 3, 16, 16), dtype=np.float32)} for _ in range(8)])
     ranges = compute_ranges(model, calibration)
-    tasks = library_tasks(model, library, ("fp32", "int8"))
-    fp32 = [t for t in tasks if t.precision == "fp32"]
-    twins = [t for t in tasks if t.precision == "int8"]
-    assert sorted(t.kind for t in twins) == ["conv", "conv", "deconv"]
-    entries, nodes = [], {}
-    for task in fp32:
-        config = library.default_config(task, device)
-        entries.append(plan_task(task, task.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False))
-        nodes.update({node: plan_node(task, "xnnpack", config) for node in task.nodes})
-    level = {k: v for t in fp32 for k, v in library.default_config(t, device).items() if k in library.plan_level_dims}
-    fp32_plan = Plan(model={"name": model.name}, device=device.to_json(), libraries={"xnnpack": library.version()},
-                     emulated=False, plan_level=level, tasks=entries, nodes=nodes)
-    int8_entries = {}
-    for task in twins:
-        config = library.default_config(task, device)
-        int8_entries[task.key] = plan_task(task, task.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False)
-    plan = mixed_plan(fp32_plan, int8_entries, dict(level), {"conv1", "deconv", "conv2"},
-                      {"ranges": ranges, "metric": "cosine", "max_drop": 0.01})
+    # every twin (conv1, deconv, conv2) in int8 at its default config
+    _, plan = _plans(model, library, ranges, twin_kinds=("conv", "conv", "deconv"))
 
     float_runner, int8_runner = library.model_runner(model, None), library.model_runner(model, plan)
     try:

@@ -16,13 +16,12 @@ from kselect.core.calibration import calibration_for, compute_ranges
 from kselect.core.device import this_device
 from kselect.core.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
 from kselect.core.model import model_from_proto
-from kselect.core.quant import dequantize, int8_tolerance, on_grid, quant_params
-from kselect.core.tasks import Task, task_key
+from kselect.core.quant import dequantize, on_grid, quant_params
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.xnnpack import configured, int8, kernels
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from test_xnnpack_int8_activations import _plans
+from test_xnnpack_int8_activations import _plans, conv_task, fc_task, tolerance
 
 _OK, _REASON = xa.int8_leaky_relu_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
@@ -34,31 +33,9 @@ def leaky(alpha: float) -> list:
     return [["LeakyRelu", ["x"], {"alpha": alpha}]]
 
 
-def conv_task(epilogue, group=1) -> Task:
-    x, w, y = [1, 32, 12, 12], [32, 32 // group, 3, 3], [1, 32, 12, 12]
-    attrs = {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": group}
-    signature = {"kind": "conv", "input": x, "weight": w, "output": y, "attrs": attrs, "bias": True,
-                 "activation": epilogue}
-    return Task("C", task_key(signature), "conv", x, w, y, attrs, True, ["c"], epilogue).at_precision("int8")
-
-
-def fc_task(epilogue) -> Task:
-    attrs = {"alpha": 1.0, "beta": 1.0, "transB": 1}
-    signature = {"kind": "fc", "input": [4, 48], "weight": [24, 48], "output": [4, 24], "attrs": attrs, "bias": True,
-                 "activation": epilogue}
-    return Task("F", task_key(signature), "fc", [4, 48], [24, 48], [4, 24], attrs, True, ["f"],
-                epilogue).at_precision("int8")
-
-
 @pytest.fixture(scope="module")
 def lib() -> XnnpackLibrary:
     return XnnpackLibrary()
-
-
-def tolerance(task) -> float:
-    inputs = task_inputs(task)
-    reference = reference_output(task, inputs)
-    return int8_tolerance(task, inputs, reference, quant_params(task, inputs, reference))
 
 
 def test_a_leaky_relu_twin_is_qu8_only(lib):

@@ -627,18 +627,13 @@ class Convolution2DNCHW(_Conv2DBase):
         return out
 
 
-class Deconvolution2DNHWC(Operator):
-    """``xnn_create_deconvolution2d_nhwc_f32``: ONNX's ConvTranspose in NHWC.
+class _DeconvGeometry:
+    """Shared by the float and 8-bit deconvolutions (ONNX's ConvTranspose in NHWC): the geometry
+    from ONNX's attributes, XNNPack's kernel layout, the output shape and the setup call."""
 
-    ``weights``: ONNX's (C_in, C_out / groups, kh, kw); ``padding``: ONNX's pads (top, left,
-    bottom, right), cropped from the output; ``adjustment``: ONNX's output_padding (h, w).
-    Input (N, H, W, C_in) -> output (N, OH, OW, C_out).
-    """
-
-    def __init__(self, weights, bias=None, *, stride=1, dilation=1, padding=0, groups=1, adjustment=(0, 0),
-                 output_min: float = -math.inf, output_max: float = math.inf, threadpool: Threadpool | None = None):
-        super().__init__(threadpool)
-        w = np.asarray(weights, dtype=np.float32)
+    def _set_geometry(self, w: np.ndarray, stride, dilation, padding, groups, adjustment) -> np.ndarray:
+        """Checks ONNX's (C_in, C_out / groups, kh, kw) weights and sets the geometry; returns the
+        weights in XNNPack's layout."""
         if w.ndim != 4:
             raise ValueError("weights must be 4-D (C_in, C_out / groups, kh, kw)")
         cin, cout_g, kh, kw = w.shape
@@ -650,18 +645,18 @@ class Deconvolution2DNHWC(Operator):
         self.padding = _pads(padding)
         self.adjustment = _pair(adjustment, "adjustment")
         # XNNPack's layout: [groups][C_out / groups][kh][kw][C_in / groups]
-        kernel = np.ascontiguousarray(w.reshape(groups, cin // groups, cout_g, kh, kw).transpose(0, 2, 3, 4, 1))
-        b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
-        if b is not None and b.size != self.output_channels:
-            raise ValueError(f"bias has {b.size} elements, expected {self.output_channels}")
-        t, l, bottom, r = self.padding
-        self._create("xnn_create_deconvolution2d_nhwc_f32", t, r, bottom, l, kh, kw, self.stride[0], self.stride[1],
-                     self.dilation[0], self.dilation[1], groups, cin // groups, cout_g, cin, self.output_channels,
-                     _ptr(kernel), None if b is None else _ptr(b), float(output_min), float(output_max), 0)
+        return np.ascontiguousarray(w.reshape(groups, cin // groups, cout_g, kh, kw).transpose(0, 2, 3, 4, 1))
 
-    def _describe(self) -> str:
-        return (f"{type(self).__name__} k={self.kernel} s={self.stride} d={self.dilation} pad(t,l,b,r)={self.padding} "
-                f"groups={self.groups} adjustment={self.adjustment}")
+    def _geometry_args(self) -> tuple:
+        """``xnn_create_deconvolution2d_nhwc_*``'s arguments from the padding to the output channels."""
+        t, l, b, r = self.padding
+        groups, cin, cout = self.groups, self.input_channels, self.output_channels
+        return (t, r, b, l, *self.kernel, *self.stride, *self.dilation, groups, cin // groups, cout // groups, cin,
+                cout)
+
+    def _describe_geometry(self) -> str:
+        return (f"k={self.kernel} s={self.stride} d={self.dilation} pad(t,l,b,r)={self.padding} groups={self.groups} "
+                f"adjustment={self.adjustment}")
 
     def output_shape(self, input_shape) -> tuple:
         n, h, w, _ = input_shape
@@ -670,14 +665,42 @@ class Deconvolution2DNHWC(Operator):
                 for axis, hw in enumerate((h, w))]
         return (n, size[0] - t - b, size[1] - l - r, self.output_channels)
 
-    def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
-        x = _as_f32(x, "x")
+    def _check_input(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 4 or x.shape[3] != self.input_channels:
             raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
-        out = _out(out, self.output_shape(x.shape))
+        return x
+
+    def _setup_deconv(self, x: np.ndarray, out: np.ndarray, threadpool) -> np.ndarray:
         _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], self.adjustment[0], self.adjustment[1],
                               _ptr(x), _ptr(out), self._pool(threadpool)), self._setup_name)
         return out
+
+
+class Deconvolution2DNHWC(_DeconvGeometry, Operator):
+    """``xnn_create_deconvolution2d_nhwc_f32``: ONNX's ConvTranspose in NHWC.
+
+    ``weights``: ONNX's (C_in, C_out / groups, kh, kw); ``padding``: ONNX's pads (top, left,
+    bottom, right), cropped from the output; ``adjustment``: ONNX's output_padding (h, w).
+    Input (N, H, W, C_in) -> output (N, OH, OW, C_out).
+    """
+
+    def __init__(self, weights, bias=None, *, stride=1, dilation=1, padding=0, groups=1, adjustment=(0, 0),
+                 output_min: float = -math.inf, output_max: float = math.inf, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        kernel = self._set_geometry(np.asarray(weights, dtype=np.float32), stride, dilation, padding, groups,
+                                    adjustment)
+        b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        if b is not None and b.size != self.output_channels:
+            raise ValueError(f"bias has {b.size} elements, expected {self.output_channels}")
+        self._create("xnn_create_deconvolution2d_nhwc_f32", *self._geometry_args(), _ptr(kernel),
+                     None if b is None else _ptr(b), float(output_min), float(output_max), 0)
+
+    def _describe(self) -> str:
+        return f"{type(self).__name__} {self._describe_geometry()}"
+
+    def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
+        x = self._check_input(_as_f32(x, "x"))
+        return self._setup_deconv(x, _out(out, self.output_shape(x.shape)), threadpool)
 
 
 class FullyConnected(Operator):
@@ -1080,6 +1103,14 @@ def _bind(prototypes: dict, what: str) -> tuple[bool, str]:
     return True, what
 
 
+def _optional_int8(prototypes: dict, what: str) -> tuple[bool, str]:
+    """Optional 8-bit operators on top of the conv / fc ones: (False, why) when those or these lack."""
+    ok, why = int8_availability()
+    if not ok:
+        return False, why
+    return _bind(prototypes, what)
+
+
 # The 8-bit operators an activation after an int8 conv / fc runs on (int8.py, the executor):
 # sigmoid (a 256-entry lookup table) and multiply, both in lut-elementwise-nc.c /
 # binary-elementwise-nd.c at ae108ef. Optional: without them only folding activations run in int8.
@@ -1096,10 +1127,7 @@ SIGMOID_OUTPUT_SCALE = 1.0 / 256.0
 @functools.lru_cache(maxsize=None)
 def int8_activation_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit sigmoid and multiply operators (prototypes set)."""
-    ok, why = int8_availability()
-    if not ok:
-        return False, why
-    return _bind(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply")
+    return _optional_int8(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply")
 
 
 # The 8-bit leaky relu after an int8 conv / fc (lut-elementwise-nc.c at ae108ef: a 256-entry table
@@ -1114,10 +1142,7 @@ _INT8_LEAKY_RELU_PROTOS = {
 @functools.lru_cache(maxsize=None)
 def int8_leaky_relu_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit (qu8) leaky relu operator (prototypes set)."""
-    ok, why = int8_availability()
-    if not ok:
-        return False, why
-    return _bind(_INT8_LEAKY_RELU_PROTOS, "qu8 leaky relu")
+    return _optional_int8(_INT8_LEAKY_RELU_PROTOS, "qu8 leaky relu")
 
 
 # The 8-bit transposed convolution (deconvolution-nhwc.c): qs8 and qu8 only, one weight scale (no
@@ -1134,10 +1159,7 @@ INT8_DECONV_VARIANTS = ("qs8", "qu8")
 @functools.lru_cache(maxsize=None)
 def int8_deconvolution_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit deconvolution operators (prototypes set)."""
-    ok, why = int8_availability()
-    if not ok:
-        return False, why
-    return _bind(_INT8_DECONV_PROTOS, "qs8 / qu8 deconvolution")
+    return _optional_int8(_INT8_DECONV_PROTOS, "qs8 / qu8 deconvolution")
 
 
 # The 8-bit operators the executor runs between int8 conv / fc ops of a whole model: a residual
@@ -1164,10 +1186,7 @@ GLOBAL_AVERAGE_SCALE_RATIO = (2.0 ** -8, 2.0 ** 8)
 def int8_graph_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit add, max pooling and global average pooling
     operators (prototypes set)."""
-    ok, why = int8_availability()
-    if not ok:
-        return False, why
-    return _bind(_INT8_GRAPH_PROTOS, "qs8 / qu8 add, s8 / u8 max pooling, qs8 / qu8 global average pooling")
+    return _optional_int8(_INT8_GRAPH_PROTOS, "qs8 / qu8 add, s8 / u8 max pooling, qs8 / qu8 global average pooling")
 
 
 def _require_int8_graph() -> None:
@@ -1297,7 +1316,7 @@ class QConvolution2DNHWC(_QuantizedOperator):
         return out
 
 
-class QDeconvolution2DNHWC(_QuantizedOperator):
+class QDeconvolution2DNHWC(_DeconvGeometry, _QuantizedOperator):
     """``xnn_create_deconvolution2d_nhwc_{qs8,qu8}``: ONNX's ConvTranspose on 8-bit NHWC data.
 
     ``weights``: ONNX's (C_in, C_out / groups, kh, kw), int8 (qs8) or uint8 (qu8, with
@@ -1316,49 +1335,22 @@ class QDeconvolution2DNHWC(_QuantizedOperator):
             raise XNNPackUnavailable(why)
         if variant not in INT8_DECONV_VARIANTS:
             raise ValueError(f"no {variant} deconvolution operator in this build {INT8_DECONV_VARIANTS}")
-        w = _as_q(weights, variant, "weights")
-        if w.ndim != 4:
-            raise ValueError("weights must be 4-D (C_in, C_out / groups, kh, kw)")
-        cin, cout_g, kh, kw = w.shape
-        groups = int(groups)
-        if groups < 1 or cin % groups:
-            raise ValueError(f"input channels {cin} not divisible by groups {groups}")
-        self.groups, self.input_channels, self.output_channels = groups, cin, cout_g * groups
-        self.kernel, self.stride, self.dilation = (kh, kw), _pair(stride, "stride"), _pair(dilation, "dilation")
-        self.padding = _pads(padding)
-        self.adjustment = _pair(adjustment, "adjustment")
-        # XNNPack's layout: [groups][C_out / groups][kh][kw][C_in / groups]
-        kernel = np.ascontiguousarray(w.reshape(groups, cin // groups, cout_g, kh, kw).transpose(0, 2, 3, 4, 1))
+        kernel = self._set_geometry(_as_q(weights, variant, "weights"), stride, dilation, padding, groups, adjustment)
         quant = self._quant_args(variant, kernel, bias, input_zero_point, input_scale, kernel_scale, output_zero_point,
                                  output_scale, output_min, output_max, kernel_zero_point, self.output_channels)
-        t, l, b, r = self.padding
-        self._create(f"xnn_create_deconvolution2d_nhwc_{variant}", t, r, b, l, kh, kw, self.stride[0], self.stride[1],
-                     self.dilation[0], self.dilation[1], groups, cin // groups, cout_g, cin, self.output_channels,
-                     *quant)
+        self._create(f"xnn_create_deconvolution2d_nhwc_{variant}", *self._geometry_args(), *quant)
         self._release()
 
     def _describe(self) -> str:
-        return (f"{type(self).__name__} {getattr(self, 'variant', '')} k={self.kernel} s={self.stride} "
-                f"d={self.dilation} pad(t,l,b,r)={self.padding} groups={self.groups} adjustment={self.adjustment}")
-
-    def output_shape(self, input_shape) -> tuple:
-        n, h, w, _ = input_shape
-        t, l, b, r = self.padding
-        size = [self.stride[axis] * (hw - 1) + self.adjustment[axis] + (self.kernel[axis] - 1) * self.dilation[axis] + 1
-                for axis, hw in enumerate((h, w))]
-        return (n, size[0] - t - b, size[1] - l - r, self.output_channels)
+        return f"{type(self).__name__} {getattr(self, 'variant', '')} {self._describe_geometry()}"
 
     def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
-        x = _as_q(x, self.variant, "x")
-        if x.ndim != 4 or x.shape[3] != self.input_channels:
-            raise ValueError(f"x: expected (N, H, W, {self.input_channels}), got {x.shape}")
+        x = self._check_input(_as_q(x, self.variant, "x"))
         shape = self.output_shape(x.shape)
         out = np.empty(shape, int8_dtype(self.variant)) if out is None else _as_q(out, self.variant, "out")
         if tuple(out.shape) != shape:
             raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], self.adjustment[0], self.adjustment[1],
-                              _ptr(x), _ptr(out), self._pool(threadpool)), self._setup_name)
-        return out
+        return self._setup_deconv(x, out, threadpool)
 
 
 class QFullyConnected(_QuantizedOperator):
@@ -1395,7 +1387,19 @@ class QFullyConnected(_QuantizedOperator):
         return out
 
 
-class QSigmoid(_RowwiseNC):
+class _QRowwiseNC(_RowwiseNC):
+    """An 8-bit operator over the last axis: x and out of its variant's type, of the same shape."""
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
+        if x.shape != out.shape or x.shape[-1] != self.channels:
+            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
+        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
+class QSigmoid(_QRowwiseNC):
     """``xnn_create_sigmoid_nc_{qs8,qu8}`` over the last axis (``datatype`` "qs8" or "qu8"): from the
     input's grid onto the only output grid XNNPack accepts, scale ``SIGMOID_OUTPUT_SCALE`` with zero
     point -128 (qs8) or 0 (qu8)."""
@@ -1413,16 +1417,8 @@ class QSigmoid(_RowwiseNC):
         self._create(f"xnn_create_sigmoid_nc_{datatype}", self.channels, self.channels, self.channels,
                      int(input_zero_point), float(input_scale), low, SIGMOID_OUTPUT_SCALE, low, high, 0)
 
-    def _setup(self, x, out, threadpool=None) -> np.ndarray:
-        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
-        if x.shape != out.shape or x.shape[-1] != self.channels:
-            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
-        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
-        return out
 
-
-class QLeakyRelu(_RowwiseNC):
+class QLeakyRelu(_QRowwiseNC):
     """``xnn_create_leaky_relu_nc_qu8`` over the last axis: x < 0 ? slope * x : x from the input's
     grid onto the output's (each a scale and a uint8 zero point), unclamped; qu8 only here."""
 
@@ -1439,14 +1435,6 @@ class QLeakyRelu(_RowwiseNC):
 
     def _describe(self) -> str:
         return f"{type(self).__name__} channels={self.channels}"
-
-    def _setup(self, x, out, threadpool=None) -> np.ndarray:
-        x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
-        if x.shape != out.shape or x.shape[-1] != self.channels:
-            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
-        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
-        return out
 
 
 class _QBinary(Binary):
