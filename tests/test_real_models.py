@@ -51,6 +51,28 @@ def test_a_mobilenetv3_text_classifier_tunes_and_runs(tmp_path, library):
     assert json.loads(bench.read_text())["max_relative_output_error"] < 1e-3
 
 
+def test_onnx_runtimes_default_as_a_plan_is_its_default_session_on_a_hard_swish_model(tmp_path):
+    """The plan a tune keeps when nothing beats ONNX Runtime's default session is that session:
+    the original model, which ORT lays out itself, even where kselect's own NCHWc rewrite would
+    differ from ORT's (hard-swish, measured 25% slower on the PP-LCNet classifier)."""
+    from kselect.core.device import this_device
+    from kselect.core.library_plan import onnxruntime_default_plan
+    from kselect.core.model import load_model
+    from kselect.core.records import RecordDB
+    from kselect.plugins.mlas.apply import layouts_are_onnxruntimes, write_optimized_model
+
+    db = tmp_path / "r.db"
+    result = run_kselect("tune", "pplcnet-doc-orientation", "--library", "mlas", "--no-verify", *TUNE, "--db", db,
+                         "-o", tmp_path / "plan.json")
+    assert result.returncode == 0, result.stderr
+    model = load_model("pplcnet-doc-orientation")
+    plan = onnxruntime_default_plan(model, this_device(), RecordDB(db))
+    assert all(task["config"] == task["default_config"] for task in plan.tasks)
+    assert not layouts_are_onnxruntimes(model, plan)  # kselect's rewrite would block ORT's reordering
+    written, _ = write_optimized_model(plan, model, tmp_path / "export")
+    assert written.read_bytes() == model.proto.SerializeToString()
+
+
 def test_a_yolov8_detector_runs_on_xnnpack_with_onnxruntime_for_the_ops_xnnpack_lacks(tmp_path):
     """YOLOv8n (SiLU, C2f, Split, Resize nearest, Reshape / Transpose / Softmax head): XNNPack runs
     what it has, ONNX Runtime the rest, in one plan that runs and matches ONNX Runtime."""

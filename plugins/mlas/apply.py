@@ -41,6 +41,16 @@ def layouts_are_onnxruntimes(model, plan) -> bool:
     return not info["beyond_ort"]
 
 
+def keeps_original_model(model, plan) -> bool:
+    """Whether the plan runs on the original model, ORT laying it out itself: a plan with int8
+    nodes (the quantizer's QDQ model), a plan with every op at the library default (ORT's default
+    session is what that plan means, whatever kselect's rewrite would block), or one whose layouts
+    are ORT's own (``layouts_are_onnxruntimes``)."""
+    at_defaults = all(task.get("config") == task.get("default_config") for task in plan.tasks
+                      if isinstance(task, dict) and task.get("library", "mlas") == "mlas")
+    return bool(int8_nodes(plan)) or at_defaults or layouts_are_onnxruntimes(model, plan)
+
+
 def original_model(model, segment: bool = False) -> onnx.ModelProto:
     """What ORT's own transformer gets: the model, or for ``segment`` (a segment of a plan across
     libraries, whose residual branches come in as graph inputs) the model with them anchored
@@ -73,7 +83,7 @@ def write_optimized_model(plan, model, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / f"{model.name}.kselect.onnx"
     options_path = out_dir / f"{model.name}.kselect.session.json"
-    keep_original = bool(int8_nodes(plan)) or layouts_are_onnxruntimes(model, plan)
+    keep_original = keeps_original_model(model, plan)
     write_atomically(model_path, rewritten_model(model, plan, keep_original).SerializeToString())
     write_atomically(options_path, json.dumps(session_settings(plan, keep_original), indent=2) + "\n")
     return [model_path, options_path]
@@ -104,7 +114,7 @@ def default_session(model, extra_entries: dict | None = None, segment: bool = Fa
 def plan_session(model, plan, extra_entries: dict | None = None, segment: bool = False):
     import onnxruntime as ort
 
-    keep_original = bool(int8_nodes(plan)) or layouts_are_onnxruntimes(model, plan)
+    keep_original = keeps_original_model(model, plan)
     options = add_config_entries(session_options(plan.plan_level, keep_nchwc_transformer=keep_original), extra_entries)
     return ort.InferenceSession(rewritten_model(model, plan, keep_original, segment).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
