@@ -95,6 +95,10 @@ class Library(ABC):
     # loops (0: they sleep). In a plan mixing libraries exactly one library spins
     # (core/spinning.py); None: the library's workers never spin.
     spin_dim: str | None = None
+    # A plan with every op at its default config does not run as the library runs a model by
+    # itself (MLAS: kselect's NCHWc rewrite rather than ORT's own transformer): both are verified
+    # end to end, the library's own run as the plan variant marked ``LIBRARY_DEFAULT`` (core/plan.py).
+    default_plan_differs: bool = False
     # The precisions this library has kernels for (core/quant.py). A library listing "int8" is
     # offered the int8 twin of each conv and fc task (``Task.precision``) when a tune asks for
     # int8 (``--precision fp32,int8``); ``supports``, ``space`` and ``default_config`` answer for

@@ -198,7 +198,7 @@ class Plan:
         return Plan(self.model, self.device, {name: self.libraries[name]}, self.emulated,
                     dict(self.library_settings.get(name, {})), [t for t in self.tasks if t["library"] == name],
                     {node: entry for node, entry in self.nodes.items() if entry["library"] == name},
-                    extra={"precision": self.extra["precision"]} if "precision" in self.extra else {})
+                    extra={key: self.extra[key] for key in ("precision", LIBRARY_DEFAULT) if key in self.extra})
 
     def save(self, path: str | Path) -> None:
         """Written whole or not at all: to a file beside it, then renamed over it."""
@@ -232,11 +232,16 @@ def op_level(config: dict, plan_level_dims) -> dict:
     return {k: v for k, v in config.items() if k not in plan_level_dims}
 
 
+LIBRARY_DEFAULT = "library_default"  # a plan's extra key: run it as the library runs the model by itself
+
+
 def plan_variants(model: Model, device: Device, library, library_version: str, tasks: list[Task],
                   records: dict[str, list[Record]], defaults: dict[str, dict]) -> list[tuple[str, Plan]]:
     """The tuned plan, then simpler ones to fall back on when it loses end to end: the best
     plan-level settings with every op's own dims at the library default, then the library's
-    defaults throughout."""
+    defaults throughout, marked ``LIBRARY_DEFAULT``: the library runs it as it runs the model
+    by itself (MLAS: ONNX Runtime's default session on the original model), which a tuned plan
+    whose ops all kept their default configs need not be (``Library.default_plan_differs``)."""
     dims = library.plan_level_dims
 
     def only(keep) -> dict[str, list[Record]]:
@@ -252,9 +257,12 @@ def plan_variants(model: Model, device: Device, library, library_version: str, t
             plan = build_plan(model, device, library, library_version, tasks, subset, defaults)
         except KselectError:
             continue  # e.g. a default config that failed: that variant cannot be built
-        key = json.dumps(plan.nodes, sort_keys=True) + json.dumps(plan.plan_level, sort_keys=True)
+        if name == "library default":
+            plan.extra[LIBRARY_DEFAULT] = True
+        key = json.dumps([plan.nodes, plan.plan_level, library.default_plan_differs and name == "library default"],
+                         sort_keys=True)
         if key in index_of:  # the same plan as a more tuned variant: keep it once, by its simpler name
-            plans[index_of[key]] = (name, plans[index_of[key]][1])
+            plans[index_of[key]] = (name, plan)
         else:
             index_of[key] = len(plans)
             plans.append((name, plan))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import onnx
 
-from kselect.core.plan import int8_nodes, write_atomically
+from kselect.core.plan import LIBRARY_DEFAULT, int8_nodes, write_atomically
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.mlas.layout import nchwc_block_size
 from kselect.plugins.mlas.library import add_config_entries, session_config_entries, session_options
@@ -43,12 +43,10 @@ def layouts_are_onnxruntimes(model, plan) -> bool:
 
 def keeps_original_model(model, plan) -> bool:
     """Whether the plan runs on the original model, ORT laying it out itself: a plan with int8
-    nodes (the quantizer's QDQ model), a plan with every op at the library default (ORT's default
-    session is what that plan means, whatever kselect's rewrite would block), or one whose layouts
+    nodes (the quantizer's QDQ model), the library-default plan (ORT's default session is what it
+    means, whatever kselect's rewrite would block; core/plan.plan_variants), or one whose layouts
     are ORT's own (``layouts_are_onnxruntimes``)."""
-    at_defaults = all(task.get("config") == task.get("default_config") for task in plan.tasks
-                      if isinstance(task, dict) and task.get("library", "mlas") == "mlas")
-    return bool(int8_nodes(plan)) or at_defaults or layouts_are_onnxruntimes(model, plan)
+    return bool(int8_nodes(plan)) or plan.extra.get(LIBRARY_DEFAULT, False) or layouts_are_onnxruntimes(model, plan)
 
 
 def original_model(model, segment: bool = False) -> onnx.ModelProto:

@@ -77,6 +77,7 @@ def session_config_entries(config: dict, keep_nchwc_transformer: bool = False) -
 class MlasLibrary(Library):
     name = "mlas"
     baseline = True
+    default_plan_differs = True  # kselect's NCHWc rewrite, unless its layouts are ORT's own (apply.py)
     spin_dim = "spinning"  # ONNX Runtime's default session: the reference, and the runner of any ONNX op
     fresh_instances = 3  # sessions of one config can settle at different speeds
     # int8 ops: the activation type and weight granularity are one choice for the whole quantized
