@@ -312,7 +312,7 @@ def test_kill_9_at_seeded_random_moments_loses_nothing_and_resuming_measures_not
     rng = random.Random(25)
     db, plan = tmp_path / "records.db", tmp_path / "small.plan.json"
     args = [sys.executable, "-m", "kselect.cli.main", "tune", str(small_model_path), "--library", "mlas",
-            "--search", "exhaustive", "--budget", "12", "--min-time", "0.02", "--no-verify", "--db", str(db),
+            "--search", "exhaustive", "--budget", "12", "--min-time", "0.05", "--no-verify", "--db", str(db),
             "-o", str(plan)]
     env = {**os.environ, "COLUMNS": "200"}
 
