@@ -257,10 +257,10 @@ def plan_variants(model: Model, device: Device, library, library_version: str, t
             plan = build_plan(model, device, library, library_version, tasks, subset, defaults)
         except KselectError:
             continue  # e.g. a default config that failed: that variant cannot be built
-        if name == "library default":
+        library_default = name == "library default"
+        if library_default:
             plan.extra[LIBRARY_DEFAULT] = True
-        key = json.dumps([plan.nodes, plan.plan_level, library.default_plan_differs and name == "library default"],
-                         sort_keys=True)
+        key = json.dumps([plan.nodes, plan.plan_level, library_default and library.default_plan_differs], sort_keys=True)
         if key in index_of:  # the same plan as a more tuned variant: keep it once, by its simpler name
             plans[index_of[key]] = (name, plan)
         else:
