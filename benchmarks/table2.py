@@ -224,7 +224,7 @@ NOTES = """
 - *kept* is what `kselect tune --library mlas,xnnpack` keeps: each library's plan and the
   cross-library plan's spinning variants, each timed alone in fresh processes, ONNX Runtime's
   default in the same rounds; a plan replaces the default only when the median of its per-round
-  speedups reaches 1.02 and the 87.5% distribution-free lower bound of that median 0.98 (a plan
+  speedups reaches 1.02 and the 87.5% distribution-free lower bound of that median 1.0 (0.98 before stop 38) (a plan
   still undecided after 4 rounds runs more with the default, up to 10; `core/selection.race_verdict`,
   since stop 18). Among plans shown faster, one with more library switches, or whose threads sleep
   between parallel loops where the others' spin, must beat a calmer one by max(2%, half the spread

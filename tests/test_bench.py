@@ -110,7 +110,11 @@ def test_a_plan_replaces_the_default_only_when_its_per_round_speedups_show_it_fa
     assert verdict([0.907, 1.03, 1.05, 1.091]) == "undecided"  # resnet101's MLAS plan, table2 stop 17
     assert verdict([0.95, 0.96, 1.0, 1.01]) == "not faster"  # no round 2% faster
     assert verdict([1.05, 1.06, 1.04]) == "undecided"  # too few rounds for a verdict
-    assert verdict([0.97, 1.05, 1.06, 1.04]) == "undecided"  # one round at 0.97: below the 0.98 limit
+    assert verdict([0.97, 1.05, 1.06, 1.04]) == "undecided"  # one round at 0.97: the lower bound is below 1
+    # yolov8n's cross-library plan at stop 37: median 1.029x over 10 rounds, lower bound 0.9996x;
+    # the benchmark's own rounds then read it 0.977x. Not shown faster.
+    assert verdict([1.5059, 1.039, 0.9635, 0.936, 1.042, 1.0301, 1.084, 1.025, 1.0278, 0.9996]) == "undecided"
+    assert verdict([1.5059, 1.039, 1.0035, 1.036, 1.042, 1.0301, 1.084, 1.025, 1.0278, 1.0096]) == "faster"
 
 
 def scripted_processes(monkeypatch, plan_ms_by_round):
