@@ -240,14 +240,12 @@ class CliTuneEvents:
         console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
                       "that neither times the other's load[/]")
 
-    def cross_int8_scored(self, library: str, score, drop, max_drop: float, failed: str = "") -> None:
+    def cross_int8_scored(self, variant: str, score, drop, max_drop: float, failed: str = "") -> None:
         if failed:
-            console.print(f"[yellow]the cross-library plan with {library}'s int8 ops could not run ({failed}): not "
-                          f"raced[/]")
+            console.print(f"[yellow]the {variant} could not be made or run ({failed}): not raced[/]")
             return
         verdict = "races" if drop <= max_drop else "over the budget: not raced"
-        console.print(f"the cross-library plan with {library}'s int8 ops: metric {score:.4f}, drop {drop:.4f} "
-                      f"(budget {max_drop}): {verdict}")
+        console.print(f"the {variant}: metric {score:.4f}, drop {drop:.4f} (budget {max_drop}): {verdict}")
 
     def library_left_out(self, library, why: str) -> None:
         console.print(f"[yellow]{library.name} is left out of this tune's plans: {why}[/]")

@@ -33,6 +33,7 @@ from kselect.core.measure import MeasureSettings
 from kselect.core.model import Model, load_model
 from kselect.core.plan import Plan
 from kselect.core.records import DEFAULT_DB, RecordDB
+from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
 from kselect.core.tune import Reporter, TaskOutcome, TuneOptions
 
@@ -121,10 +122,10 @@ class TuneEvents(Reporter):
 
     def cross_checked(self, chosen: Plan, results: list[dict]) -> None: ...
 
-    def cross_int8_scored(self, library: str, score: float | None, drop: float | None, max_drop: float,
+    def cross_int8_scored(self, variant: str, score: float | None, drop: float | None, max_drop: float,
                           failed: str = "") -> None:
-        """The plan across libraries with ``library``'s int8 ops, its metric on the held-out feeds
-        (``failed``: why it could not run); it races only within ``max_drop``."""
+        """A plan across libraries with int8 ops (``variant`` names it), its metric on the held-out
+        feeds (``failed``: why it could not be made or run); it races only within ``max_drop``."""
 
     def precision_searched(self, library: Library, search: "PrecisionSearch", check: dict | None) -> None:
         """The latency / accuracy front of a tune with int8 (core/mixed.py), the point kept, and
@@ -228,29 +229,52 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     return result
 
 
-def _cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Request", events: TuneEvents) -> list:
-    """The plan across libraries with each library's chosen int8 ops put in (core/mixed.py,
-    ``with_int8_ops``), as race candidates: those whose metric on the held-out feeds stays within
-    the budget."""
+def _cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Request", events: TuneEvents,
+                         plan_int8_per_op=None) -> list:
+    """Race candidates with int8 ops across libraries, those whose metric on the held-out feeds
+    stays within the budget: per library that chose int8 ops, the plan across libraries with them
+    put in on that library (core/mixed.py, ``with_int8_ops``) and, with ``plan_int8_per_op`` (int8
+    nodes -> plan), the plan across libraries made with those ops free to run in int8 on any
+    library that measured them, or in fp32, per op (core/crossplan.py)."""
     from kselect.core.mixed import score_plan, with_int8_ops
+    from kselect.core.plan import int8_nodes
 
-    candidates = []
+    candidates, made = [], []
     for name, tuning in tunings.items():
         search = tuning.precision
-        combined = with_int8_ops(cross, search.plan) if search is not None else None
-        if combined is None:
+        if search is None or not int8_nodes(search.plan):
             continue
-        with events.working(f"measuring the accuracy of the cross-library plan with {name}'s int8 ops"):
+        options = [(f"cross-library plan with {name}'s int8 ops", lambda: with_int8_ops(cross, search.plan))]
+        if plan_int8_per_op is not None:
+            options.append((f"cross-library plan, int8 per op among {name}'s int8 ops",
+                            lambda: plan_int8_per_op(frozenset(int8_nodes(search.plan)), search.plan)))
+        for variant, make in options:
             try:
-                score, drop = score_plan(model, combined, int8.calibration, int8.metric, search.metric_name)
-            except Exception as exc:  # a combination a runner cannot build is not raced
-                events.cross_int8_scored(name, None, None, int8.max_drop, one_line(exc))
+                combined = make()
+            except Exception as exc:  # a plan that cannot be made or built is not raced
+                events.cross_int8_scored(variant, None, None, int8.max_drop, one_line(exc))
                 continue
-        events.cross_int8_scored(name, score, drop, int8.max_drop)
-        combined.extra["precision"]["cross_score"] = {"score": round(score, 6), "drop": round(drop, 6)}
-        if drop <= int8.max_drop:
-            candidates.append((f"cross-library plan with {name}'s int8 ops", combined))
+            if combined is None or not int8_nodes(combined) or any(_same_ops(combined, other) for other in made):
+                continue
+            made.append(combined)
+            with events.working(f"measuring the accuracy of the {variant}"):
+                try:
+                    score, drop = score_plan(model, combined, int8.calibration, int8.metric, search.metric_name)
+                except Exception as exc:  # a combination a runner cannot build is not raced
+                    events.cross_int8_scored(variant, None, None, int8.max_drop, one_line(exc))
+                    continue
+            events.cross_int8_scored(variant, score, drop, int8.max_drop)
+            combined.extra["precision"]["cross_score"] = {"score": round(score, 6), "drop": round(drop, 6)}
+            if drop <= int8.max_drop:
+                candidates.append((variant, combined))
     return candidates
+
+
+def _same_ops(a: Plan, b: Plan) -> bool:
+    """Whether two plans run every node on the same library, task and config."""
+    def ops(plan):
+        return {node: (e["library"], e["task"], config_key(e["config"])) for node, e in plan.nodes.items()}
+    return ops(a) == ops(b)
 
 
 def _int8_plans(library: Library, int8: "Int8Request | None") -> bool:
@@ -470,7 +494,17 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
         return
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if int8 is not None:
-        candidates += _cross_with_int8_ops(model, plan, tunings, int8, events)
+        def plan_int8_per_op(nodes: frozenset, mixed: Plan) -> Plan:
+            # each library in its int8 plans' session-wide settings (which hold its fp32 ones)
+            with_int8 = {name: next((p for point, p in t.precision.plans.items() if point != "fp32"), fp32_plans[name])
+                         if t.precision else fp32_plans[name] for name, t in tunings.items()}
+            with events.working("planning across libraries with int8 per op"):
+                planned = plan_across(model, device, db, {name: t.library for name, t in tunings.items()}, with_int8,
+                                      settings, remeasure=remeasure, int8_nodes=nodes)
+            planned.extra["precision"] = {**copy.deepcopy(mixed.extra["precision"]), "int8_from": "per op"}
+            return planned
+
+        candidates += _cross_with_int8_ops(model, plan, tunings, int8, events, plan_int8_per_op)
     fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
     with events.working("checking the plans end to end against ONNX Runtime's default session"):
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,

@@ -285,30 +285,38 @@ def data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
 
 
 def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
-                  defaults: dict[str, dict], plan_level: dict[str, dict]) -> CrossProblem:
-    """``records[library][task key]``, ``defaults[library][task key]``, ``plan_level[library]``."""
+                  defaults: dict[str, dict], plan_level: dict[str, dict],
+                  int8_nodes: frozenset = frozenset()) -> CrossProblem:
+    """``records[library][task key]``, ``defaults[library][task key]``, ``plan_level[library]``.
+    An int8 twin among ``tasks`` (core/quant.py) offers its records, labelled ``<library>:int8``
+    (the quantize / dequantize labels of core/mixed.py), on its nodes in ``int8_nodes`` only:
+    those ops may run in int8 on any library that measured them, or in fp32."""
     from kselect.core import plugins
 
     problem = CrossProblem(crossing=crossing_libraries(libraries), model=model,
                            runs_op=lambda name, op_type: (libraries.get(name) or plugins.get_library(name)).runs_op(op_type))
-    task_of = {node: task for task in tasks for node in task.nodes}
+    task_of = {node: task for task in tasks if task.precision == "fp32" for node in task.nodes}
     for name, library in libraries.items():
         for task in tasks:
             if task.key not in defaults[name]:
                 continue  # a task this library does not support
+            int8 = task.precision == "int8"
+            nodes = [node for node in task.nodes if node in int8_nodes] if int8 else task.nodes
+            if not nodes:
+                continue
             measured = records[name].get(task.key, [])
             task_records = [r for r in measured if r.result.status == "ok"]
             default_key = config_key(defaults[name][task.key])
             default_us = next((r.result.median_us for r in task_records if r.config_key == default_key), None)
             by_label: dict[str, list] = {}
             for record in task_records:
-                by_label.setdefault(library.layout_label(record.config), []).append(record)
+                by_label.setdefault(f"{name}:int8" if int8 else library.layout_label(record.config), []).append(record)
             for label, label_records in by_label.items():
                 picked = pick_record(label_records, default_key, _without(plan_level[name], spin_dims(name)))
                 if picked is None:
                     continue
-                reads = library.input_label(task, label)
-                for node in task.nodes:
+                reads = label if int8 else library.input_label(task, label)
+                for node in nodes:
                     problem.options.setdefault(node, []).append(
                         Option(label, picked.result.median_us,
                                Choice(name, task, picked, picked.emulated, default_us, len(measured))))

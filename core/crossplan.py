@@ -24,26 +24,32 @@ REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored rec
 
 
 def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None,
-                remeasure: bool = False) -> Plan:
+                remeasure: bool = False, int8_nodes: frozenset = frozenset()) -> Plan:
     """The cross-library plan from stored records: each library keeps the plan-level settings of
     its own plan (``single_plans``); conversions not yet stored are measured now. With
     ``remeasure``, every config the planner chooses among (and each library default) and every
     conversion it needs is timed again first, so that the choice and the prediction rest on
     timings from one period, not on records from hours apart. What switching between each pair of
     natively running libraries costs is measured now (core/switches.py) and charged on every edge
-    between them."""
+    between them. ``int8_nodes``: ops that may also run in int8, on any library whose plans hold
+    int8 ops and that measured their int8 twins (precision then chosen per op with the library;
+    the accuracy is the caller's to check: core/mixed.py)."""
     from kselect.core.conversions import measure_conversions
+    from kselect.core.quant import INT8_KINDS
 
     task_lists, defaults, plan_level = {}, {}, {}
     for name, library in libraries.items():
-        task_lists[name] = library_tasks(model, library)
+        int8 = bool(int8_nodes) and "int8" in library.plan_precisions
+        task_lists[name] = library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",))
         defaults[name] = library_defaults(task_lists[name], library, device)
         plan_level[name] = dict(single_plans[name].plan_level)
     tasks = extract_tasks(model)
+    if int8_nodes:
+        tasks += [t.at_precision("int8") for t in tasks if t.kind in INT8_KINDS and int8_nodes & set(t.nodes)]
 
     def current() -> tuple[dict, CrossProblem]:
         records = {name: stored_outcomes(task_lists[name], library, device, db) for name, library in libraries.items()}
-        return records, cross_problem(model, libraries, tasks, records, defaults, plan_level)
+        return records, cross_problem(model, libraries, tasks, records, defaults, plan_level, frozenset(int8_nodes))
 
     records, problem = current()
     remeasured: set = set()
@@ -66,7 +72,8 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         table.times_us.update(measure_conversions(missing, libraries, device, db, settings, on_measured).times_us)
         plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     summary = plan.extra["cross_library"]
-    summary["default_ops_us"] = {name: _default_ops_us(tasks, records[name], defaults[name]) for name in libraries}
+    fp32 = [task for task in tasks if task.precision == "fp32"]
+    summary["default_ops_us"] = {name: _default_ops_us(fp32, records[name], defaults[name]) for name in libraries}
     if remeasure:
         summary["remeasured"] = {"configs": len(remeasured), "conversions": len(problem.sides())}
     return plan

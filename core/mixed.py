@@ -18,8 +18,9 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    points within the budget end to end with the rounds protocol and keeps the fastest measured
    one if it is shown faster than the fp32 plan.
 5. With several libraries, the plan across them (made per op in fp32) also races with each
-   library's chosen int8 ops put in (``with_int8_ops``), once its metric on the held-out feeds is
-   measured within the budget (``score_plan``).
+   library's chosen int8 ops put in (``with_int8_ops``), and planned again with those ops free to
+   run in int8 on any library or in fp32, per op (core/crossplan.plan_across ``int8_nodes``),
+   each once its metric on the held-out feeds is measured within the budget (``score_plan``).
 
 A plan's int8 ops are entries of their int8 tasks (``Task.precision``); ``plan.extra["precision"]``
 holds the calibration ranges the library's runner quantizes with, the metric, the budget and

@@ -362,6 +362,55 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     assert kept is full_int8 and check["max_relative_output_error"] > 1e-3
 
 
+def test_int8_per_op_across_libraries_picks_each_ops_library_and_precision_and_runs(tmp_path, small_model_path):
+    """Planned across MLAS and XNNPack with the ops MLAS chose for int8 free to run in int8 on
+    either library (their measured int8 kernels) or in fp32: only those ops are offered int8, each
+    int8 op runs on a library that measured it, and the plan runs through kselect.load_plan close
+    to the float model."""
+    import kselect
+    from kselect.core.calibration import calibration_for
+    from kselect.core.cross_problem import cross_problem
+    from kselect.core.crossplan import plan_across
+    from kselect.core.mixed import score_plan
+    from kselect.core.plan import int8_nodes
+    from kselect.core.records import RecordDB
+    from kselect.core.tasks import extract_tasks
+    from kselect.core.tune import library_defaults, library_tasks, stored_outcomes
+
+    folder = _feeds_folder(tmp_path / "calibration", 16)
+    result = kselect.tune(str(small_model_path), "mlas,xnnpack", precision="fp32,int8", calibration=folder,
+                          metric="cosine", max_accuracy_drop=0.02, budget=2, settings=FAST, db=tmp_path / "r.db",
+                          verify=False)
+    db = RecordDB(tmp_path / "r.db")
+    libraries = {name: t.library for name, t in result.tunings.items()}
+    with_int8 = {name: t.precision.plans["int8"] for name, t in result.tunings.items()}
+    candidates = int8_nodes(with_int8["mlas"])
+    one = frozenset(sorted(candidates)[:1])
+
+    # only the allowed op gets int8 options, from each library that measured its int8 twin
+    model, device = result.model, result.device
+    tasks = extract_tasks(model)
+    tasks += [t.at_precision("int8") for t in tasks if t.kind in ("conv", "deconv", "fc")]
+    lists = {n: library_tasks(model, lib, ("fp32", "int8")) for n, lib in libraries.items()}
+    records = {n: stored_outcomes(lists[n], lib, device, db) for n, lib in libraries.items()}
+    defaults = {n: library_defaults(lists[n], lib, device) for n, lib in libraries.items()}
+    problem = cross_problem(model, libraries, tasks, records, defaults,
+                            {n: p.plan_level for n, p in with_int8.items()}, one)
+    int8_labels = {node: {o.label for o in options if o.label.endswith(":int8")} for node, options in problem.options.items()}
+    assert int8_labels[next(iter(one))] == {"mlas:int8", "xnnpack:int8"}
+    assert not any(labels for node, labels in int8_labels.items() if node not in one)
+
+    planned = plan_across(model, device, db, libraries, with_int8, FAST, int8_nodes=frozenset(candidates))
+    fp32 = plan_across(model, device, db, libraries, with_int8, FAST)
+    assert int8_nodes(planned) <= candidates and not int8_nodes(fp32)
+    for node in int8_nodes(planned):
+        assert planned.nodes[node]["label"] == f"{planned.nodes[node]['library']}:int8"
+    if int8_nodes(planned):
+        planned.extra["precision"] = {**with_int8["mlas"].extra["precision"], "int8_from": "per op"}
+        score, drop = score_plan(model, planned, calibration_for(model, folder), None, "cosine")
+        assert 0.98 < score <= 1.0 + 1e-6
+
+
 def test_an_opset_8_model_whose_weights_are_not_graph_inputs_quantizes(tmp_path):
     """Exporters of the opset-8 era (waifu2x's) keep weights as initializers only; onnx's version
     converter calls them undefined unless they are graph inputs too. The QDQ model comes out at
