@@ -102,6 +102,36 @@ def test_a_silu_op_in_int8_is_what_onnx_runtime_fuses_from_the_quantizers_qdq_gr
     assert not {"Conv", "Sigmoid", "Mul", "QuantizeLinear", "DequantizeLinear"} & set(fused)
 
 
+@pytest.mark.parametrize("epilogue", [[["Clip", ["x", 0.0, 6.0], {}]], SILU], ids=["relu6", "silu"])
+@pytest.mark.parametrize("group", [1, 32], ids=["dense", "depthwise"])
+def test_an_int8_conv_on_mlas_is_timed_in_nhwc_as_inside_a_whole_int8_model(tmp_path, epilogue, group):
+    """ONNX Runtime runs a uint8 QLinearConv in NHWC between Transposes that cancel from one int8
+    conv to the next in a whole model. A single op read and written in NCHW would time those two
+    transposes with the kernel (mobilenetv2's 96x112x112 depthwise conv: 512 us against 71 us), so
+    the candidate reads and writes NHWC: ONNX Runtime's optimised graph then has no Transpose, and
+    the output still matches the float reference. Entering and leaving int8 (the conversions of
+    the label mlas:int8) carry the transposes instead, checked like every conversion."""
+
+    from kselect.core.conversions import conversion_task
+    from kselect.core.measure import reference_output, task_inputs
+    from kselect.core.quant import quant_params
+    from kselect.plugins.mlas import int8
+    from kselect.plugins.mlas.library import session_options
+
+    library, task = MlasLibrary(), _conv_task(epilogue, group)
+    inputs = task_inputs(task)
+    inputs["quant"] = quant_params(task, inputs, reference_output(task, inputs))
+    config = library.default_config(task, this_device())
+    assert int8.runs_channels_last(int8.single_op_model(task, inputs, config), session_options(config))
+    assert not int8.runs_channels_last(int8.channels_last(int8.single_op_model(task, inputs, config)),
+                                       session_options(config))
+    result = measure_in_this_process(library, task, config, FAST, {})
+    assert result.status == "ok" and 0 < result.error < 0.05, result.reason
+    for direction in ("in", "out"):
+        converted = measure_in_this_process(library, conversion_task("mlas:int8", direction, task.input_shape), {}, FAST, {})
+        assert converted.status == "ok", converted.reason
+
+
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks, activation):
     """The kernel writes its output with a zero point 16 steps off the one its result is read

@@ -155,16 +155,67 @@ def _rename(graph, old: str, new: str) -> None:
 
 
 def boundary_model(shape, direction: str, scale: float, zero_point_u8: int, activations: str = "u8"):
-    """A QuantizeLinear ("in": float -> int8, entering an int8 op) or DequantizeLinear ("out")."""
+    """A QuantizeLinear ("in": float -> int8, entering an int8 op) or DequantizeLinear ("out");
+    for a 4-D tensor with the transpose into or out of NHWC, where ONNX Runtime runs its int8
+    convs (``NHWC_INT8``): "in" writes NHWC, "out" reads it."""
     zero_point, element = _zero_point(zero_point_u8, activations)
     source, target = (TensorProto.FLOAT, element) if direction == "in" else (element, TensorProto.FLOAT)
     op = "QuantizeLinear" if direction == "in" else "DequantizeLinear"
+    nodes = [helper.make_node(op, ["x", "scale", "zp"], ["y"])]
+    x_shape, y_shape = list(shape), list(shape)
+    if len(shape) == 4:
+        if direction == "in":
+            nodes = [helper.make_node(op, ["x", "scale", "zp"], ["q"]), helper.make_node("Transpose", ["q"], ["y"], perm=TO_NHWC)]
+            y_shape = [shape[i] for i in TO_NHWC]
+        else:
+            nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=TO_NCHW), helper.make_node(op, ["t", "scale", "zp"], ["y"])]
+            x_shape = [shape[i] for i in TO_NHWC]
     graph = helper.make_graph(
-        [helper.make_node(op, ["x", "scale", "zp"], ["y"])], "boundary",
-        [helper.make_tensor_value_info("x", source, list(shape))],
-        [helper.make_tensor_value_info("y", target, list(shape))],
+        nodes, "boundary", [helper.make_tensor_value_info("x", source, x_shape)],
+        [helper.make_tensor_value_info("y", target, y_shape)],
         [helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]), helper.make_tensor("zp", element, [], [zero_point])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+# ONNX Runtime's NHWC transformer runs a QLinearConv with uint8 activations in NHWC on x86 and
+# Arm, between Transposes that cancel from one int8 conv to the next inside a model: an int8 op
+# is timed reading and writing NHWC, and the transposes are charged where a tensor enters or
+# leaves int8 (``boundary_model``).
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+
+
+def runs_channels_last(model, options) -> bool:
+    """Whether ONNX Runtime's optimised form of a single-op model puts Transposes around it
+    (its NHWC transformer took the op)."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="kselect-int8-layout-") as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    return any(node.op_type == "Transpose" for node in optimized.graph.node)
+
+
+def channels_last(model):
+    """The single-op model reading x_q and writing y_q in NHWC: a Transpose to NCHW before it and
+    back after it, which ONNX Runtime cancels against the ones its NHWC transformer inserts."""
+    graph = model.graph
+    x, y = graph.input[0], graph.output[0]
+    element = x.type.tensor_type.elem_type
+    x_shape = [d.dim_value for d in x.type.tensor_type.shape.dim]
+    y_shape = [d.dim_value for d in y.type.tensor_type.shape.dim]
+    _rename(graph, x.name, "x_nchw")
+    _rename(graph, y.name, "y_nchw")
+    graph.node.insert(0, helper.make_node("Transpose", ["x_q"], ["x_nchw"], perm=TO_NCHW))
+    graph.node.append(helper.make_node("Transpose", ["y_nchw"], ["y_q"], perm=TO_NHWC))
+    del graph.input[:], graph.output[:]
+    graph.input.append(helper.make_tensor_value_info("x_q", element, [x_shape[i] for i in TO_NHWC]))
+    graph.output.append(helper.make_tensor_value_info("y_q", element, [y_shape[i] for i in TO_NHWC]))
+    return model
 
 
 def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:

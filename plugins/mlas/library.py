@@ -197,11 +197,16 @@ class MlasLibrary(Library):
             from kselect.plugins.mlas import int8
 
             params, activations = inputs["quant"], config["activations"]
-            session = ort.InferenceSession(int8.single_op_model(task, inputs, config).SerializeToString(),
-                                           session_options(config), providers=["CPUExecutionProvider"])
+            model = int8.single_op_model(task, inputs, config)
             feed = int8.quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations)
+            nhwc = (len(task.input_shape) == 4 and len(task.output_shape) == 4
+                    and int8.runs_channels_last(model, session_options(config)))
+            if nhwc:  # as inside a whole int8 model (int8.TO_NHWC)
+                model, feed = int8.channels_last(model), np.ascontiguousarray(feed.transpose(int8.TO_NHWC))
+            session = ort.InferenceSession(model.SerializeToString(), session_options(config),
+                                           providers=["CPUExecutionProvider"])
             return OrtCandidate(session, {"x_q": feed}, lambda y: int8.dequantize_activation(
-                y, params.y_scale, params.y_zero_point, activations))
+                y.transpose(int8.TO_NCHW) if nhwc else y, params.y_scale, params.y_zero_point, activations))
 
         from kselect.plugins.mlas.layout import conv_takes_blocked_input, from_blocked, nchwc_feed
         from kselect.plugins.mlas.single_op import single_conv_model
@@ -268,16 +273,20 @@ class MlasLibrary(Library):
         from kselect.plugins.mlas.single_op import reorder_model
 
         layout = label.split(":", 1)[1]
-        if layout == "int8":  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one
+        if layout == "int8":  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one, 4-D: and NHWC
             from kselect.core.quant import asymmetric_u8
             from kselect.plugins.mlas import int8
 
             scale, zero_point = asymmetric_u8(x.min(), x.max())
             model = int8.boundary_model(x.shape, direction, scale, zero_point)
+            nhwc = x.ndim == 4  # int8 tensors are NHWC (boundary_model)
             if direction == "in":
-                feed, unblock = x, (lambda y: int8.dequantize_activation(y, scale, zero_point, "u8"))
+                feed, unblock = x, (lambda y: int8.dequantize_activation(y.transpose(int8.TO_NCHW) if nhwc else y,
+                                                                         scale, zero_point, "u8"))
             else:
-                feed, unblock = int8.quantize_activation(x, scale, zero_point, "u8"), (lambda y: y)
+                quantized = int8.quantize_activation(x, scale, zero_point, "u8")
+                feed = np.ascontiguousarray(quantized.transpose(int8.TO_NHWC)) if nhwc else quantized
+                unblock = lambda y: y  # noqa: E731
         elif layout == "NCHWc":
             block = self._block()
             if direction == "in":
