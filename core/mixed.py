@@ -14,6 +14,8 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    SQNR) goes back to float, and the metric is measured again on the whole model. Every step is a
    point of the front (predicted latency, metric, weight bytes): the fp32 plan, full int8, and
    the mixed plans between.
+   Plan-level settings that change the arithmetic (per-tensor weights, int8 activations) get a
+   front of their own where the op times favour them over the library's own (``precision_defaults``).
 4. The chosen plan is the fastest predicted point within the budget; ``core.api`` then times the
    points within the budget end to end with the rounds protocol and keeps the fastest measured
    one if it is shown faster than the fp32 plan.
@@ -86,11 +88,11 @@ class PrecisionSearch:
 
 
 def int8_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
-                 int8_tasks: list[Task]) -> tuple[dict, dict[str, dict]]:
+                 int8_tasks: list[Task], fixed: dict | None = None) -> tuple[dict, dict[str, dict]]:
     """The int8 plan-level settings and, per int8 task key, its chosen entry, from the records:
-    within the fp32 plan's session-wide settings (one session runs both precisions)."""
+    within the fp32 plan's session-wide settings (one session runs both precisions) and ``fixed``."""
     records = stored_outcomes(int8_tasks, library, device, db)
-    shared = {k: v for k, v in fp32_plan.plan_level.items()}
+    shared = {**fp32_plan.plan_level, **(fixed or {})}
     records = {key: [r for r in rs if all(r.config.get(k, v) == v for k, v in shared.items())]
                for key, rs in records.items()}
     defaults = library_defaults(int8_tasks, library, device)
@@ -102,6 +104,18 @@ def int8_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan
     entries = {c.task.key: plan_task(c.task, c.task.nodes, library.name, c.config, c.time_us, c.default_config,
                                      c.default_us, c.samples, c.emulated) for c in choices}
     return {**shared, **assignment}, entries
+
+
+def precision_defaults(library: Library, device, int8_tasks: list[Task]) -> dict:
+    """The library's own values of its plan-level dims that change the arithmetic (role
+    "precision": MLAS's activation type and weight granularity), as its quantizer writes them."""
+    found = {}
+    for task in int8_tasks:
+        default = library.default_config(task, device)
+        for dim in library.space(task, device).dims:
+            if dim.role == "precision" and dim.name in library.plan_level_dims and dim.name in default:
+                found.setdefault(dim.name, default[dim.name])
+    return found
 
 
 def mixed_plan(fp32_plan: Plan, int8_entries: dict[str, dict], int8_settings: dict, nodes: set[str],
@@ -226,15 +240,14 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                      int8_tasks: list[Task], calibration: Calibration, metric: Metric | None, metric_name: str | None,
                      max_drop: float, on_step: Callable[[str], None] | None = None) -> PrecisionSearch:
     """Steps 1-3 of the module docstring; returns the front and the chosen point's plan. ``metric``
-    None: the default for the model's outputs (core/accuracy.default_metric)."""
+    None: the default for the model's outputs (core/accuracy.default_metric).
+
+    The plan-level settings that change the arithmetic (``precision_defaults``: per-tensor
+    weights, int8 activations) are not chosen on speed alone: the front is searched at the
+    library's own (its quantizer's) values, and, where the op times favour other values, again
+    at those (points named with them, e.g. "int8 (weights per-tensor)"); the fastest point within
+    the budget on either front is chosen."""
     say = on_step or (lambda text: None)
-    int8_settings, int8_entries = int8_choices(model, library, device, db, fp32_plan, int8_tasks)
-    predict = None
-    candidates: list[str] = []
-    if int8_entries:
-        say("measuring quantize / dequantize conversions")
-        predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
-        candidates = [node for node in fp32_plan.nodes if node in predict.int8_us]
     reference = run_outputs(library.model_runner(model, None), calibration.held_out)
     if metric is None:
         metric_name = default_metric(reference)
@@ -242,10 +255,43 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     precision = {"calibration": calibration.to_json(), "ranges": calibration.ranges, "metric": metric_name,
                  "max_drop": max_drop}
     fp32_score = metric(reference, reference, calibration.held_out)
-
     plans: dict[str, Plan] = {}
+    sensitivity: dict[str, float] = {}
+
+    own = precision_defaults(library, device, int8_tasks)
+    choices = [int8_choices(model, library, device, db, fp32_plan, int8_tasks, own)]
+    fastest = int8_choices(model, library, device, db, fp32_plan, int8_tasks)
+    differs = {k: v for k, v in fastest[0].items() if k in own and own[k] != v}
+    if differs and fastest[1]:
+        choices.append(fastest)
+    front: list[FrontPoint] = []
+    for index, (int8_settings, int8_entries) in enumerate(choices):
+        suffix = "" if index == 0 else " (" + ", ".join(f"{k} {v}" for k, v in differs.items()) + ")"
+        if suffix:
+            say(f"again with {suffix[2:-1]}, which its op times favour")
+        points, found = _search_front(model, library, device, db, settings, fp32_plan, int8_entries, int8_settings,
+                                      calibration, reference, metric, precision, fp32_score, max_drop, plans, say,
+                                      with_fp32=index == 0, suffix=suffix)
+        front += points
+        for node, drop in found.items():
+            sensitivity.setdefault(node, drop)
+    chosen = fastest_within_budget(front)
+    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name)
+
+
+def _search_front(model, library, device, db, settings, fp32_plan, int8_entries, int8_settings, calibration,
+                  reference, metric, precision, fp32_score, max_drop, plans, say, with_fp32: bool,
+                  suffix: str) -> tuple[list[FrontPoint], dict[str, float]]:
+    """One front at one set of int8 plan-level settings (steps 1-3); its plans go into ``plans``."""
+    predict = None
+    candidates: list[str] = []
+    if int8_entries:
+        say("measuring quantize / dequantize conversions")
+        predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
+        candidates = [node for node in fp32_plan.nodes if node in predict.int8_us]
 
     def point(name: str, nodes: set[str]) -> FrontPoint:
+        name = name if name == "fp32" else name + suffix
         plan = mixed_plan(fp32_plan, int8_entries, int8_settings, nodes, precision)
         predicted = predict(nodes) if predict else fp32_plan.estimated_us()
         score = fp32_score
@@ -260,7 +306,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         drop = fp32_score - score
         return FrontPoint(name, sorted(nodes), predicted, score, drop, weight_bytes(model, nodes), drop <= max_drop)
 
-    front = [point("fp32", set())]
+    front = [point("fp32", set())] if with_fp32 else []
     sensitivity: dict[str, float] = {}
     noise: dict[str, float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
     if candidates:
@@ -280,8 +326,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         if candidates:
             say("all candidates in int8, then backing off the most sensitive")
             front += back_off(candidates, sensitivity, noise, point)
-    chosen = fastest_within_budget(front)
-    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name)
+    return front, sensitivity
 
 
 def back_off(candidates: list[str], sensitivity: dict[str, float], noise: dict[str, float],

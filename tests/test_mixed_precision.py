@@ -343,6 +343,32 @@ def test_a_plan_calibrated_with_percentile_runs_with_its_ranges(tmp_path, small_
     assert search.plans["int8"].extra["precision"]["calibration"]["method"] == "percentile"
 
 
+def test_weight_granularity_and_activation_type_are_chosen_on_the_front_not_on_speed_alone(tmp_path, small_model_path):
+    """MLAS's per-tensor weights or int8 activations can be faster per op and lose accuracy: the
+    front is searched at quantize_static's own settings (per-channel, uint8) and, only where the
+    op times favour others, again at those, its points named with them; the chosen point is the
+    fastest within the budget on either front."""
+    import kselect
+
+    folder = _feeds_folder(tmp_path / "calibration", 16)
+    result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
+                          max_accuracy_drop=0.02, budget=4, verify=False, settings=FAST, db=tmp_path / "r.db")
+    search = result.tunings["mlas"].precision
+    assert search.front[0].name == "fp32" and [p.name for p in search.front].count("fp32") == 1
+    assert {k: search.plans["int8"].plan_level[k] for k in ("weights", "activations")} == \
+        {"weights": "per-channel", "activations": "u8"}
+    for point in search.front[1:]:
+        plan_level = search.plans[point.name].plan_level if point.name in search.plans else None
+        if plan_level is None:
+            continue
+        other = {k: v for k, v in plan_level.items() if k in ("weights", "activations")
+                 and v != {"weights": "per-channel", "activations": "u8"}[k]}
+        assert point.name.endswith(")") == bool(other)
+        assert all(f"{k} {v}" in point.name for k, v in other.items())
+    within = [p for p in search.front if p.within_budget]
+    assert search.chosen.predicted_us == min(p.predicted_us for p in within)
+
+
 def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_across_them(tmp_path, small_model_path):
     """`--library mlas,xnnpack --precision fp32,int8`: each library chooses its int8 ops under the
     budget; the plan across libraries is made in fp32; ONNX Runtime's default, each library's
