@@ -299,11 +299,14 @@ def test_early_stop_ends_a_task_after_samples_without_improvement(small, tmp_pat
 
 def test_a_plan_that_differs_from_onnxruntime_is_written_node_by_node(tuned_small, tmp_path):
     """Flip one conv's layout: the applied model then carries kselect's own NCHWc nodes and
-    reorders, loads in plain onnxruntime and still matches the original."""
+    reorders, loads in plain onnxruntime and still matches the original. It does so even when the
+    tune kept the library default (marked ``library_default``, run as ORT's own session): the
+    mark holds only while every node keeps its default config."""
     from kselect.plugins.mlas.apply import load_session
 
     model_path, plan_path, _ = tuned_small
     data = json.loads(plan_path.read_text())
+    data["extra"]["library_default"] = True
     flipped = "block.conv1"
     old = data["nodes"][flipped]["config"]["layout"]
     data["nodes"][flipped]["config"] = dict(data["nodes"][flipped]["config"], layout="NCHW" if old == "NCHWc" else "NCHWc")

@@ -45,8 +45,15 @@ def keeps_original_model(model, plan) -> bool:
     """Whether the plan runs on the original model, ORT laying it out itself: a plan with int8
     nodes (the quantizer's QDQ model), the library-default plan (ORT's default session is what it
     means, whatever kselect's rewrite would block; core/plan.plan_variants), or one whose layouts
-    are ORT's own (``layouts_are_onnxruntimes``)."""
-    return bool(int8_nodes(plan)) or plan.extra.get(LIBRARY_DEFAULT, False) or layouts_are_onnxruntimes(model, plan)
+    are ORT's own (``layouts_are_onnxruntimes``). The library-default mark holds while every node
+    keeps its default config: a plan edited by hand is written as it says."""
+    return (bool(int8_nodes(plan)) or (plan.extra.get(LIBRARY_DEFAULT, False) and _at_defaults(plan))
+            or layouts_are_onnxruntimes(model, plan))
+
+
+def _at_defaults(plan) -> bool:
+    return all(plan.nodes[node]["config"] == entry["default_config"]
+               for entry in plan.tasks for node in entry["nodes"] if node in plan.nodes)
 
 
 def original_model(model, segment: bool = False) -> onnx.ModelProto:
