@@ -31,7 +31,7 @@ from kselect.core.fleet import DEFAULT_LEASE_S, FleetReport
 from kselect.core.library import Library
 from kselect.core.measure import MeasureSettings
 from kselect.core.model import Model, load_model
-from kselect.core.plan import Plan
+from kselect.core.plan import Plan, int8_nodes
 from kselect.core.records import DEFAULT_DB, RecordDB
 from kselect.core.space import config_key
 from kselect.core.tasks import Task, extract_tasks
@@ -233,11 +233,10 @@ def _cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Re
                          plan_int8_per_op=None) -> list:
     """Race candidates with int8 ops across libraries, those whose metric on the held-out feeds
     stays within the budget: per library that chose int8 ops, the plan across libraries with them
-    put in on that library (core/mixed.py, ``with_int8_ops``) and, with ``plan_int8_per_op`` (int8
-    nodes -> plan), the plan across libraries made with those ops free to run in int8 on any
+    put in on that library (core/mixed.py, ``with_int8_ops``) and, with ``plan_int8_per_op`` (the
+    library's mixed plan -> plan), the plan across libraries made with its int8 ops free to run in int8 on any
     library that measured them, or in fp32, per op (core/crossplan.py)."""
     from kselect.core.mixed import score_plan, with_int8_ops
-    from kselect.core.plan import int8_nodes
 
     candidates, made = [], []
     for name, tuning in tunings.items():
@@ -247,7 +246,7 @@ def _cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Re
         options = [(f"cross-library plan with {name}'s int8 ops", lambda: with_int8_ops(cross, search.plan))]
         if plan_int8_per_op is not None:
             options.append((f"cross-library plan, int8 per op among {name}'s int8 ops",
-                            lambda: plan_int8_per_op(frozenset(int8_nodes(search.plan)), search.plan)))
+                            lambda: plan_int8_per_op(search.plan)))
         for variant, make in options:
             try:
                 combined = make()
@@ -494,13 +493,14 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
         return
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if int8 is not None:
-        def plan_int8_per_op(nodes: frozenset, mixed: Plan) -> Plan:
-            # each library in its int8 plans' session-wide settings (which hold its fp32 ones)
-            with_int8 = {name: next((p for point, p in t.precision.plans.items() if point != "fp32"), fp32_plans[name])
-                         if t.precision else fp32_plans[name] for name, t in tunings.items()}
+        # each library in its int8 plans' session-wide settings (which hold its fp32 ones)
+        with_int8 = {name: next((p for point, p in t.precision.plans.items() if point != "fp32"), fp32_plans[name])
+                     if t.precision else fp32_plans[name] for name, t in tunings.items()}
+
+        def plan_int8_per_op(mixed: Plan) -> Plan:
             with events.working("planning across libraries with int8 per op"):
                 planned = plan_across(model, device, db, {name: t.library for name, t in tunings.items()}, with_int8,
-                                      settings, remeasure=remeasure, int8_nodes=nodes)
+                                      settings, remeasure=remeasure, int8_nodes=frozenset(int8_nodes(mixed)))
             planned.extra["precision"] = {**copy.deepcopy(mixed.extra["precision"]), "int8_from": "per op"}
             return planned
 

@@ -258,6 +258,55 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     plans: dict[str, Plan] = {}
     sensitivity: dict[str, float] = {}
 
+    def search_front(int8_settings: dict, int8_entries: dict, suffix: str) -> list[FrontPoint]:
+        """One front at one set of int8 plan-level settings; the fp32 point with the first."""
+        predict = None
+        candidates: list[str] = []
+        if int8_entries:
+            say("measuring quantize / dequantize conversions")
+            predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
+            candidates = [node for node in fp32_plan.nodes if node in predict.int8_us]
+
+        def point(name: str, nodes: set[str]) -> FrontPoint:
+            name = name if name == "fp32" else name + suffix
+            plan = mixed_plan(fp32_plan, int8_entries, int8_settings, nodes, precision)
+            predicted = predict(nodes) if predict else fp32_plan.estimated_us()
+            score = fp32_score
+            try:
+                if nodes:
+                    score = metric(run_outputs(library.model_runner(model, plan), calibration.held_out), reference,
+                                   calibration.held_out)
+            except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
+                return FrontPoint(name, sorted(nodes), predicted, float("nan"), float("inf"),
+                                  weight_bytes(model, nodes), failed=one_line(exc)[:300])
+            plans[name] = plan
+            drop = fp32_score - score
+            return FrontPoint(name, sorted(nodes), predicted, score, drop, weight_bytes(model, nodes), drop <= max_drop)
+
+        front = [] if "fp32" in plans else [point("fp32", set())]
+        noise: dict[str, float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
+        drops: dict[str, float] = {}
+        if candidates:
+            say(f"sensitivity of {len(candidates)} ops, each alone in int8")
+            feeds, expected = calibration.held_out[:SENSITIVITY_FEEDS], reference[:SENSITIVITY_FEEDS]
+            fp32_on_feeds = metric(expected, expected, feeds)
+            for node in list(candidates):
+                plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
+                try:
+                    outputs = run_outputs(library.model_runner(model, plan), feeds)
+                except Exception as exc:  # this op cannot run in int8 in the whole model: it stays float
+                    say(f"{node} in int8 failed ({one_line(exc)[:200]}): it stays fp32")
+                    candidates.remove(node)
+                    continue
+                drops[node] = fp32_on_feeds - metric(outputs, expected, feeds)
+                noise[node] = sqnr(outputs, expected, feeds)
+            if candidates:
+                say("all candidates in int8, then backing off the most sensitive")
+                front += back_off(candidates, drops, noise, point)
+        for node, drop in drops.items():
+            sensitivity.setdefault(node, drop)
+        return front
+
     own = precision_defaults(library, device, int8_tasks)
     choices = [int8_choices(model, library, device, db, fp32_plan, int8_tasks, own)]
     fastest = int8_choices(model, library, device, db, fp32_plan, int8_tasks)
@@ -269,64 +318,9 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         suffix = "" if index == 0 else " (" + ", ".join(f"{k} {v}" for k, v in differs.items()) + ")"
         if suffix:
             say(f"again with {suffix[2:-1]}, which its op times favour")
-        points, found = _search_front(model, library, device, db, settings, fp32_plan, int8_entries, int8_settings,
-                                      calibration, reference, metric, precision, fp32_score, max_drop, plans, say,
-                                      with_fp32=index == 0, suffix=suffix)
-        front += points
-        for node, drop in found.items():
-            sensitivity.setdefault(node, drop)
+        front += search_front(int8_settings, int8_entries, suffix)
     chosen = fastest_within_budget(front)
     return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name)
-
-
-def _search_front(model, library, device, db, settings, fp32_plan, int8_entries, int8_settings, calibration,
-                  reference, metric, precision, fp32_score, max_drop, plans, say, with_fp32: bool,
-                  suffix: str) -> tuple[list[FrontPoint], dict[str, float]]:
-    """One front at one set of int8 plan-level settings (steps 1-3); its plans go into ``plans``."""
-    predict = None
-    candidates: list[str] = []
-    if int8_entries:
-        say("measuring quantize / dequantize conversions")
-        predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
-        candidates = [node for node in fp32_plan.nodes if node in predict.int8_us]
-
-    def point(name: str, nodes: set[str]) -> FrontPoint:
-        name = name if name == "fp32" else name + suffix
-        plan = mixed_plan(fp32_plan, int8_entries, int8_settings, nodes, precision)
-        predicted = predict(nodes) if predict else fp32_plan.estimated_us()
-        score = fp32_score
-        try:
-            if nodes:
-                score = metric(run_outputs(library.model_runner(model, plan), calibration.held_out), reference,
-                               calibration.held_out)
-        except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
-            return FrontPoint(name, sorted(nodes), predicted, float("nan"), float("inf"), weight_bytes(model, nodes),
-                              failed=one_line(exc)[:300])
-        plans[name] = plan
-        drop = fp32_score - score
-        return FrontPoint(name, sorted(nodes), predicted, score, drop, weight_bytes(model, nodes), drop <= max_drop)
-
-    front = [point("fp32", set())] if with_fp32 else []
-    sensitivity: dict[str, float] = {}
-    noise: dict[str, float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
-    if candidates:
-        say(f"sensitivity of {len(candidates)} ops, each alone in int8")
-        feeds, expected = calibration.held_out[:SENSITIVITY_FEEDS], reference[:SENSITIVITY_FEEDS]
-        fp32_on_feeds = metric(expected, expected, feeds)
-        for node in list(candidates):
-            plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
-            try:
-                outputs = run_outputs(library.model_runner(model, plan), feeds)
-            except Exception as exc:  # this op cannot run in int8 in the whole model: it stays float
-                say(f"{node} in int8 failed ({one_line(exc)[:200]}): it stays fp32")
-                candidates.remove(node)
-                continue
-            sensitivity[node] = fp32_on_feeds - metric(outputs, expected, feeds)
-            noise[node] = sqnr(outputs, expected, feeds)
-        if candidates:
-            say("all candidates in int8, then backing off the most sensitive")
-            front += back_off(candidates, sensitivity, noise, point)
-    return front, sensitivity
 
 
 def back_off(candidates: list[str], sensitivity: dict[str, float], noise: dict[str, float],

@@ -154,10 +154,17 @@ def _rename(graph, old: str, new: str) -> None:
                 node.output[position] = new
 
 
+# ONNX Runtime's NHWC transformer runs a QLinearConv with uint8 activations in NHWC on x86 and
+# Arm, between Transposes that cancel from one int8 conv to the next inside a model: an int8 op
+# is timed reading and writing NHWC, and the transposes are charged where a tensor enters or
+# leaves int8 (``boundary_model``).
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+
+
 def boundary_model(shape, direction: str, scale: float, zero_point_u8: int, activations: str = "u8"):
     """A QuantizeLinear ("in": float -> int8, entering an int8 op) or DequantizeLinear ("out");
     for a 4-D tensor with the transpose into or out of NHWC, where ONNX Runtime runs its int8
-    convs (``NHWC_INT8``): "in" writes NHWC, "out" reads it."""
+    convs (``TO_NHWC``): "in" writes NHWC, "out" reads it."""
     zero_point, element = _zero_point(zero_point_u8, activations)
     source, target = (TensorProto.FLOAT, element) if direction == "in" else (element, TensorProto.FLOAT)
     op = "QuantizeLinear" if direction == "in" else "DequantizeLinear"
@@ -175,13 +182,6 @@ def boundary_model(shape, direction: str, scale: float, zero_point_u8: int, acti
         [helper.make_tensor_value_info("y", target, y_shape)],
         [helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]), helper.make_tensor("zp", element, [], [zero_point])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-# ONNX Runtime's NHWC transformer runs a QLinearConv with uint8 activations in NHWC on x86 and
-# Arm, between Transposes that cancel from one int8 conv to the next inside a model: an int8 op
-# is timed reading and writing NHWC, and the transposes are charged where a tensor enters or
-# leaves int8 (``boundary_model``).
-TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 
 
 def runs_channels_last(model, options) -> bool:
