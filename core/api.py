@@ -493,9 +493,18 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
         return
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if int8 is not None:
-        # each library in its int8 plans' session-wide settings (which hold its fp32 ones)
-        with_int8 = {name: next((p for point, p in t.precision.plans.items() if point != "fp32"), fp32_plans[name])
-                     if t.precision else fp32_plans[name] for name, t in tunings.items()}
+        # each library in its int8 plans' session-wide settings (which hold its fp32 ones): the
+        # chosen point's when it runs int8 ops (its front may be the one at other settings, e.g.
+        # per-tensor weights), else its first int8 point's
+        def int8_settings_plan(tuning) -> Plan:
+            search = tuning.precision
+            if search is None:
+                return fp32_plans[tuning.library.name]
+            if int8_nodes(search.plan):
+                return search.plan
+            return next((p for point, p in search.plans.items() if point != "fp32"), fp32_plans[tuning.library.name])
+
+        with_int8 = {name: int8_settings_plan(t) for name, t in tunings.items()}
 
         def plan_int8_per_op(mixed: Plan) -> Plan:
             with events.working("planning across libraries with int8 per op"):

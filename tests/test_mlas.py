@@ -118,7 +118,10 @@ def test_a_retiming_far_slower_than_the_rest_is_taken_again(small, tmp_path):
     assert len(task_list) >= 3 and replaced == len(task_list)
     assert measured.count(target.key) == 1 + STALL_RETRIES
     record = db.records(device.fingerprint, "mlas", library.version(), target.key)[0]
-    assert record.result.status == "ok" and record.is_default and record.result.median_us > honest / 2
+    # The first timing may itself have been inflated by a stall, so "honest" is only an upper
+    # bound: the re-timing must be well above the faked value, not near the first timing.
+    faked = honest / 5
+    assert record.result.status == "ok" and record.is_default and record.result.median_us > 2 * faked
 
 
 def _records(db_path):

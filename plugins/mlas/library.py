@@ -101,6 +101,8 @@ class MlasLibrary(Library):
 
     def __init__(self):
         self.ort_nchwc_nodes: set[str] | None = None  # convs ORT's default session runs as NCHWc
+        # (int8 task key, activations, weights) -> whether ORT runs that op channels-last
+        self.int8_channels_last: dict[tuple, bool] = {}
 
     def prepare_model(self, model) -> None:
         from kselect.plugins.mlas.ort_session import ort_nchwc_convs
@@ -199,8 +201,12 @@ class MlasLibrary(Library):
             params, activations = inputs["quant"], config["activations"]
             model = int8.single_op_model(task, inputs, config)
             feed = int8.quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations)
-            nhwc = (len(task.input_shape) == 4 and len(task.output_shape) == 4
-                    and int8.runs_channels_last(model, session_options(config)))
+            nhwc = False
+            if len(task.input_shape) == 4 and len(task.output_shape) == 4:
+                key = (task.key, activations, config.get("weights"))
+                if key not in self.int8_channels_last:
+                    self.int8_channels_last[key] = int8.runs_channels_last(model, session_options(config))
+                nhwc = self.int8_channels_last[key]
             if nhwc:  # as inside a whole int8 model (int8.TO_NHWC)
                 model, feed = int8.channels_last(model), np.ascontiguousarray(feed.transpose(int8.TO_NHWC))
             session = ort.InferenceSession(model.SerializeToString(), session_options(config),
