@@ -165,6 +165,13 @@ def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_pe
 CONFIDENCE = 0.875
 
 
+def family_confidence(comparisons: int) -> float:
+    """The confidence of each of ``comparisons`` bounds for all of them to hold at CONFIDENCE
+    together (Bonferroni): racing several plans against one baseline and keeping the best would
+    otherwise keep a plan that only looked faster more often than 1 - CONFIDENCE."""
+    return 1 - (1 - CONFIDENCE) / max(1, comparisons)
+
+
 def paired_speedups(baseline_ms: list[float], plan_ms: list[float]) -> list[float]:
     """Baseline over plan, round by round (each round's processes ran one after the other)."""
     return [b / p for b, p in zip(baseline_ms, plan_ms)]

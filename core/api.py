@@ -405,7 +405,7 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
     turns; the fastest measured one is kept when the race (core/selection.race_verdict, the rule
     that replaces ONNX Runtime's default) shows it faster than the fp32 plan, rounds going on up
     to ``check_max_rounds`` while undecided; else the fp32 plan."""
-    from kselect.core.alone import median_bounds, paired_speedups, timed_alone
+    from kselect.core.alone import family_confidence, median_bounds, paired_speedups, timed_alone
     from kselect.core.mixed import search_precision
     from kselect.core.selection import race_verdict
 
@@ -418,6 +418,9 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
     chosen = search.plan
     if verify and any(p.within_budget and p.int8_nodes for p in search.front):
         within = {p.name for p in search.front if p.within_budget and p.int8_nodes}
+        timed_points = points_to_time(search.front, search.chosen)
+        # the fastest of the points timed within the budget races the fp32 plan: one comparison each
+        comparisons = sum(p.name in within for p in timed_points)
 
         def fastest(results: dict) -> str | None:
             times = {name: statistics.median(r["process_ms"]) for name, r in results.items()
@@ -429,11 +432,10 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
             if best is None or results["fp32"]["failed"]:
                 return set()
             speedups = paired_speedups(results["fp32"]["process_ms"], results[best]["process_ms"])
-            return {"fp32", best} if race_verdict(speedups) == "undecided" else set()
+            return {"fp32", best} if race_verdict(speedups, comparisons=comparisons) == "undecided" else set()
 
         with events.working("timing the front end to end, each plan alone in fresh processes"):
-            timed = timed_alone(model, {point.name: search.plans[point.name]
-                                        for point in points_to_time(search.front, search.chosen)},
+            timed = timed_alone(model, {point.name: search.plans[point.name] for point in timed_points},
                                 rounds=check_rounds, max_rounds=max(check_rounds, check_max_rounds), more=undecided)
         for point in search.front:
             if timed.get(point.name, {}).get("process_ms") and not timed[point.name]["failed"]:
@@ -447,10 +449,11 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
             check = {"against": "fp32 plan", "failed": reason, "kept": "fp32"}
         else:
             speedups = paired_speedups(timed["fp32"]["process_ms"], timed[best]["process_ms"])
-            low, median, high = median_bounds(speedups)
-            verdict = race_verdict(speedups)
+            low, median, high = median_bounds(speedups, family_confidence(comparisons))
+            verdict = race_verdict(speedups, comparisons=comparisons)
             check = {"against": "fp32 plan", "rounds": len(speedups), "per_round_speedup": round(median, 4),
-                     "bounds": [round(low, 4), round(high, 4)], "verdict": verdict,
+                     "bounds": [round(low, 4), round(high, 4)], "confidence": round(family_confidence(comparisons), 4),
+                     "verdict": verdict,
                      "kept": best if verdict == "faster" else "fp32"}
         if check["kept"] == "fp32":
             chosen = search.plans["fp32"]

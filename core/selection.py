@@ -8,7 +8,7 @@ import math
 import statistics
 
 from kselect.core import plugins
-from kselect.core.alone import CONFIDENCE, median_bounds, paired_speedups, timed_alone
+from kselect.core.alone import family_confidence, median_bounds, paired_speedups, timed_alone
 from kselect.core.bench import bench, compare_outputs, fresh_runners, relative_iqr
 from kselect.core.errors import KselectError
 from kselect.core.model import Model
@@ -104,16 +104,20 @@ def choose_result(results: list[dict]) -> dict:
 # undecided after the first rounds runs more (with the default), up to the check's maximum, as
 # racing (F-race, irace) does when choosing among configurations under noise, and one undecided at
 # the end is not kept. The limit was 0.98 until a plan kept at a lower bound of 0.9996 read 0.977x
-# in a later run (docs/tuning-protocol.md).
+# in a later run (docs/tuning-protocol.md). When several plans race against one baseline, each
+# bound is taken at the family's confidence (``family_confidence``), so that the best of many
+# is not kept for having been lucky.
 SLOWER_LIMIT = 1.0
 
 
-def race_verdict(speedups: list[float], margin: float = MIXED_MARGIN, rounds_before_verdict: int = 4) -> str:
+def race_verdict(speedups: list[float], margin: float = MIXED_MARGIN, rounds_before_verdict: int = 4,
+                 comparisons: int = 1) -> str:
     """"faster" (median >= 1 + margin, lower bound >= SLOWER_LIMIT), "not faster" (upper bound
-    below 1 + margin), else "undecided"; "undecided" before ``rounds_before_verdict`` rounds."""
+    below 1 + margin), else "undecided"; "undecided" before ``rounds_before_verdict`` rounds. The
+    bounds hold at CONFIDENCE across ``comparisons`` plans raced against the same baseline."""
     if len(speedups) < rounds_before_verdict:
         return "undecided"
-    low, median, high = median_bounds(speedups)
+    low, median, high = median_bounds(speedups, family_confidence(comparisons))
     if median >= 1 + margin and low >= SLOWER_LIMIT:
         return "faster"
     return "not faster" if high < 1 + margin else "undecided"
@@ -135,6 +139,8 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     hangs is reported with its reason and not kept."""
 
     plans = dict(candidates)
+    comparisons = len(candidates)
+    confidence = family_confidence(comparisons)
 
     def acceptable(error: float, plan) -> bool:
         # a plan with int8 ops was held to its accuracy budget on held-out feeds (core/mixed.py):
@@ -150,7 +156,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
             return set()
         names = {name for name, _ in candidates if not alone[name]["failed"] and matches(name, alone[name], baseline)
                  and race_verdict(paired_speedups(baseline["process_ms"], alone[name]["process_ms"]),
-                                  rounds_before_verdict=rounds) == "undecided"}
+                                  rounds_before_verdict=rounds, comparisons=comparisons) == "undecided"}
         return names | {BASELINE} if names else set()
 
     alone = timed_alone(model, {BASELINE: plugins.baseline_library().name, **dict(candidates)}, rounds, runs_per_process,
@@ -167,11 +173,11 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
         processes = len(measured["process_ms"])
         baseline_times = [t for ms in baseline["process_times"][:processes] for t in ms]
         speedups = paired_speedups(baseline["process_ms"], measured["process_ms"])
-        low, median, high = median_bounds(speedups)
+        low, median, high = median_bounds(speedups, confidence)
         baseline_ms, plan_ms = statistics.median(baseline_times), statistics.median(measured["times"])
         results.append({"variant": name, "default_ms": round(baseline_ms, 4), "plan_ms": round(plan_ms, 4),
                         "speedup": round(median, 4), "speedup_bounds": [round(low, 4), round(high, 4)],
-                        "verdict": race_verdict(speedups, rounds_before_verdict=1),
+                        "verdict": race_verdict(speedups, rounds_before_verdict=1, comparisons=comparisons),
                         "round_speedups": [round(x, 4) for x in speedups],
                         "pooled_speedup": round(baseline_ms / plan_ms, 4), "runs": len(measured["times"]),
                         "processes": processes, "process_ms": measured["process_ms"],
@@ -202,7 +208,8 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
         chosen, best_plan = BASELINE, fallback
     best_plan.extra["verified"] = {"chosen": chosen, "baseline": BASELINE, "min_speedup": min_speedup,
                                    "fastest": fastest["variant"], "shown_faster": [r["variant"] for r, _ in shown_faster],
-                                   "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT, "confidence": CONFIDENCE,
+                                   "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT, "confidence": confidence,
+                                   "comparisons": comparisons,
                                    "rounds": len(baseline["process_ms"]),
                                    "protocol": "each alone in a fresh process, taking turns; per-round speedups, "
                                                "more rounds while undecided", "tried": results}

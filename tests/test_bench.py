@@ -117,6 +117,17 @@ def test_a_plan_replaces_the_default_only_when_its_per_round_speedups_show_it_fa
     assert verdict([1.5059, 1.039, 1.0035, 1.036, 1.042, 1.0301, 1.084, 1.025, 1.0278, 1.0096]) == "faster"
 
 
+def test_racing_several_plans_widens_each_plans_bounds():
+    """Alone, 10 rounds give the 3rd smallest speedup as the lower bound; as the best of two
+    plans raced against one baseline (Bonferroni), the 2nd smallest: a plan with two rounds below
+    1.0 is then not shown faster."""
+    speedups = [0.99, 0.995, 1.03, 1.04, 1.05, 1.05, 1.06, 1.06, 1.07, 1.08]
+    assert selection_module.race_verdict(speedups) == "faster"
+    assert selection_module.race_verdict(speedups, comparisons=2) == "undecided"
+    assert alone_module.median_bounds(speedups, alone_module.family_confidence(2))[0] == 0.995
+    assert alone_module.family_confidence(1) == alone_module.CONFIDENCE
+
+
 def scripted_processes(monkeypatch, plan_ms_by_round):
     """``_run_alone`` answering from a script: the baseline at 10 ms in every round, each plan at
     its scripted ms in round r (the job's result file names the candidate)."""
