@@ -315,6 +315,22 @@ def compute_ranges(model: Model, calibration: Calibration) -> dict:
     return calibration.ranges
 
 
+def plan_ranges(plan) -> dict[str, tuple[float, float]]:
+    """Tensor name -> (lowest, highest) from a plan's calibration cache (``compute_ranges``'
+    JSON, ``plan.extra["precision"]["ranges"]``): what a library's runner quantizes a plan's
+    int8 ops with."""
+    cache = ((getattr(plan, "extra", None) or {}).get("precision") or {}).get("ranges") or {}
+    data = cache.get("data", cache) if isinstance(cache, dict) else {}
+    return {name: (_cached_number(entry["lowest"]), _cached_number(entry["highest"])) for name, entry in data.items()
+            if isinstance(entry, dict) and "lowest" in entry and "highest" in entry}
+
+
+def _cached_number(value) -> float:
+    if isinstance(value, dict):  # the cache's numpy arrays: {"data": [...], "dtype": ..., "CLS": "numpy.array"}
+        value = value.get("data")
+    return float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+
+
 @contextlib.contextmanager
 def quiet_quantizer():
     """onnxruntime.quantization advises on the root logger (pre-processing); kselect's output

@@ -40,8 +40,10 @@ def boundary_label(library: str) -> str:
 
 def side_label(label: str, rank: int) -> str:
     """Layouts only matter for 4-D tensors; any other tensor is ``<library>:flat``. A boundary
-    side is one whatever the rank."""
-    return label if rank == 4 or label == boundary_label(library_of(label)) else f"{library_of(label)}:flat"
+    side, and the int8 side (``<library>:int8``: quantize in, dequantize out), is one whatever
+    the rank."""
+    library = library_of(label)
+    return label if rank == 4 or label in (boundary_label(library), f"{library}:int8") else f"{library}:flat"
 
 
 def conversion_task(label: str, direction: str, shape) -> Task:

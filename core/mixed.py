@@ -124,6 +124,8 @@ def mixed_plan(fp32_plan: Plan, int8_entries: dict[str, dict], int8_settings: di
     plan = copy.deepcopy(fp32_plan)
     if not nodes:
         return plan
+    # a plan with layouts per op labels every node; an int8 op's layout is the library's int8
+    labelled = any("label" in entry for entry in fp32_plan.nodes.values())
     tasks = []
     for entry in plan.tasks:
         kept = [node for node in entry["nodes"] if node not in nodes]
@@ -134,8 +136,9 @@ def mixed_plan(fp32_plan: Plan, int8_entries: dict[str, dict], int8_settings: di
         if chosen:
             tasks.append({**entry, "nodes": chosen})
             task = Task.from_json(entry)
+            layout = {"label": f"{entry['library']}:int8"} if labelled else {}
             for node in chosen:
-                plan.nodes[node] = plan_node(task, entry["library"], entry["config"])
+                plan.nodes[node] = plan_node(task, entry["library"], entry["config"], **layout)
     plan.tasks = tasks
     plan.plan_level = dict(int8_settings)
     plan.library_settings = {plan.library: dict(int8_settings)}

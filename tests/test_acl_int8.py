@@ -233,23 +233,3 @@ def test_runner_quant_requests(acl):
     timed = runner.request({**conv, "action": "run", "quant": {"input": "QASYMM8_SIGNED", "weights": "QASYMM8_SIGNED"},
                             "min_repeats": 2, "config": {"method": "AUTO", "layout": "NHWC", "threads": 1}})
     assert timed["ok"] and timed["effective_method"] == "GEMM" and len(timed["times_us"]) >= 2
-
-
-def test_whole_model_int8_is_refused_not_run_as_float(acl, small_model_path):
-    """Whole-model int8 is not implemented for ACL: a mixed plan's int8 ops and the quantize /
-    dequantize conversions are refused rather than run in float32 or counted as free."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from kselect.core.errors import KselectError
-    from kselect.core.model import load_model
-
-    with pytest.raises(KselectError, match="not measured yet"):
-        acl.measure_conversion("acl:int8", "in", np.zeros((1, 4, 2, 2), np.float32), FAST)
-    model = load_model(str(small_model_path))
-    int8_entry = {"task": "T01.int8", "library": "acl",
-                  "config": {"activations": "QASYMM8_SIGNED", "weights": "per-channel", "threads": 1}}
-    plan = SimpleNamespace(nodes={node.name: int8_entry for node in model.proto.graph.node})
-    with pytest.raises(KselectError, match="int8 op"):
-        acl.node_configs(model, plan)

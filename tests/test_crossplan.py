@@ -595,6 +595,18 @@ def test_a_flatten_before_an_fc_pays_for_its_input_layout():
     assert ("mlas:NCHWc", "out", (1, 8, 4, 4)) in problem.sides()
 
 
+def test_a_flat_tensor_into_or_out_of_an_int8_op_pays_its_quantize_or_dequantize():
+    """An fc's 2-D input is quantized like a 4-D one: the int8 side keeps its label at any rank
+    (only layouts collapse to ``flat``); leaving int8 for a float op of the same library makes no
+    runner call."""
+    shape = (1, 128)
+    assert sides_needed("mlas:NCHW", "mlas:int8", shape) == [("mlas:flat", "out", shape), ("mlas:int8", "in", shape)]
+    table = ConversionTable({("mlas:flat", "out", shape): 0.0, ("mlas:flat", "in", shape): 5.0,
+                             ("mlas:int8", "in", shape): 4.0, ("mlas:int8", "out", shape): 3.0})
+    assert table.cost_us("mlas:NCHW", "mlas:int8", shape) == pytest.approx(4.0)
+    assert table.cost_us("mlas:int8", "mlas:NCHW", shape) == pytest.approx(3.0)
+
+
 def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_an_island_that_cannot_pay_it_goes_back():
     """input -> a -> relu -> b -> b2; add(b2, relu) -> c. With b alone on library 'y', the model
     runs in three segments (x: a, relu | y: b | x: b2, add, c), so the skip tensor leaves x's

@@ -11,6 +11,13 @@ fused into it (as ArmNN does), MaxPool / AveragePool / GlobalAveragePool / Globa
 Add, Concat (channels), Flatten (and a Reshape that flattens), Softmax (2-D, last axis), other
 activations -> ``activation``; Identity and Dropout are aliases. Anything else is refused with the
 op's name: the engine runs what ACL 20.08 can run, not a general ONNX runtime.
+
+int8: a conv / fc node whose config carries ``"int8": {"activations", "weights"}`` (a plan's int8
+entry, ``AclLibrary.node_configs``) is lowered with a ``quant`` object and integer weight files, as
+the single-op path quantizes (int8.quantized_weights): input and output on the uint8 grids of
+their calibrated ranges (``ranges``, the plan's ``extra["precision"]["ranges"]``; core/quant.py
+``asymmetric_u8``, QASYMM8_SIGNED with zero points minus 128), weights symmetric per output
+channel or per tensor, S32 bias. The runner converts tensors between float and int8 ops.
 """
 
 from __future__ import annotations
@@ -26,11 +33,20 @@ from onnx import numpy_helper
 
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.model import Model
+from kselect.core.quant import QuantParams, asymmetric_u8, weight_scales_of
 from kselect.core.tasks import explicit_pads, node_attr
+from kselect.plugins.acl import int8
 from kselect.plugins.ops.conv import deconv_attrs
 
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")
 FLOAT_MAX = 3.4028234e38
+# weight and bias files by element type (the runner reads them as its tensors' types)
+WEIGHT_SUFFIXES = {np.dtype(np.float32): "f32", np.dtype(np.int8): "i8", np.dtype(np.uint8): "u8",
+                   np.dtype(np.int32): "i32"}
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return [path for suffix in WEIGHT_SUFFIXES.values() for path in Path(folder).glob(f"*.{suffix}")]
 
 
 def _text(value) -> str:
@@ -59,10 +75,12 @@ def runner_activation(op: str, alpha: float = 0.01, low: float = -math.inf, high
 
 
 class _Lowering:
-    def __init__(self, model: Model, configs: dict[str, dict], weights_dir: Path):
+    def __init__(self, model: Model, configs: dict[str, dict], weights_dir: Path,
+                 ranges: dict[str, tuple[float, float]] | None = None):
         self.model = model
         self.configs = configs
         self.weights_dir = weights_dir
+        self.ranges = ranges or {}
         self.alias: dict[str, str] = {}
         self.nodes: list[dict] = []
         self.fused: set[int] = set()
@@ -95,9 +113,12 @@ class _Lowering:
         return self._arrays[tensor]
 
     def write(self, key: str, array: np.ndarray) -> str:
+        """A weight file: float32, or the integers of an int8 node's weights and bias."""
         self._files += 1
-        name = f"{self._files:04d}.{key}.f32"
-        np.ascontiguousarray(array, dtype=np.float32).tofile(self.weights_dir / name)
+        if array.dtype not in WEIGHT_SUFFIXES:
+            array = array.astype(np.float32)
+        name = f"{self._files:04d}.{key}.{WEIGHT_SUFFIXES[array.dtype]}"
+        np.ascontiguousarray(array).tofile(self.weights_dir / name)
         return name  # the runner resolves it against the graph file's folder
 
     def refuse(self, node, why: str):
@@ -131,10 +152,21 @@ class _Lowering:
             return None
         return users[0], node, act
 
-    def config(self, node) -> dict:
-        """The node's runner config; none for an op ACL does not tune (its activation is not one
-        ACL fuses): ACL's own choice then, on the graph's default schedule."""
-        return self.configs.get(node.name, {})
+    def config(self, node) -> tuple[dict, dict | None]:
+        """The node's runner config and, for an int8 node, its {"activations", "weights"}; no config
+        for an op ACL does not tune (its activation is not one ACL fuses): ACL's own choice then, on
+        the graph's default schedule."""
+        config = dict(self.configs.get(node.name, {}))
+        return config, config.pop("int8", None)
+
+    def grid(self, tensor: str, node) -> tuple[float, int]:
+        """(scale, uint8 zero point) of a tensor from its calibrated range, as the other libraries
+        quantize a plan's int8 nodes."""
+        for name in (tensor, self.name(tensor)):
+            if name in self.ranges:
+                scale, zero_point = asymmetric_u8(*self.ranges[name])
+                return float(scale), zero_point
+        raise KselectError(f"ACL engine: int8 node {node.name!r}: the plan's calibration has no range for tensor {tensor!r}")
 
     # -- ops ------------------------------------------------------------------------------------
     def lower(self) -> dict:
@@ -167,13 +199,30 @@ class _Lowering:
         self.fused.add(act_index)
         return act_node.output[0], act
 
-    def _emit_weighted(self, index, node, op: str, x: str, weights: np.ndarray, bias: np.ndarray | None, **fields):
-        """A conv / deconv / fc node: its weight files, its config and the activation fused into it."""
+    def _emit_weighted(self, index, node, op: str, x: str, weights: np.ndarray, bias: np.ndarray | None,
+                       alpha: float = 1.0, beta: float = 1.0, **fields):
+        """A conv / deconv / fc node: its weight files, its config and the activation fused into it;
+        an fc's ``alpha`` and ``beta`` folded into the weights and bias (into the weights' scales
+        for an int8 node)."""
         output, act = self._output_with_activation(index, node)
-        fields.update(weights=list(weights.shape), bias=bias is not None, weights_path=self.write("w", weights),
-                      config=self.config(node))
-        if bias is not None:
-            fields["bias_path"] = self.write("b", bias)
+        config, precision = self.config(node)
+        fields.update(weights=list(weights.shape), bias=bias is not None, config=config)
+        if precision is None:
+            fields["weights_path"] = self.write("w", weights * np.float32(alpha) if op == "fc" else weights)
+            if bias is not None:
+                fields["bias_path"] = self.write("b", bias * np.float32(beta) if op == "fc" else bias)
+        else:
+            if act is not None and act["fn"] not in int8.FUSED:
+                raise KselectError(f"ACL engine: int8 node {node.name!r}: the quantized output stage clamps "
+                                   f"({', '.join(int8.FUSED)}), it does not run {act['fn']}")
+            x_scale, x_zero_point = self.grid(x, node)
+            y_scale, y_zero_point = self.grid(output, node)
+            params = QuantParams(x_scale, x_zero_point, weight_scales_of(op, weights), y_scale, y_zero_point)
+            quant, arrays = int8.quantized_weights(op, weights, bias, params, precision["activations"],
+                                                   precision["weights"], alpha=alpha, beta=beta)
+            fields.update(quant=quant, weights_path=self.write("w", arrays["weights"]))
+            if bias is not None:
+                fields["bias_path"] = self.write("b", arrays["bias"])
         if act:
             fields["act"] = act
         self._emit(node, op, [x], output, **fields)
@@ -215,11 +264,12 @@ class _Lowering:
         self._emit_weighted(index, node, "deconv", x, weights, b, input=x_shape, stride=attrs["strides"],
                             pads=attrs["pads"])
 
-    def _fc(self, index, node, a: str, weights_nk: np.ndarray, bias: np.ndarray | None):
+    def _fc(self, index, node, a: str, weights_nk: np.ndarray, bias: np.ndarray | None, alpha: float = 1.0,
+            beta: float = 1.0):
         a_shape = self.shape(a, node)
         if len(a_shape) != 2:
             self.refuse(node, "only 2-D inputs (fully connected)")
-        self._emit_weighted(index, node, "fc", a, weights_nk, bias, input=a_shape)
+        self._emit_weighted(index, node, "fc", a, weights_nk, bias, alpha, beta, input=a_shape)
 
     def op_Gemm(self, index, node):
         if node_attr(node, "transA", 0):
@@ -228,7 +278,6 @@ class _Lowering:
         if b is None:
             self.refuse(node, "weights computed at run time")
         w = b if node_attr(node, "transB", 0) else b.T
-        w = w * np.float32(node_attr(node, "alpha", 1.0))
         bias = None
         if len(node.input) > 2 and node.input[2]:
             c = self.constant(node.input[2])
@@ -236,8 +285,9 @@ class _Lowering:
                 self.refuse(node, "bias computed at run time")
             if c.size not in (1, w.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
                 self.refuse(node, f"bias of shape {list(c.shape)}")
-            bias = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * np.float32(node_attr(node, "beta", 1.0))
-        self._fc(index, node, node.input[0], w, bias)
+            bias = np.broadcast_to(c.reshape(-1), (w.shape[0],))
+        self._fc(index, node, node.input[0], np.ascontiguousarray(w), bias, float(node_attr(node, "alpha", 1.0)),
+                 float(node_attr(node, "beta", 1.0)))
 
     def op_MatMul(self, index, node):
         b = self.constant(node.input[1])
@@ -333,11 +383,14 @@ class _Lowering:
         self.alias[node.output[0]] = self.name(node.input[0])
 
 
-def lower(model: Model, configs: dict[str, dict], default_config: dict, weights_dir: Path) -> dict:
+def lower(model: Model, configs: dict[str, dict], default_config: dict, weights_dir: Path,
+          ranges: dict[str, tuple[float, float]] | None = None) -> dict:
     """The runner's graph description of ``model``: ``configs`` maps conv / fc node names to runner
-    configs (PROTOCOL.md); ``default_config`` schedules every other op. Weights are written as
-    raw float32 files into ``weights_dir``, named relative to it: the graph file belongs there."""
-    graph = _Lowering(model, configs, Path(weights_dir)).lower()
+    configs (PROTOCOL.md; an int8 node's with ``"int8"``); ``default_config`` schedules every other
+    op; ``ranges``: the calibrated ranges int8 nodes quantize with. Weights are written as raw
+    float32 files (an int8 node's as integers) into ``weights_dir``, named relative to it: the
+    graph file belongs there."""
+    graph = _Lowering(model, configs, Path(weights_dir), ranges).lower()
     graph["default_config"] = default_config
     return graph
 
@@ -383,7 +436,7 @@ class AclModelRunner:
             if self.load_info.get("error_kind") == "unsupported" and node in {n["name"] for n in graph["nodes"]}:
                 raise UnsupportedOp(message, node)  # ACL's validate() refused it: ONNX Runtime runs it
             raise KselectError(message)
-        for path in self.work_dir.glob("*.f32"):
+        for path in weight_files(self.work_dir):
             path.unlink()  # the runner holds the weights now
         self._fed: dict[str, np.ndarray] = {}
         self.last: dict = {}

@@ -57,18 +57,17 @@ def dequantize_output(q: np.ndarray, params: QuantParams, activations: str) -> n
     return dequantize(q, params.y_scale, params.y_zero_point, signed=activations == "QASYMM8_SIGNED")
 
 
-def quantized_op(task, inputs: dict, activations: str, weights: str,
-                 w_type: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(the runner's "quant" object, the arrays to send: input, weights, bias as integers) for the
-    task on the core's data and parameters. An fc's alpha scales the weights' scales (its sign
-    flips the quantized weights) and its beta the bias, as the fp32 path folds them. ``w_type``
-    overrides ACL's weights type of a per-tensor choice (``weight_type``), e.g. to try the mixed
-    QASYMM8 / QASYMM8_SIGNED pairs 20.08's GEMM convolution validates (and computes wrongly)."""
-    params: QuantParams = inputs["quant"]
+def quantized_weights(kind: str, w: np.ndarray, b: np.ndarray | None, params: QuantParams, activations: str,
+                      weights: str, w_type: str | None = None, alpha: float = 1.0,
+                      beta: float = 1.0) -> tuple[dict, dict[str, np.ndarray]]:
+    """(the runner's "quant" object, the weights and bias as integers) for a conv or fc of float
+    weights ``w`` (OIHW, or (N, K) for an fc) and bias ``b`` on ``params``. An fc's ``alpha``
+    scales the weights' scales (its sign flips the quantized weights) and its ``beta`` the bias, as
+    the fp32 path folds them. ``w_type`` overrides ACL's weights type of a per-tensor choice
+    (``weight_type``), e.g. to try the mixed QASYMM8 / QASYMM8_SIGNED pairs 20.08's GEMM convolution
+    validates (and computes wrongly)."""
     per_channel = weights == "per-channel"
-    w = inputs["w"]
     channels = w.shape[0]
-    alpha = float(task.attrs.get("alpha", 1.0)) if task.kind == "fc" else 1.0
     w_q = params.quantized_weights(w, per_channel).astype(np.int16)
     if alpha < 0:
         w_q = -w_q
@@ -76,16 +75,34 @@ def quantized_op(task, inputs: dict, activations: str, weights: str,
     channel_scales = channel_scales * abs(alpha)
     w_type = w_type or weight_type(activations, weights)
     w_zero_point = 128 if w_type == "QASYMM8" else 0
-    arrays = {"input": quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations),
-              "weights": (w_q + w_zero_point).astype(np.uint8 if w_type == "QASYMM8" else np.int8)}
-    if "b" in inputs:
-        b = inputs["b"].astype(np.float64) * (float(task.attrs.get("beta", 1.0)) if task.kind == "fc" else 1.0)
+    arrays = {"weights": (w_q + w_zero_point).astype(np.uint8 if w_type == "QASYMM8" else np.int8)}
+    if b is not None:
         bias_scale = np.float64(np.float32(params.x_scale)) * channel_scales.astype(np.float32)
         limit = np.iinfo(np.int32)
-        arrays["bias"] = np.clip(np.round(b / bias_scale), limit.min, limit.max).astype(np.int32)
+        arrays["bias"] = np.clip(np.round(b.astype(np.float64) * beta / bias_scale), limit.min, limit.max).astype(np.int32)
     quant = {"input": activations, "weights": w_type,
              "x_scale": float(params.x_scale), "x_zero_point": int(params.x_zero_point) + shift(activations),
              "w_scales": [float(s) for s in (channel_scales if per_channel else channel_scales[:1])],
              "w_zero_point": w_zero_point,
              "y_scale": float(params.y_scale), "y_zero_point": int(params.y_zero_point) + shift(activations)}
     return quant, arrays
+
+
+def quantized_op(task, inputs: dict, activations: str, weights: str,
+                 w_type: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(the runner's "quant" object, the arrays to send: input, weights, bias as integers) for the
+    task on the core's data and parameters (``quantized_weights``; an fc's alpha and beta from
+    its attributes)."""
+    params: QuantParams = inputs["quant"]
+    fc = task.kind == "fc"
+    quant, arrays = quantized_weights(task.kind, inputs["w"], inputs.get("b"), params, activations, weights, w_type,
+                                      alpha=float(task.attrs.get("alpha", 1.0)) if fc else 1.0,
+                                      beta=float(task.attrs.get("beta", 1.0)) if fc else 1.0)
+    arrays["input"] = quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations)
+    return quant, arrays
+
+
+def activation_quant(activations: str, scale: float, zero_point_u8: int) -> dict:
+    """The runner's "quant" of a quantize / dequantize step: a tensor of type ``activations``
+    on the uint8 grid (``scale``, ``zero_point_u8``)."""
+    return {"input": activations, "x_scale": float(scale), "x_zero_point": int(zero_point_u8) + shift(activations)}

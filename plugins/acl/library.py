@@ -2,7 +2,7 @@
 measuring through a persistent runner process, and whole models through the runner's engine.
 
 INT8 twins of conv and fc tasks (``Task.precision == "int8"``) run in ACL's quantized forms
-(int8.py, README.md "int8").
+(int8.py, README.md "int8"), alone and, as a plan's int8 entries, in the whole-model engine.
 
 Everything is executed by the aarch64 runner (``runner/*.cpp``, PROTOCOL.md). On
 an x86_64 host it runs under qemu user-mode emulation: ``emulated`` is then true and every time
@@ -22,10 +22,12 @@ import numpy as np
 
 from kselect.core.activations import clamp_range
 from kselect.core.conversions import boundary_label
+from kselect.core.calibration import plan_ranges
 from kselect.core.device import Device, this_device
 from kselect.core.errors import KselectError
 from kselect.core.library import Library
 from kselect.core.plan import write_atomically
+from kselect.core.quant import dequantize
 from kselect.core.space import Categorical, Integer, Space, WorkloadSplit
 from kselect.core.tasks import Task
 from kselect.plugins.acl import build, int8
@@ -102,8 +104,10 @@ class AclLibrary(Library):
     # In a plan with other libraries each ACL segment is a runner call that exchanges its tensors
     # as files (engine.AclModelRunner): measured per tensor shape as the "acl:boundary" sides.
     boundary_cost = True
-    # int8 twins of conv and fc tasks: ACL's quantized functions (int8.py, README.md "int8")
+    # int8 twins of conv and fc tasks: ACL's quantized functions (int8.py, README.md "int8"); the
+    # engine runs a plan's int8 entries quantized, converting tensors between float and int8 ops
     precisions = ("fp32", "int8")
+    plan_precisions = ("fp32", "int8")
 
     def __init__(self):
         self.emulated = build.is_emulated()
@@ -522,10 +526,7 @@ class AclLibrary(Library):
 
     def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
         if label == f"{self.name}:int8":
-            # the quantize / dequantize between float and int8 ops of a mixed plan: not measured
-            # yet (no NEQuantizationLayer / NEDequantizationLayer run); never report it as free
-            raise KselectError("ACL: the quantize / dequantize conversions of int8 ops are not measured yet "
-                               "(whole-model int8 is not implemented for ACL)")
+            return self._measure_quantize(direction, x, self._runner_timing(settings))
         if label == boundary_label(self.name):
             return self._measure_boundary(x, settings)
         return self._measure_permute(label, direction, x, self._runner_timing(settings))
@@ -586,6 +587,32 @@ class AclLibrary(Library):
             raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
         return {"times_us": [result["times_us"]], "output": output.reshape(x.shape)}
 
+    def _measure_quantize(self, direction: str, x: np.ndarray, timing: dict) -> dict:
+        """The engine's step where a float tensor enters an int8 op ("in": NEQuantizationLayer) or
+        an int8 op's output enters a float op ("out": NEDequantizationLayer), on the grid of the
+        tensor's own range in the default activation type (QASYMM8_SIGNED); the other half of the
+        round trip is done here, outside the timed work, so the output is the tensor quantized
+        and dequantized, which the core checks."""
+        from kselect.core.quant import asymmetric_u8
+
+        activations = int8.DEFAULT_ACTIVATIONS
+        scale, zero_point = asymmetric_u8(x.min(), x.max())
+        quant = int8.activation_quant(activations, scale, zero_point)
+        config = {"layout": "NCHW", "threads": armnn_threads(this_device()), "scheduler": "default"}
+        signed = activations == "QASYMM8_SIGNED"
+        if direction == "in":
+            result, q = self._measurer.run_op("quantize", {"input": list(x.shape), "quant": quant}, config, {"input": x},
+                                              want_output=True, output_dtype=np.int8 if signed else np.uint8, **timing)
+            output = dequantize(q, scale, zero_point, signed) if result.get("ok") else None
+        else:
+            q = int8.quantize_activation(x, scale, zero_point, activations)
+            result, output = self._measurer.run_op("dequantize", {"input": list(x.shape), "quant": quant}, config,
+                                                   {"input": q}, want_output=True, **timing)
+        self.last_result = result
+        if not result.get("ok"):
+            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        return {"times_us": [result["times_us"]], "output": output.reshape(x.shape)}
+
     def _measure_boundary(self, x: np.ndarray, settings) -> dict:
         """Half of a round trip of ``x`` through a runner holding a one-op model (LeakyRelu with
         alpha 1: the identity), as a segment of a mixed plan runs: the tensor written to a file,
@@ -618,25 +645,28 @@ class AclLibrary(Library):
 
     # -- whole models -------------------------------------------------------------------------------
     def node_configs(self, model, plan=None, device: Device | None = None) -> dict[str, dict]:
-        """Runner configs per conv / fc node: the plan's, or the library defaults."""
+        """Runner configs per conv / fc node: the plan's, or the library defaults. A plan's int8
+        entry (task ``T...int8``, config with ``activations`` / ``weights``) carries ``"int8":
+        {"activations", "weights"}``, which ``engine.lower`` turns into the node's quantization."""
         from kselect.core.tasks import extract_tasks, find_ops
 
         device = device or this_device()
         configs = {}
         for task in (extract_tasks(model) if find_ops(model) else []):
-            if not self.supports(task):
-                continue
             for node in task.nodes:
-                if plan is not None:
-                    entry = plan.nodes.get(node)
-                    if entry is None:
-                        raise KselectError(f"the plan has no entry for node {node!r}")
+                entry = plan.nodes.get(node) if plan is not None else None
+                if entry is not None and ("activations" in entry["config"] or str(entry.get("task", "")).endswith(".int8")):
+                    if not self.supports(task.at_precision("int8")):
+                        raise KselectError(f"ACL runs no int8 form of node {node!r} (task {entry.get('task')})")
                     config = entry["config"]
-                    if "activations" in config or str(entry.get("task", "")).endswith(".int8"):
-                        raise KselectError(f"the ACL engine runs float32 graphs: node {node!r} is an int8 op "
-                                           f"(task {entry.get('task')}); whole-model int8 is not implemented for ACL")
-                else:
-                    config = self.default_config(task, device)
+                    configs[node] = {**runner_config(config, device),
+                                     "int8": {"activations": config["activations"], "weights": config["weights"]}}
+                    continue
+                if not self.supports(task):
+                    continue
+                if plan is not None and entry is None:
+                    raise KselectError(f"the plan has no entry for node {node!r}")
+                config = entry["config"] if entry is not None else self.default_config(task, device)
                 configs[node] = runner_config(config, device)
         return configs
 
@@ -648,10 +678,10 @@ class AclLibrary(Library):
         device = this_device()
         bundle = Path(out_dir) / f"{model.name}.acl"
         bundle.mkdir(parents=True, exist_ok=True)
-        for old in list(bundle.glob("*.f32")) + [bundle / "graph.json"]:
+        for old in engine.weight_files(bundle) + [bundle / "graph.json"]:
             old.unlink(missing_ok=True)
         graph = engine.lower(model, self.node_configs(model, plan, device),
-                             {"threads": armnn_threads(device), "scheduler": "default"}, bundle)
+                             {"threads": armnn_threads(device), "scheduler": "default"}, bundle, plan_ranges(plan))
         graph["kselect"] = {"model": plan.model, "libraries": plan.libraries, "emulated": plan.emulated,
                             "usage": "kselect_acl_runner: {\"action\":\"model_load\",\"model_id\":\"m\",\"graph_path\":\"graph.json\"}"}
         path = bundle / "graph.json"
@@ -668,7 +698,11 @@ class AclLibrary(Library):
         configs = self.node_configs(model, plan, device)
         default = {"threads": armnn_threads(device), "scheduler": "default"}
         work_dir = engine.WorkDir()
-        graph = engine.lower(model, configs, default, work_dir.path)
+        try:
+            graph = engine.lower(model, configs, default, work_dir.path, plan_ranges(plan))
+        except BaseException:
+            work_dir.cleanup()
+            raise
         return engine.AclModelRunner(graph, work_dir, timeout_s=timeout_s)
 
     def runs_op(self, op_type: str) -> bool:

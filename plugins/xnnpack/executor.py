@@ -54,6 +54,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from kselect.core.calibration import plan_ranges
 from kselect.core.device import this_device
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.plan import int8_nodes
@@ -84,21 +85,6 @@ def _flip_step(destination, source) -> int:
     """int8 <-> uint8 on the same scale (zero points 128 apart): the top bit flipped."""
     np.bitwise_xor(source, _TOP_BIT, out=destination)
     return 0
-
-
-def _number(value) -> float:
-    if isinstance(value, dict):  # the cache's numpy arrays: {"data": [...], "dtype": ..., "CLS": "numpy.array"}
-        value = value.get("data")
-    return float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
-
-
-def calibrated_ranges(plan) -> dict[str, tuple[float, float]]:
-    """Tensor name -> (lowest, highest) from the plan's calibration cache (onnxruntime.quantization's
-    TensorsData JSON, ``plan.extra["precision"]["ranges"]``)."""
-    cache = ((getattr(plan, "extra", None) or {}).get("precision") or {}).get("ranges") or {}
-    data = cache.get("data", cache) if isinstance(cache, dict) else {}
-    return {name: (_number(entry["lowest"]), _number(entry["highest"])) for name, entry in data.items()
-            if isinstance(entry, dict) and "lowest" in entry and "highest" in entry}
 
 
 class _Tensor:
@@ -152,7 +138,7 @@ class Executor:
         self.int8_ops: dict[str, str] = {}
         # tensors an op wrote on its input's grid (8-bit max pooling, Flatten): (scale, uint8 zero point)
         self.grids: dict[str, tuple[float, int]] = {}
-        self.ranges = calibrated_ranges(plan) if self.int8_nodes else {}
+        self.ranges = plan_ranges(plan) if self.int8_nodes else {}
         plan_level = getattr(plan, "plan_level", None) or {}
         self.flags = configured.pool_flags(plan_level)  # spinning: one setting for the whole model
         from kselect.plugins.xnnpack import tileshim

@@ -14,10 +14,12 @@
 #include "arm_compute/runtime/NEON/functions/NEConcatenateLayer.h"
 #include "arm_compute/runtime/NEON/functions/NECopy.h"
 #include "arm_compute/runtime/NEON/functions/NEDeconvolutionLayer.h"
+#include "arm_compute/runtime/NEON/functions/NEDequantizationLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEFlattenLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEFullyConnectedLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEPermute.h"
 #include "arm_compute/runtime/NEON/functions/NEPoolingLayer.h"
+#include "arm_compute/runtime/NEON/functions/NEQuantizationLayer.h"
 #include "arm_compute/runtime/NEON/functions/NESoftmaxLayer.h"
 
 #include <algorithm>
@@ -53,6 +55,9 @@ namespace ks
 // and fc runs with its own method, layout, GEMM kernel, CPU model, threads and scheduler; NEPermute
 // steps are inserted where neighbouring ops use different layouts. Other ops run with ACL's
 // functions in their input's layout, with the graph's default threads and ACL's scheduler.
+// int8 conv / fc nodes ("quant") read and write quantized tensors: a tensor passing between a
+// float op and an int8 op is converted by an NEQuantizationLayer / NEDequantizationLayer step
+// (once per form), and int8 ops that agree on a tensor's quantization share it as it is.
 // ---------------------------------------------------------------------------------------------
 namespace model
 {
@@ -68,13 +73,17 @@ struct Ctx // how one step is scheduled
     std::string                 key;
 };
 
-struct MT // one tensor in one layout
+struct MT // one tensor in one form: layout, data type and quantization
 {
     std::string             name;
     std::vector<size_t>     dims; // logical
     DataLayout              layout{ DataLayout::NCHW };
     Mapping                 m;
     std::unique_ptr<Tensor> t;
+    DataType                type{ DataType::F32 };
+    QuantizationInfo        q;
+
+    bool quantized() const { return type == DataType::QASYMM8 || type == DataType::QASYMM8_SIGNED; }
 };
 
 struct Step
@@ -158,15 +167,16 @@ class Net
 {
 public:
     std::vector<std::unique_ptr<MT>>                          tensors;
-    std::map<std::string, MT *>                               by_key;   // name|layout
+    std::map<std::string, MT *>                               by_key;   // name|layout[|type@scale/zero point]
     std::map<std::string, MT *>                               first;    // name -> first version made
+    std::map<std::string, std::vector<MT *>>                  versions; // name -> every version made
     std::vector<Step>                                         steps;
     std::vector<Ctx>                                          ctxs;
     std::map<unsigned, std::shared_ptr<IScheduler>>           cpp;      // ACL CPPScheduler per thread count
     std::map<std::string, std::shared_ptr<ext::SplitScheduler>> splitters; // per thread count + pinning
     std::vector<std::string>                                  inputs, outputs;
     std::vector<Constant>                                     constants;
-    size_t                                                    permutes{ 0 }, copies{ 0 };
+    size_t                                                    permutes{ 0 }, copies{ 0 }, quantizes{ 0 }, dequantizes{ 0 };
     double                                                    configure_us{ 0 }, prepare_us{ 0 };
     std::set<std::string>                                     isolate; // "node|in" / "node|out": give the step a private tensor
     std::string                                               base_dir{ "." }; // relative weight paths start here
@@ -176,14 +186,19 @@ public:
         return path.empty() || path[0] == '/' ? path : base_dir + "/" + path;
     }
 
-    static std::string lkey(const std::string &name, size_t rank, DataLayout l)
+    // Float versions keep the key "name|layout"; quantized ones add "|type@scale/zero point".
+    static std::string lkey(const std::string &name, size_t rank, DataLayout l, DataType type = DataType::F32, const QuantizationInfo &q = QuantizationInfo())
     {
-        return name + "|" + (rank == 4 ? layout_name(l) : std::string("-"));
+        std::string key = name + "|" + (rank == 4 ? layout_name(l) : std::string("-"));
+        if(type != DataType::F32)
+            key += "|" + data_type_name(type) + "@" + jnum(q.uniform().scale) + "/" + std::to_string(q.uniform().offset);
+        return key;
     }
 
-    MT &add_tensor(const std::string &name, const std::vector<size_t> &dims, const Mapping &m, DataLayout layout, bool is_constant = false)
+    MT &add_tensor(const std::string &name, const std::vector<size_t> &dims, const Mapping &m, DataLayout layout, bool is_constant = false,
+                   DataType type = DataType::F32, const QuantizationInfo &q = QuantizationInfo())
     {
-        const std::string key = is_constant ? name : lkey(name, dims.size(), layout);
+        const std::string key = is_constant ? name : lkey(name, dims.size(), layout, type, q);
         if(by_key.count(key))
             throw BadRequest("tensor '" + name + "' is produced twice");
         auto mt    = std::make_unique<MT>();
@@ -191,13 +206,21 @@ public:
         mt->dims   = dims;
         mt->layout = layout;
         mt->m      = m;
+        mt->type   = type;
+        mt->q      = q;
         mt->t      = std::make_unique<Tensor>();
-        mt->t->allocator()->init(TensorInfo(m.acl_shape(), 1, DataType::F32, layout));
+        TensorInfo info(m.acl_shape(), 1, type, q);
+        info.set_data_layout(layout);
+        mt->t->allocator()->init(info);
         MT *p = mt.get();
         tensors.push_back(std::move(mt));
         by_key[key] = p;
-        if(!is_constant && !first.count(name))
-            first[name] = p;
+        if(!is_constant)
+        {
+            if(!first.count(name))
+                first[name] = p;
+            versions[name].push_back(p);
+        }
         return *p;
     }
     static Mapping map_for(const std::vector<size_t> &dims, DataLayout layout)
@@ -214,49 +237,114 @@ public:
     {
         return add_tensor(name, dims, map_for(dims, layout), layout);
     }
-    MT &add_const(const std::string &name, const std::vector<size_t> &dims, const Mapping &m, DataLayout layout, const std::string &path, uint32_t seed)
+    MT &add_const(const std::string &name, const std::vector<size_t> &dims, const Mapping &m, DataLayout layout, const std::string &path, uint32_t seed,
+                  const TensorInfo *typed = nullptr)
     {
-        MT &mt = add_tensor(name, dims, m, layout, true);
+        MT &mt = typed ? add_tensor(name, dims, m, layout, true, typed->data_type(), typed->quantization_info()) : add_tensor(name, dims, m, layout, true);
         constants.push_back(Constant{ &mt, path, seed });
         return mt;
     }
-    MT &any(const std::string &name)
+    // The first version of a tensor, whatever its form (its dims, or the graph's float input).
+    MT &version(const std::string &name)
     {
         auto it = first.find(name);
         if(it == first.end())
             throw BadRequest("tensor '" + name + "' is used before it is produced");
         return *it->second;
     }
-    // The tensor in the wanted layout; a NEPermute step (run in ctx) makes it when needed.
+    // The tensor in float, in the layout of its first float version; an NEDequantizationLayer
+    // step (run in ctx) makes one when only int8 ops wrote it.
+    MT &any(const std::string &name, size_t ctx = 0)
+    {
+        MT &src = version(name);
+        if(!src.quantized())
+            return src;
+        for(MT *v : versions[name])
+            if(!v->quantized())
+                return *v;
+        MT    &dst = add_tensor(name, src.dims, src.m, src.layout);
+        Status st  = NEDequantizationLayer::validate(src.t->info(), dst.t->info());
+        if(!bool(st))
+            throw Unsupported("NEDequantizationLayer of '" + name + "' rejected: " + st.error_description());
+        auto f = std::make_unique<NEDequantizationLayer>();
+        f->configure(src.t.get(), dst.t.get());
+        add_conversion(std::move(f), "dequantize:" + name, "dequantize", ctx);
+        ++dequantizes;
+        return dst;
+    }
+    // The tensor in float in the wanted layout; a NEPermute step (run in ctx) makes it when needed.
     MT &get(const std::string &name, DataLayout want, size_t ctx)
     {
-        MT &src = any(name);
+        MT &src = any(name, ctx);
         if(src.dims.size() != 4)
             return src;
         auto it = by_key.find(lkey(name, 4, want));
         if(it != by_key.end())
             return *it->second;
-        MT               &dst = add_tensor(name, src.dims, map4(src.dims, want), want);
+        return permuted(src, want, ctx);
+    }
+    // The tensor quantized as (type, q) in the wanted layout (int8 conv / fc inputs): the version
+    // an int8 op wrote in that form, else that version permuted, else an NEQuantizationLayer
+    // step from another quantized version (a requantization, e.g. QASYMM8 to QASYMM8_SIGNED;
+    // permuted first when it is in the other layout), else from the float tensor.
+    MT &get_quantized(const std::string &name, DataLayout want, DataType type, const QuantizationInfo &q, size_t ctx)
+    {
+        const size_t rank = version(name).dims.size();
+        auto         it   = by_key.find(lkey(name, rank, want, type, q));
+        if(it != by_key.end())
+            return *it->second;
+        if(rank == 4)
+        {
+            const DataLayout other = want == DataLayout::NCHW ? DataLayout::NHWC : DataLayout::NCHW;
+            it                     = by_key.find(lkey(name, 4, other, type, q));
+            if(it != by_key.end())
+                return permuted(*it->second, want, ctx);
+        }
+        MT *src = nullptr;
+        for(MT *v : versions[name])
+            if(v->quantized() && (src == nullptr || (rank == 4 && v->layout == want)))
+                src = v;
+        if(src != nullptr && rank == 4 && src->layout != want)
+            src = &permuted(*src, want, ctx);
+        if(src == nullptr)
+            src = &get(name, want, ctx);
+        MT    &dst = add_tensor(name, src->dims, src->m, src->layout, false, type, q);
+        Status st  = NEQuantizationLayer::validate(src->t->info(), dst.t->info());
+        if(!bool(st))
+            throw Unsupported("NEQuantizationLayer of '" + name + "' rejected: " + st.error_description());
+        auto f = std::make_unique<NEQuantizationLayer>();
+        f->configure(src->t.get(), dst.t.get());
+        add_conversion(std::move(f), "quantize:" + name + ":" + data_type_name(type), "quantize", ctx);
+        ++quantizes;
+        return dst;
+    }
+    MT &permuted(MT &src, DataLayout want, size_t ctx)
+    {
+        MT               &dst = add_tensor(src.name, src.dims, map4(src.dims, want), want, false, src.type, src.q);
         PermutationVector pv  = permutation_to(want);
         Status            st  = NEPermute::validate(src.t->info(), dst.t->info(), pv);
         if(!bool(st))
-            throw Unsupported("NEPermute of '" + name + "' rejected: " + st.error_description());
+            throw Unsupported("NEPermute of '" + src.name + "' rejected: " + st.error_description());
         auto f = std::make_unique<NEPermute>();
         f->configure(src.t.get(), dst.t.get(), pv);
-        Step s;
-        s.node = "permute:" + name + ":" + layout_name(want);
-        s.op   = "permute";
-        s.fn   = std::move(f);
-        s.ctx  = ctx;
-        steps.push_back(std::move(s));
+        add_conversion(std::move(f), "permute:" + src.name + ":" + layout_name(want), "permute", ctx);
         ++permutes;
         return dst;
+    }
+    void add_conversion(std::unique_ptr<IFunction> fn, const std::string &node, const std::string &op, size_t ctx)
+    {
+        Step s;
+        s.node = node;
+        s.op   = op;
+        s.fn   = std::move(fn);
+        s.ctx  = ctx;
+        steps.push_back(std::move(s));
     }
 
     // A private copy of src (NECopy step in ctx), for a step that must not share src's padding.
     MT &private_tensor(const MT &like, const std::string &tag)
     {
-        return add_tensor(like.name + "#" + tag, like.dims, like.m, like.layout, true);
+        return add_tensor(like.name + "#" + tag, like.dims, like.m, like.layout, true, like.type, like.q);
     }
     void add_copy(MT &from, MT &to, const std::string &node, size_t ctx)
     {
@@ -394,6 +482,33 @@ public:
 
 std::map<std::string, std::unique_ptr<Net>> g_nets;
 
+// A weight or bias from its file (element type of the tensor: float, 8-bit weights, S32 bias),
+// or seeded random values when the path is empty.
+void load_constant(MT &c, const JVal &r, uint32_t seed)
+{
+    const size_t count = c.m.count();
+    if(c.type == DataType::QASYMM8)
+    {
+        std::vector<uint8_t> v = load_or_random_typed<uint8_t>(r, "path", count, seed, 1, 255);
+        copy_logical_typed<uint8_t, true>(*c.t, c.m, v.data());
+    }
+    else if(c.type == DataType::QASYMM8_SIGNED || c.type == DataType::QSYMM8_PER_CHANNEL)
+    {
+        std::vector<int8_t> v = load_or_random_typed<int8_t>(r, "path", count, seed, -127, 127);
+        copy_logical_typed<int8_t, true>(*c.t, c.m, v.data());
+    }
+    else if(c.type == DataType::S32)
+    {
+        std::vector<int32_t> v = load_or_random_typed<int32_t>(r, "path", count, seed, -1000, 1000);
+        copy_logical_typed<int32_t, true>(*c.t, c.m, v.data());
+    }
+    else
+    {
+        std::vector<float> v = load_or_random(r, "path", count, seed);
+        copy_logical<true>(*c.t, c.m, v.data());
+    }
+}
+
 // Leave ACL's global scheduler as the runner's single-op requests expect it.
 void release_schedulers()
 {
@@ -424,22 +539,30 @@ void add_act(Net &n, const std::string &node, MT &x, const std::string &out, con
     add_step(n, node, "activation", std::move(f), ctx);
 }
 
+// arm_gemm kernel forcing covers fp32 GEMMs only: an int8 node asking for a kernel is refused.
+void refuse_int8_forcing(const std::string &name, const QuantSpec &q, const JVal &cfg)
+{
+    if(q.enabled && !opt_str(cfg, "gemm_kernel", "").empty())
+        throw Unsupported(name + ": runner: gemm_kernel forcing covers fp32 GEMMs only, not quantized ones");
+}
+
 void add_conv(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
 {
     ConvSpec    s      = parse_conv(node);
-    if(s.quant.enabled)
-        throw Unsupported(name + ": int8 ('quant') convolutions are measured one op at a time; the engine runs float32 graphs");
+    const bool  quant  = s.quant.enabled;
     const JVal &cfg    = obj_or_empty(node, "config");
     std::string method = upper(opt_str(cfg, "method", "AUTO"));
     DataLayout  layout = parse_layout(opt_str(cfg, "layout", "NCHW"));
     const bool  fm     = opt_bool(cfg, "fast_math", false);
     if(std::find(all_methods().begin(), all_methods().end(), method) == all_methods().end())
         throw BadRequest(name + ": unknown method '" + method + "'");
+    refuse_int8_forcing(name, s.quant, cfg);
     const size_t        ctx = n.ctx_of(cfg, 0);
     ActivationLayerInfo act = s.actinfo;
     bool                separate_act = false;
     Status              st           = safe_validate(s, method, layout, fm);
-    if(!bool(st) && act.enabled())
+    // int8: only the output stage's clamp is an int8 conv's activation (the plugin sends no other)
+    if(!bool(st) && act.enabled() && !quant)
     {
         ConvSpec plain = s;
         plain.actinfo  = ActivationLayerInfo();
@@ -452,7 +575,7 @@ void add_conv(Net &n, const JVal &node, const std::string &name, const std::stri
     }
     if(!bool(st))
         throw Unsupported(name + ": " + method + "/" + layout_name(layout) + " rejected by validate(): " + st.error_description());
-    MT *xp = &n.get(in, layout, ctx);
+    MT *xp = quant ? &n.get_quantized(in, layout, s.quant.data, s.quant.input_info(), ctx) : &n.get(in, layout, ctx);
     if(xp->dims != s.in_dims())
         throw BadRequest(name + ": input " + in + " is " + dims_str(xp->dims) + ", the conv expects " + dims_str(s.in_dims()));
     const bool own_in = n.isolate.count(name + "|in") > 0;
@@ -465,9 +588,9 @@ void add_conv(Net &n, const JVal &node, const std::string &name, const std::stri
     MT &x = *xp;
     const bool  dw = method == "DEPTHWISE" || (method == "AUTO" && s.depthwise());
     ConvTensors ti = conv_infos(s, layout, dw);
-    MT         &w  = n.add_const(name + "#weights", s.w_dims(), ti.w_m, layout, n.resolve(opt_str(node, "weights_path", "")), 2);
-    MT         *b  = s.has_bias ? &n.add_const(name + "#bias", { s.O }, ti.b_m, layout, n.resolve(opt_str(node, "bias_path", "")), 3) : nullptr;
-    MT         &yt = n.add_tensor(separate_act ? out + "#conv" : out, s.out_dims(), ti.out_m, layout);
+    MT         &w  = n.add_const(name + "#weights", s.w_dims(), ti.w_m, layout, n.resolve(opt_str(node, "weights_path", "")), 2, &ti.w_i);
+    MT         *b  = s.has_bias ? &n.add_const(name + "#bias", { s.O }, ti.b_m, layout, n.resolve(opt_str(node, "bias_path", "")), 3, &ti.b_i) : nullptr;
+    MT         &yt = n.add_tensor(separate_act ? out + "#conv" : out, s.out_dims(), ti.out_m, layout, false, ti.out_i.data_type(), ti.out_i.quantization_info());
     const bool  own_out = n.isolate.count(name + "|out") > 0;
     MT         &y  = own_out ? n.private_tensor(yt, "out:" + name) : yt;
     n.activate(ctx); // functions read the active scheduler's thread count and CPU model at configure
@@ -492,6 +615,8 @@ void add_conv(Net &n, const JVal &node, const std::string &name, const std::stri
         o.boolean("private_input", own_in).boolean("private_output", own_out);
     if(!gemm.empty())
         o.raw("gemm", gemm);
+    if(quant)
+        o.body += "," + quant_fields(s.quant);
     add_step(n, name, "conv", std::move(fn), ctx, o.done());
     if(effective == "GEMM" && layout == DataLayout::NHWC)
     {
@@ -544,19 +669,22 @@ void add_deconv(Net &n, const JVal &node, const std::string &name, const std::st
 
 void add_fc(Net &n, const JVal &node, const std::string &name, const std::string &in, const std::string &out)
 {
-    FcSpec      s   = parse_fc(node);
-    if(s.quant.enabled)
-        throw Unsupported(name + ": int8 ('quant') fully connected layers are measured one op at a time; the engine runs float32 graphs");
-    const JVal &cfg = obj_or_empty(node, "config");
+    FcSpec           s     = parse_fc(node);
+    const QuantSpec &q     = s.quant;
+    const JVal      &cfg   = obj_or_empty(node, "config");
+    refuse_int8_forcing(name, q, cfg);
     const size_t ctx = n.ctx_of(cfg, 0);
-    MT          &x   = n.get(in, DataLayout::NCHW, ctx);
+    MT          &x   = q.enabled ? n.get_quantized(in, DataLayout::NCHW, q.data, q.input_info(), ctx) : n.get(in, DataLayout::NCHW, ctx);
     if(x.dims != std::vector<size_t>{ s.N, s.K })
         throw BadRequest(name + ": input " + in + " is " + dims_str(x.dims) + ", the fc expects " + std::to_string(s.N) + "x" + std::to_string(s.K));
     FullyConnectedLayerInfo info;
-    info.activation_info = parse_act(node, s.relu);
-    MT &w = n.add_const(name + "#weights", { s.M, s.K }, map2(s.M, s.K), DataLayout::NCHW, n.resolve(opt_str(node, "weights_path", "")), 2);
-    MT *b = s.has_bias ? &n.add_const(name + "#bias", { s.M }, map1(s.M), DataLayout::NCHW, n.resolve(opt_str(node, "bias_path", "")), 3) : nullptr;
-    MT &y = n.add_activation(out, { s.N, s.M }, DataLayout::NCHW);
+    info.activation_info = s.act; // int8: clamped to what the output can represent (QuantSpec::clamp)
+    const TensorInfo w_i(TensorShape(s.K, s.M), 1, q.enabled ? q.weights : DataType::F32, q.enabled ? q.weights_info() : QuantizationInfo());
+    const TensorInfo b_i(TensorShape(s.M), 1, q.enabled ? DataType::S32 : DataType::F32);
+    MT &w = n.add_const(name + "#weights", { s.M, s.K }, map2(s.M, s.K), DataLayout::NCHW, n.resolve(opt_str(node, "weights_path", "")), 2, &w_i);
+    MT *b = s.has_bias ? &n.add_const(name + "#bias", { s.M }, map1(s.M), DataLayout::NCHW, n.resolve(opt_str(node, "bias_path", "")), 3, &b_i) : nullptr;
+    MT &y = q.enabled ? n.add_tensor(out, { s.N, s.M }, map2(s.N, s.M), DataLayout::NCHW, false, q.data, q.output_info())
+                      : n.add_activation(out, { s.N, s.M }, DataLayout::NCHW);
     Status st = NEFullyConnectedLayer::validate(x.t->info(), w.t->info(), b ? b->t->info() : nullptr, y.t->info(), info);
     if(!bool(st))
         throw Unsupported(name + ": NEFullyConnectedLayer::validate(): " + st.error_description());
@@ -580,6 +708,8 @@ void add_fc(Net &n, const JVal &node, const std::string &name, const std::string
     o.str("node", name).str("op", "fc").raw("schedule", n.ctx_json(ctx));
     if(!gemm.empty())
         o.raw("gemm", gemm);
+    if(q.enabled)
+        o.body += "," + quant_fields(q);
     add_step(n, name, "fc", std::move(f), ctx, o.done());
 }
 
@@ -750,13 +880,13 @@ std::unique_ptr<Net> build(const JVal &g, const std::set<std::string> &isolate, 
         if(shape != nullptr && shape->type == JVal::ARR)
         {
             std::vector<size_t> want = dims_of(node, "shape");
-            MT                 &got  = n.any(opt_str(node, "output", ""));
+            MT                 &got  = n.version(opt_str(node, "output", ""));
             if(got.dims != want)
                 throw BadRequest(opt_str(node, "name", "?") + ": output is " + dims_str(got.dims) + ", the graph says " + dims_str(want));
         }
     }
     for(const auto &o : n.outputs)
-        n.any(o);
+        n.any(o); // in float: int8 ops' outputs dequantized
     return net;
 }
 
@@ -804,8 +934,7 @@ std::string load(const JVal &req)
             p.type = JVal::STR;
             p.s    = c.path;
             r.o.emplace_back("path", p);
-            std::vector<float> v = load_or_random(r, "path", c.mt->m.count(), c.seed);
-            copy_logical<true>(*c.mt->t, c.mt->m, v.data());
+            load_constant(*c.mt, r, c.seed);
         }
         n.configure_us = us_since(t0);
         auto t1        = Clock::now();
@@ -845,6 +974,8 @@ std::string load(const JVal &req)
         .str("model_id", id)
         .integer("steps", static_cast<long long>(n.steps.size()))
         .integer("permutes", static_cast<long long>(n.permutes))
+        .integer("quantizes", static_cast<long long>(n.quantizes))
+        .integer("dequantizes", static_cast<long long>(n.dequantizes))
         .integer("copies", static_cast<long long>(n.copies))
         .integer("builds", builds)
         .raw("ops", counts + "}")

@@ -86,7 +86,7 @@ std::string info()
         .boolean("has_dotprod", ci.has_dotprod())
         .integer("default_threads", Scheduler::get().num_threads())
         .raw("methods", methods)
-        .raw("ops", "[\"conv\",\"fc\",\"permute\"]")
+        .raw("ops", "[\"conv\",\"fc\",\"deconv\",\"permute\",\"quantize\",\"dequantize\"]")
         .raw("precisions", "[\"fp32\",\"int8\"]") // int8: a conv / fc request's "quant" (PROTOCOL.md)
         .raw("actions", "[\"info\",\"validate\",\"run\",\"gemm_kernels\",\"model_load\",\"model_run\",\"model_free\"]")
         .raw("extensions", ext::info_json());
@@ -128,7 +128,9 @@ std::string handle(const std::string &line)
         return deconv_request(req, action == "run");
     if(op == "permute" && action == "run")
         return permute_run(req);
-    throw BadRequest("unknown op '" + op + "' (conv, fc; permute for run)");
+    if((op == "quantize" || op == "dequantize") && action == "run")
+        return quantize_run(req, op == "dequantize");
+    throw BadRequest("unknown op '" + op + "' (conv, fc, deconv; permute, quantize, dequantize for run)");
 }
 
 std::string with_id(const std::string &response, const std::string &line)

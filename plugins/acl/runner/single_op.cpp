@@ -7,8 +7,10 @@
 #include "arm_compute/runtime/IFunction.h"
 #include "arm_compute/runtime/Tensor.h"
 #include "arm_compute/runtime/NEON/functions/NEDeconvolutionLayer.h"
+#include "arm_compute/runtime/NEON/functions/NEDequantizationLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEFullyConnectedLayer.h"
 #include "arm_compute/runtime/NEON/functions/NEPermute.h"
+#include "arm_compute/runtime/NEON/functions/NEQuantizationLayer.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -370,6 +372,96 @@ std::string permute_run(const JVal &req)
     save_output(req, dst, out_m);
     Obj o;
     o.boolean("ok", true).str("action", "run").str("op", "permute").str("from", layout_name(from)).str("layout", layout_name(to)).integer("threads", threads).raw("output", jints(dims));
+    add_timing(o, tm);
+    return o.done();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Precision change: one NEQuantizationLayer (float -> "quant.input" type, op "quantize") or
+// NEDequantizationLayer (back to float, op "dequantize") of a tensor, what the engine inserts
+// where a tensor passes between a float op and an int8 op. Files are logical order: float32 and
+// 8-bit integers of the quantized type.
+// ---------------------------------------------------------------------------------------------
+std::string quantize_run(const JVal &req, bool dequantize)
+{
+    const std::string   op = dequantize ? "dequantize" : "quantize";
+    std::vector<size_t> dims;
+    const JVal         *in = req.get("input");
+    if(in == nullptr || in->type != JVal::ARR || in->a.empty() || in->a.size() > 4 || in->a.size() == 3)
+        throw BadRequest(op + ": 'input' must be the dims of a rank 1, 2 or 4 tensor");
+    for(const auto &d : in->a)
+    {
+        const long long v = as_int(d, "input");
+        if(v <= 0)
+            throw BadRequest(op + ": 'input' dims must be positive");
+        dims.push_back(static_cast<size_t>(v));
+    }
+    const QuantSpec q = parse_quant(req, 1);
+    if(!q.enabled)
+        throw BadRequest(op + " needs 'quant': {\"input\": QASYMM8 | QASYMM8_SIGNED, \"x_scale\", \"x_zero_point\"}");
+    const JVal *cfgp = req.get("config");
+    JVal        empty;
+    empty.type        = JVal::OBJ;
+    const JVal &cfg   = cfgp ? *cfgp : empty;
+    DataLayout  layout = parse_layout(opt_str(cfg, "layout", "NCHW"));
+    int         threads = 0;
+    apply_cpu_config(cfg, &threads);
+
+    Mapping m = dims.size() == 4 ? map4(dims, layout) : dims.size() == 2 ? map2(dims[0], dims[1]) : map1(dims[0]);
+    TensorInfo f_i(m.acl_shape(), 1, DataType::F32), q_i(m.acl_shape(), 1, q.data, q.input_info());
+    f_i.set_data_layout(layout);
+    q_i.set_data_layout(layout);
+    Tensor src, dst;
+    src.allocator()->init(dequantize ? q_i : f_i);
+    dst.allocator()->init(dequantize ? f_i : q_i);
+    Status st = dequantize ? NEDequantizationLayer::validate(src.info(), dst.info()) : NEQuantizationLayer::validate(src.info(), dst.info());
+    if(!bool(st))
+    {
+        Obj o;
+        o.boolean("ok", false).str("action", "run").str("error_kind", "unsupported").str("error", (dequantize ? "NEDequantizationLayer" : "NEQuantizationLayer") + std::string("::validate(): ") + st.error_description());
+        return o.done();
+    }
+    Timing                     tm;
+    auto                       t0 = Clock::now();
+    std::unique_ptr<IFunction> fn;
+    if(dequantize)
+    {
+        auto f = std::make_unique<NEDequantizationLayer>();
+        f->configure(&src, &dst);
+        fn = std::move(f);
+    }
+    else
+    {
+        auto f = std::make_unique<NEQuantizationLayer>();
+        f->configure(&src, &dst);
+        fn = std::move(f);
+    }
+    tm.configure_us = us_since(t0);
+    src.allocator()->allocate();
+    dst.allocator()->allocate();
+    const uint32_t seed = static_cast<uint32_t>(opt_int(req, "seed", 1));
+    if(!dequantize)
+    {
+        std::vector<float> v = load_or_random(req, "input_path", m.count(), seed);
+        copy_logical<true>(src, m, v.data());
+    }
+    else if(q.data == DataType::QASYMM8)
+    {
+        std::vector<uint8_t> v = load_or_random_typed<uint8_t>(req, "input_path", m.count(), seed, 0, 255);
+        copy_logical_typed<uint8_t, true>(src, m, v.data());
+    }
+    else
+    {
+        std::vector<int8_t> v = load_or_random_typed<int8_t>(req, "input_path", m.count(), seed, -128, 127);
+        copy_logical_typed<int8_t, true>(src, m, v.data());
+    }
+    time_function(*fn, req, tm);
+    if(dequantize)
+        save_output(req, dst, m);
+    else
+        save_quantized_output(req, q, dst, m);
+    Obj o;
+    o.boolean("ok", true).str("action", "run").str("op", op).str("layout", layout_name(layout)).integer("threads", threads).raw("output", jints(dims)).str("data_type", data_type_name(q.data));
     add_timing(o, tm);
     return o.done();
 }
