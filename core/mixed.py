@@ -198,6 +198,18 @@ def score_plan(model: Model, plan: Plan, calibration: Calibration, metric: Metri
     return score, metric(reference, reference, calibration.held_out) - score
 
 
+def _library_outputs(library: Library, model: Model, plan: Plan | None, feeds: list) -> list:
+    """The model's outputs on ``feeds``, run by the library (its defaults when ``plan`` is None)
+    with the ops it lacks in ONNX Runtime segments, as its plans run (core/runtime.library_runner)."""
+    from kselect.core.runtime import library_runner
+
+    runner = library_runner(library, model, plan)
+    try:
+        return run_outputs(runner.run, feeds)
+    finally:
+        runner.close()
+
+
 def weight_bytes(model: Model, int8_nodes: set[str]) -> int:
     """Bytes of the weights: 1 per weight of an int8 op (its bias stays 32-bit), 4 otherwise."""
     quantized = {node.input[1] for node in model.proto.graph.node if node.name in int8_nodes}
@@ -251,7 +263,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     at those (points named with them, e.g. "int8 (weights per-tensor)"); the fastest point within
     the budget on either front is chosen."""
     say = on_step or (lambda text: None)
-    reference = run_outputs(library.model_runner(model, None), calibration.held_out)
+    reference = _library_outputs(library, model, None, calibration.held_out)
     if metric is None:
         metric_name = default_metric(reference)
         metric = get_metric(metric_name)
@@ -277,7 +289,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             score = fp32_score
             try:
                 if nodes:
-                    score = metric(run_outputs(library.model_runner(model, plan), calibration.held_out), reference,
+                    score = metric(_library_outputs(library, model, plan, calibration.held_out), reference,
                                    calibration.held_out)
             except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
                 return FrontPoint(name, sorted(nodes), predicted, float("nan"), float("inf"),
@@ -296,7 +308,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             for node in list(candidates):
                 plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
                 try:
-                    outputs = run_outputs(library.model_runner(model, plan), feeds)
+                    outputs = _library_outputs(library, model, plan, feeds)
                 except Exception as exc:  # this op cannot run in int8 in the whole model: it stays float
                     say(f"{node} in int8 failed ({one_line(exc)[:200]}): it stays fp32")
                     candidates.remove(node)
