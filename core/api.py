@@ -421,6 +421,7 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
         timed_points = points_to_time(search.front, search.chosen)
         # the fastest of the points timed within the budget races the fp32 plan: one comparison each
         comparisons = sum(p.name in within for p in timed_points)
+        confidence = family_confidence(comparisons)
 
         def fastest(results: dict) -> str | None:
             times = {name: statistics.median(r["process_ms"]) for name, r in results.items()
@@ -449,10 +450,10 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
             check = {"against": "fp32 plan", "failed": reason, "kept": "fp32"}
         else:
             speedups = paired_speedups(timed["fp32"]["process_ms"], timed[best]["process_ms"])
-            low, median, high = median_bounds(speedups, family_confidence(comparisons))
+            low, median, high = median_bounds(speedups, confidence)
             verdict = race_verdict(speedups, comparisons=comparisons)
             check = {"against": "fp32 plan", "rounds": len(speedups), "per_round_speedup": round(median, 4),
-                     "bounds": [round(low, 4), round(high, 4)], "confidence": round(family_confidence(comparisons), 4),
+                     "bounds": [round(low, 4), round(high, 4)], "confidence": round(confidence, 4),
                      "verdict": verdict,
                      "kept": best if verdict == "faster" else "fp32"}
         if check["kept"] == "fp32":

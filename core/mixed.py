@@ -184,16 +184,11 @@ def score_plan(model: Model, plan: Plan, calibration: Calibration, metric: Metri
     """(score, drop) of a plan of any libraries on the held-out feeds, against ONNX Runtime's
     default session in fp32."""
     from kselect.core import plugins
-    from kselect.core.runtime import load_plan
 
-    baseline = plugins.baseline_library().model_runner(model, None)
-    reference = run_outputs(baseline, calibration.held_out)
+    baseline = plugins.baseline_library()
+    reference = _library_outputs(baseline, model, None, calibration.held_out)
     metric = metric or get_metric(metric_name or default_metric(reference))
-    runner = load_plan(plan, model)
-    try:
-        outputs = run_outputs(runner.run, calibration.held_out)
-    finally:
-        runner.close()
+    outputs = _library_outputs(baseline, model, plan, calibration.held_out)  # a plan runs on its own libraries
     score = metric(outputs, reference, calibration.held_out)
     return score, metric(reference, reference, calibration.held_out) - score
 

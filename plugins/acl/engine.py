@@ -218,7 +218,7 @@ class _Lowering:
             x_scale, x_zero_point = self.grid(x, node)
             y_scale, y_zero_point = self.grid(output, node)
             params = QuantParams(x_scale, x_zero_point, weight_scales_of(op, weights), y_scale, y_zero_point)
-            quant, arrays = int8.quantized_weights(op, weights, bias, params, precision["activations"],
+            quant, arrays = int8.quantized_weights(weights, bias, params, precision["activations"],
                                                    precision["weights"], alpha=alpha, beta=beta)
             fields.update(quant=quant, weights_path=self.write("w", arrays["weights"]))
             if bias is not None:

@@ -57,7 +57,7 @@ def dequantize_output(q: np.ndarray, params: QuantParams, activations: str) -> n
     return dequantize(q, params.y_scale, params.y_zero_point, signed=activations == "QASYMM8_SIGNED")
 
 
-def quantized_weights(kind: str, w: np.ndarray, b: np.ndarray | None, params: QuantParams, activations: str,
+def quantized_weights(w: np.ndarray, b: np.ndarray | None, params: QuantParams, activations: str,
                       weights: str, w_type: str | None = None, alpha: float = 1.0,
                       beta: float = 1.0) -> tuple[dict, dict[str, np.ndarray]]:
     """(the runner's "quant" object, the weights and bias as integers) for a conv or fc of float
@@ -95,7 +95,7 @@ def quantized_op(task, inputs: dict, activations: str, weights: str,
     its attributes)."""
     params: QuantParams = inputs["quant"]
     fc = task.kind == "fc"
-    quant, arrays = quantized_weights(task.kind, inputs["w"], inputs.get("b"), params, activations, weights, w_type,
+    quant, arrays = quantized_weights(inputs["w"], inputs.get("b"), params, activations, weights, w_type,
                                       alpha=float(task.attrs.get("alpha", 1.0)) if fc else 1.0,
                                       beta=float(task.attrs.get("beta", 1.0)) if fc else 1.0)
     arrays["input"] = quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations)

@@ -546,10 +546,14 @@ class AclLibrary(Library):
                 arrays["bias"] = inputs["b"] * np.float32(task.attrs["beta"])
         result, output = self._measurer.run_op(task.kind, self.op_spec(task), runner_config(config), arrays,
                                                want_output=True, **timing)
+        self._checked(result)
+        return {"times_us": [result["times_us"]], "output": output.reshape(task.output_shape)}
+
+    def _checked(self, result: dict) -> None:
+        """Keeps the runner's answer (``last_result``); a failed one raises with its reason."""
         self.last_result = result
         if not result.get("ok"):
             raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
-        return {"times_us": [result["times_us"]], "output": output.reshape(task.output_shape)}
 
     @staticmethod
     def int8_weight_type(activations: str, weights: str) -> str:
@@ -566,9 +570,7 @@ class AclLibrary(Library):
         output_dtype = np.int8 if activations == "QASYMM8_SIGNED" else np.uint8
         result, output = self._measurer.run_op(task.kind, spec, runner_config(config), arrays, want_output=True,
                                                output_dtype=output_dtype, **timing)
-        self.last_result = result
-        if not result.get("ok"):
-            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        self._checked(result)
         y = int8.dequantize_output(output, inputs["quant"], activations)
         return {"times_us": [result["times_us"]], "output": y.reshape(task.output_shape)}
 
@@ -582,9 +584,7 @@ class AclLibrary(Library):
         config = {"from": source, "layout": target, "threads": armnn_threads(this_device()), "scheduler": "default"}
         result, output = self._measurer.run_op("permute", {"input": list(x.shape)}, config, {"input": x},
                                                want_output=True, **timing)
-        self.last_result = result
-        if not result.get("ok"):
-            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        self._checked(result)
         return {"times_us": [result["times_us"]], "output": output.reshape(x.shape)}
 
     def _measure_quantize(self, direction: str, x: np.ndarray, timing: dict) -> dict:
@@ -608,9 +608,7 @@ class AclLibrary(Library):
             q = int8.quantize_activation(x, scale, zero_point, activations)
             result, output = self._measurer.run_op("dequantize", {"input": list(x.shape), "quant": quant}, config,
                                                    {"input": q}, want_output=True, **timing)
-        self.last_result = result
-        if not result.get("ok"):
-            raise RuntimeError(f"{result.get('error_kind')}: {result.get('error')}")
+        self._checked(result)
         return {"times_us": [result["times_us"]], "output": output.reshape(x.shape)}
 
     def _measure_boundary(self, x: np.ndarray, settings) -> dict:
