@@ -70,6 +70,10 @@ class CrossProblem:
     # runs_op(library, op type) as core/runtime.py asks it
     model: Model | None = None
     runs_op: Callable[[str, str], bool] | None = None
+    # the untuned nodes each edge's tensor passes (``untuned_paths``), and per library the op
+    # types its int8 plans run on 8-bit tensors (Library.int8_passes)
+    via: dict = field(default_factory=dict)
+    int8_passes: dict[str, frozenset] = field(default_factory=dict)
 
     def read_label(self, edge: DataEdge, a: str, b: str) -> str:
         """The label the consumer of ``edge`` (labelled ``b``) takes a tensor produced in ``a`` in:
@@ -88,7 +92,16 @@ class CrossProblem:
             return [(a, b, edge.shape)]
         return [(a, self.flatten_reads.get(a, a), edge.flattened), (a, b, edge.shape)]
 
+    def requantized(self, edge: DataEdge, a: str, b: str) -> list | None:
+        """``requantized_sides`` of an edge between two int8 ops of one library."""
+        if a != b or a != f"{library_of(a)}:int8":
+            return None
+        return requantized_sides(a, edge, self.via.get(edge, ()), self.int8_passes.get(library_of(a), frozenset()))
+
     def cost_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
+        requantize = self.requantized(edge, a, b)
+        if requantize is not None:
+            return sum(table.side_us(*side) for side in requantize)
         return sum(table.cost_us(x, y, shape) for x, y, shape in self.steps(edge, a, b))
 
     def sides(self) -> set:
@@ -98,6 +111,7 @@ class CrossProblem:
         for edge in self.edges:
             for a in {o.label for o in self.options[edge.producer]}:
                 for b in {o.label for o in self.options[edge.consumer]}:
+                    needed.update(self.requantized(edge, a, b) or [])
                     for x, y, shape in self.steps(edge, a, b):
                         needed.update(sides_needed(x, y, shape, self.crossing))
                 if mixing and library_of(a) != library_of(GRAPH_LABEL):
@@ -284,6 +298,41 @@ def data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
     return edges
 
 
+def untuned_paths(model: Model, tuned: set[str], edges: list[DataEdge]) -> dict[DataEdge, tuple]:
+    """Per edge, the untuned nodes its tensor passes on its way from the producer, in order, each
+    as (op type, shape of the input it takes there): those between the producer and the edge's
+    tensor, then the edge's ``at`` node (the join), if any. The producer's library runs them."""
+    producer = {out: node for node in model.proto.graph.node for out in node.output}
+    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+    op_types = {node.name: node.op_type for node in model.proto.graph.node}
+
+    def path(tensor: str) -> tuple:
+        nodes = []
+        while tensor in producer and producer[tensor].name not in tuned:
+            first = _first_data_input(producer[tensor], producer, graph_inputs)
+            if not first:
+                break
+            nodes.append((producer[tensor].op_type, tuple(model.shapes.get(first, ()))))
+            tensor = first
+        return tuple(reversed(nodes))
+
+    return {edge: path(edge.tensor) + (((op_types[edge.at], edge.shape),) if edge.at in op_types else ())
+            for edge in edges}
+
+
+def requantized_sides(label: str, edge: DataEdge, via: tuple, passes: frozenset) -> list | None:
+    """The conversion sides an 8-bit tensor pays between two int8 ops of one library (both
+    ``label``) when a node on its way (``via``) is one the library runs in float only (not in
+    ``passes``): dequantized ("out") before that node, and quantized again ("in") into the
+    consumer, unless that node is the edge's join (an Add in float: its output's own edges pay
+    the quantize). None when the tensor stays 8-bit all the way."""
+    for index, (op_type, shape) in enumerate(via):
+        if op_type not in passes:
+            at_join = edge.at is not None and index == len(via) - 1
+            return [(label, "out", shape)] + ([] if at_join else [(label, "in", edge.shape)])
+    return None
+
+
 def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
                   defaults: dict[str, dict], plan_level: dict[str, dict],
                   int8_nodes: frozenset = frozenset()) -> CrossProblem:
@@ -323,6 +372,8 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                     if reads != label:
                         problem.input_reads[(node, label)] = reads
     problem.edges = data_edges(model, set(problem.options))
+    problem.via = untuned_paths(model, set(problem.options), problem.edges)
+    problem.int8_passes = {name: library.int8_passes for name, library in libraries.items()}
     for option in (o for options in problem.options.values() for o in options if o.payload is not None):
         problem.flatten_reads[option.label] = libraries[option.payload.library].flatten_label(option.label)
     for edge in problem.edges:

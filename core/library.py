@@ -72,6 +72,13 @@ class Library(ABC):
     by ``measure_conversion``), so the planner can measure and count those costs; a library whose
     runner is another process sets ``boundary_cost``.
 
+    For mixed precision (``--precision fp32,int8``, core/mixed.py) a library lists ``"int8"`` in
+    ``precisions`` (it measures the int8 twin of a conv / fc task: ``task.precision == "int8"``,
+    candidates quantized as ``inputs["quant"]`` says) and in ``plan_precisions`` once its runner
+    runs a plan's int8 nodes; its ``conversion`` then also times the label ``<name>:int8``
+    (quantize in, dequantize out), and ``int8_passes`` names the untuned ops its runner keeps
+    8-bit between int8 ops.
+
     Required: ``name``, ``version``, ``supports``, ``space``, ``default_config``,
     ``model_runner``, and either ``prepare`` or ``measure``. Everything else has a default.
     """
@@ -107,6 +114,11 @@ class Library(ABC):
     # The precisions ``model_runner`` runs a whole plan in: a library measuring int8 kernels per op
     # whose runner has no int8 path yet keeps ("fp32",) here, and int8 tunes refuse it up front.
     plan_precisions: tuple[str, ...] = ("fp32",)
+    # The op types of untuned nodes (an Add, a pooling, a Concat...) that ``model_runner`` runs on
+    # 8-bit tensors in a plan with int8 ops. An 8-bit tensor passing from one int8 op to another
+    # through any other untuned node is dequantized before it and quantized again after it, and
+    # the planners count both (core/cross_problem.requantized_sides).
+    int8_passes: frozenset[str] = frozenset()
 
     def availability(self) -> tuple[bool, str]:
         return True, ""

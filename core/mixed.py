@@ -38,7 +38,7 @@ from typing import Callable
 from kselect.core.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.calibration import Calibration
 from kselect.core.conversions import GRAPH_LABEL, ConversionTable, measure_conversions, sides_needed
-from kselect.core.cross_problem import data_edges
+from kselect.core.cross_problem import data_edges, requantized_sides, untuned_paths
 from kselect.core.errors import KselectError, one_line
 from kselect.core.library import Library
 from kselect.core.model import Model
@@ -225,25 +225,32 @@ class _Predictor:
     def __init__(self, model, library, device, db, settings, fp32_plan, int8_entries):
         tuned = set(fp32_plan.nodes)
         self.edges = data_edges(model, tuned)
+        via = untuned_paths(model, tuned, self.edges)
         self.fp32_us = {node: entry["time_us"] for entry in fp32_plan.tasks for node in entry["nodes"]}
         self.int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
         self.label = {False: f"{library.name}:NCHW", True: f"{library.name}:int8"}
-        sides = set()
+        # int8 neighbours with a node between them that the library runs in float
+        self.requantized = {edge: sides for edge in self.edges
+                            if (sides := requantized_sides(self.label[True], edge, via[edge], library.int8_passes))}
+        needed = {side for sides in self.requantized.values() for side in sides}
         for edge in self.edges:
             for a in (False, True):
                 for b in (False, True):
-                    sides.update(sides_needed(self._label(edge.producer, a), self._label(edge.consumer, b), edge.shape))
-        self.table: ConversionTable = measure_conversions(sides, {library.name: library}, device, db, settings)
+                    needed.update(sides_needed(self._label(edge.producer, a), self._label(edge.consumer, b), edge.shape))
+        self.table: ConversionTable = measure_conversions(needed, {library.name: library}, device, db, settings)
 
     def _label(self, node: str, int8: bool) -> str:
         return GRAPH_LABEL if node.startswith(("input:", "output:")) else self.label[int8]
 
+    def _edge_us(self, edge, int8_nodes: set[str]) -> float:
+        if edge in self.requantized and edge.producer in int8_nodes and edge.consumer in int8_nodes:
+            return sum(self.table.side_us(*side) for side in self.requantized[edge])
+        return self.table.cost_us(self._label(edge.producer, edge.producer in int8_nodes),
+                                  self._label(edge.consumer, edge.consumer in int8_nodes), edge.shape)
+
     def __call__(self, int8_nodes: set[str]) -> float:
         ops = sum(self.int8_us[n] if n in int8_nodes else us for n, us in self.fp32_us.items())
-        conversions = sum(self.table.cost_us(self._label(e.producer, e.producer in int8_nodes),
-                                             self._label(e.consumer, e.consumer in int8_nodes), e.shape)
-                          for e in self.edges)
-        return ops + conversions
+        return ops + sum(self._edge_us(edge, int8_nodes) for edge in self.edges)
 
 
 def search_precision(model: Model, library: Library, device, db: RecordDB, settings, fp32_plan: Plan,

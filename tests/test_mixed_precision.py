@@ -493,3 +493,66 @@ def test_an_opset_8_model_whose_weights_are_not_graph_inputs_quantizes(tmp_path)
     got = ort.InferenceSession(str(tmp_path / "qdq.onnx")).run(None, feeds[0])[0]
     step = (expected.max() - min(expected.min(), 0.0)) / 255.0
     assert np.max(np.abs(got - expected)) < 4 * step
+
+
+def _chain_with_float_and_int8_ops_between():
+    """x -> conv a -> Tanh -> conv b -> MaxPool -> conv c -> y, on an 8 x 16 x 16 map."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.model import model_from_proto
+
+    rng = np.random.default_rng(0)
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),
+             helper.make_node("Tanh", ["ta"], ["th"], name="tanh"),
+             helper.make_node("Conv", ["th", "wb"], ["tb"], name="b", **conv),
+             helper.make_node("MaxPool", ["tb"], ["tp"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["tp", "wc"], ["y"], name="c", **conv)]
+    weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], weights)
+    return model_from_proto("chain", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quantize(tmp_path):
+    """a -> Tanh -> b -> MaxPool -> c, all three in int8: ONNX Runtime runs the QDQ model an MLAS
+    plan exports with the Tanh in float (between DequantizeLinear and QuantizeLinear) and the max
+    pooling on 8-bit data, so the planners charge a dequantize of a's output and a quantize of b's
+    input between a and b, and nothing between b and c. XNNPack's executor pools in 8 bits too;
+    ACL's engine runs both ops in float."""
+    from kselect.core import plugins
+    from kselect.core.calibration import quantize_qdq
+    from kselect.core.conversions import ConversionTable
+    from kselect.core.cross_problem import CrossProblem, data_edges, requantized_sides, untuned_paths
+    from kselect.plugins.mlas.int8 import nodes_to_quantize
+
+    model = _chain_with_float_and_int8_ops_between()
+    tuned = {"a", "b", "c"}
+    edges = data_edges(model, tuned)
+    via = untuned_paths(model, tuned, edges)
+    a_to_b = next(e for e in edges if (e.producer, e.consumer) == ("a", "b"))
+    b_to_c = next(e for e in edges if (e.producer, e.consumer) == ("b", "c"))
+    assert via[a_to_b] == (("Tanh", (1, 8, 16, 16)),) and via[b_to_c] == (("MaxPool", (1, 8, 16, 16)),)
+    for name, pools_in_int8 in (("mlas", True), ("xnnpack", True), ("acl", False)):
+        label, passes = f"{name}:int8", plugins.libraries()[name].int8_passes
+        assert requantized_sides(label, a_to_b, via[a_to_b], passes) == [(label, "out", (1, 8, 16, 16)),
+                                                                            (label, "in", (1, 8, 16, 16))]
+        pooled = requantized_sides(label, b_to_c, via[b_to_c], passes)
+        assert pooled == (None if pools_in_int8 else [(label, "out", (1, 8, 16, 16)), (label, "in", (1, 8, 8, 8))])
+
+    problem = CrossProblem(edges=edges, via=via, int8_passes={"mlas": plugins.libraries()["mlas"].int8_passes})
+    table = ConversionTable({("mlas:int8", "out", (1, 8, 16, 16)): 3.0, ("mlas:int8", "in", (1, 8, 16, 16)): 5.0})
+    assert problem.cost_us(table, a_to_b, "mlas:int8", "mlas:int8") == 8.0
+    assert problem.cost_us(table, b_to_c, "mlas:int8", "mlas:int8") == 0.0
+    assert {side for side in problem.requantized(a_to_b, "mlas:int8", "mlas:int8")} <= set(table.times_us)
+
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.normal(0, 1, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+    quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=nodes_to_quantize(model, tuned))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "qdq.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx").graph
+    dequantized = {out for node in optimized.node if node.op_type == "DequantizeLinear" for out in node.output}
+    read_in_float = {node.op_type for node in optimized.node if set(node.input) & dequantized}
+    assert read_in_float == {"Tanh"}, read_in_float

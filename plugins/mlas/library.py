@@ -87,6 +87,15 @@ class MlasLibrary(Library):
     precisions = ("fp32", "int8")
     plan_precisions = ("fp32", "int8")  # a plan with int8 ops runs as the QDQ model (int8.py)
 
+    @property
+    def int8_passes(self) -> frozenset[str]:
+        """The op types onnxruntime.quantization's quantize_static quantizes by default (its
+        registries), which ONNX Runtime then runs on 8-bit tensors; int8.nodes_to_quantize hands it
+        the untuned nodes whose data inputs all come from int8 ops."""
+        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+        return frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
+
     def availability(self) -> tuple[bool, str]:
         try:
             import onnxruntime as ort

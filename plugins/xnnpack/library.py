@@ -143,6 +143,8 @@ class XnnpackLibrary(Library):
     # the executor runs a plan's int8 conv / fc nodes on those operators, quantizing with the
     # plan's calibrated ranges (executor.py)
     plan_precisions = ("fp32", "int8")
+    # the executor's 8-bit add, max / global average pooling, and a Flatten (a view)
+    int8_passes = frozenset({"Add", "MaxPool", "GlobalAveragePool", "ReduceMean", "Flatten"})
 
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
