@@ -78,16 +78,21 @@ class ConversionTable:
             return 0.0
         return self.times_us[(side_label(label, len(shape)), direction, tuple(shape))]
 
-    def cost_us(self, producer: str, consumer: str, shape) -> float:
+    def sides(self, producer: str, consumer: str, shape) -> list[Side]:
+        """The sides ``cost_us`` charges a tensor of ``shape`` between these two labels."""
         a, b = side_label(producer, len(shape)), side_label(consumer, len(shape))
         if a == b:
-            return 0.0
-        leaving = self.side_us(a, "out", shape)
+            return []
         # entering a runner's plain side (NCHW, or flat) stands for one more call of that runner:
         # none is made when the change stays inside one library
         stays = library_of(a) == library_of(b) and b.split(":", 1)[1] in PLAIN_LAYOUTS
-        crossing = sum(self.side_us(label, direction, shape) for label, direction in _crossings(a, b, self.crossing))
-        return leaving + (0.0 if stays else self.side_us(b, "in", shape)) + crossing + self.switch_cost_us(a, b)
+        sides = [(a, "out")] + ([] if stays else [(b, "in")]) + _crossings(a, b, self.crossing)
+        return [(label, direction, tuple(shape)) for label, direction in sides
+                if library_of(label) != library_of(GRAPH_LABEL)]
+
+    def cost_us(self, producer: str, consumer: str, shape) -> float:
+        sides = self.sides(producer, consumer, shape)
+        return sum(self.side_us(*side) for side in sides) + (self.switch_cost_us(producer, consumer) if sides else 0.0)
 
     def switch_cost_us(self, a: str, b: str) -> float:
         return self.switch_us.get((library_of(a), library_of(b)), 0.0)

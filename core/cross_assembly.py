@@ -27,7 +27,7 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         restricted = problem.graph(table, {name})
         if all(restricted.options.values()):  # the library runs every tuned node
             own = alone_assignments[name] = solve_labelling(restricted)[0]
-            alone[name] = labelling_summary(graph, own, problem.reentries_us(table, own, missing))
+            alone[name] = labelling_summary(problem, table, own, problem.reentries_us(table, own, missing))
     spinners = [name for name in libraries if any(dim in plan_level[name] for dim in spin_dims(name))]
     assignment, spinner, method, islands_moved = in_place_labelling(
         problem, table, spinners, [greedy_assignment, *alone_assignments.values()], alone_assignments, missing)
@@ -77,11 +77,11 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
     used = {entry["library"] for entry in nodes.values()}
     versions = {name: libraries[name].version() for name in libraries if name in used}
     reentries = problem.reentries(table, labels)
-    chosen = labelling_summary(graph, assignment, sum(r["time_us"] for r in reentries), wake_up_us(table, assignment, spinner))
+    chosen = labelling_summary(problem, table, assignment, sum(r["time_us"] for r in reentries), wake_up_us(table, assignment, spinner))
     greedy_spinner = choose_spinner(table, greedy_assignment, spinners)
     extra = {"cross_library": {
         "predicted": chosen, "method": method,
-        "greedy": labelling_summary(graph, greedy_assignment, problem.reentries_us(table, greedy_assignment),
+        "greedy": labelling_summary(problem, table, greedy_assignment, problem.reentries_us(table, greedy_assignment),
                            wake_up_us(table, greedy_assignment, greedy_spinner)),
         "single_library": alone,
         "reentries": {"tensors": reentries, "us": round(sum(r["time_us"] for r in reentries), 3),

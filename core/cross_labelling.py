@@ -22,11 +22,12 @@ from kselect.core.spinning import spin_dims
 MIX_RESOLUTION = 0.005
 
 
-def labelling_summary(graph: PlanGraph, assignment: dict, reentries_us: float = 0.0, sleeping_us: float = 0.0) -> dict:
+def labelling_summary(problem: CrossProblem, table: ConversionTable, assignment: dict, reentries_us: float = 0.0,
+                      sleeping_us: float = 0.0) -> dict:
     """Ops and conversions, reentries (``CrossProblem.reentries_us``) counted with the conversions,
     and what the ops of libraries that do not spin pay for waking their workers."""
     ops = sum(o.time_us for o in assignment.values())
-    conversions = graph.total_us(assignment) + reentries_us - ops
+    conversions = problem.conversions_us(table, {node: o.label for node, o in assignment.items()}) + reentries_us
     return {"ops_us": round(ops, 3), "conversions_us": round(conversions, 3), "sleeping_us": round(sleeping_us, 3),
             "total_us": round(ops + conversions + sleeping_us, 3)}
 
@@ -85,7 +86,7 @@ def in_place_labelling(problem: CrossProblem, table: ConversionTable, spinners: 
 
     def in_place_us(assignment: dict) -> float:
         sleeping = wake_up_us(table, assignment, choose_spinner(table, assignment, spinners))
-        return problem.total_us(graph, table, assignment, missing) + sleeping
+        return problem.total_us(table, assignment, missing) + sleeping
 
     solved = []
     for spinner in (spinners if table.sleep_us and spinners else [None]):

@@ -12,7 +12,9 @@ Two costs are not between neighbours, since an untuned op passes its input's lab
 that waits across another library's segment (a residual branch around an op moved to another
 library) leaves its runner and enters it again, and a tensor sent through an untuned op its
 library's runner lacks goes out to ONNX Runtime and back (a fallback segment, core/runtime.py).
-Both are charged on the labelling as a whole (``CrossProblem.reentries``).
+Both are charged on the labelling as a whole (``CrossProblem.reentries``). So is an int8
+tensor's quantize or dequantize, done once however many ops read the tensor
+(``CrossProblem.conversions_us``); the solver's costs between neighbours charge it per edge.
 """
 
 from __future__ import annotations
@@ -98,11 +100,37 @@ class CrossProblem:
             return None
         return requantized_sides(a, edge, self.via.get(edge, ()), self.int8_passes.get(library_of(a), frozenset()))
 
-    def cost_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
+    def charges(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> list[tuple]:
+        """The conversions ``edge`` pays with its ends labelled ``a`` and ``b``, each as (what it
+        is one conversion of, side). An int8 side is a tensor's quantize or dequantize, done once
+        however many ops read that tensor (key: the tensor); a layout change is counted per edge."""
         requantize = self.requantized(edge, a, b)
         if requantize is not None:
-            return sum(table.side_us(*side) for side in requantize)
-        return sum(table.cost_us(x, y, shape) for x, y, shape in self.steps(edge, a, b))
+            return requantize
+        return [(edge.tensor if side[0] == f"{library_of(side[0])}:int8" else edge, side)
+                for x, y, shape in self.steps(edge, a, b) for side in table.sides(x, y, shape)]
+
+    def _switch_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
+        if self.requantized(edge, a, b) is not None:
+            return 0.0
+        return sum(table.switch_cost_us(x, y) for x, y, shape in self.steps(edge, a, b) if table.sides(x, y, shape))
+
+    def cost_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
+        """What ``edge`` costs on its own: the planner's pairwise cost. A tensor several ops read
+        is charged its quantize or dequantize on each of their edges here; ``conversions_us``
+        counts it once."""
+        return (sum(table.side_us(*side) for _, side in self.charges(table, edge, a, b))
+                + self._switch_us(table, edge, a, b))
+
+    def conversions_us(self, table: ConversionTable, labels: dict[str, str]) -> float:
+        """What a labelling (node -> label) pays between neighbours, each tensor's quantize and
+        dequantize counted once."""
+        charged, switches = set(), 0.0
+        for edge in self.edges:
+            a, b = labels[edge.producer], labels[edge.consumer]
+            charged.update(self.charges(table, edge, a, b))
+            switches += self._switch_us(table, edge, a, b)
+        return sum(table.side_us(*side) for _, side in charged) + switches
 
     def sides(self) -> set:
         """The conversions any labelling could need, reentries (of an edge's tensor) included."""
@@ -111,7 +139,7 @@ class CrossProblem:
         for edge in self.edges:
             for a in {o.label for o in self.options[edge.producer]}:
                 for b in {o.label for o in self.options[edge.consumer]}:
-                    needed.update(self.requantized(edge, a, b) or [])
+                    needed.update(side for _, side in self.requantized(edge, a, b) or [])
                     for x, y, shape in self.steps(edge, a, b):
                         needed.update(sides_needed(x, y, shape, self.crossing))
                 if mixing and library_of(a) != library_of(GRAPH_LABEL):
@@ -207,9 +235,11 @@ class CrossProblem:
         labels = {node: option.label for node, option in assignment.items()}
         return sum(r["time_us"] for r in self.reentries(table, labels, missing))
 
-    def total_us(self, graph: PlanGraph, table: ConversionTable, assignment: dict, missing: set | None = None) -> float:
+    def total_us(self, table: ConversionTable, assignment: dict, missing: set | None = None) -> float:
         """The labelling's time: ops, conversions between neighbours and reentries."""
-        return graph.total_us(assignment) + self.reentries_us(table, assignment, missing)
+        labels = {node: option.label for node, option in assignment.items()}
+        return (sum(option.time_us for option in assignment.values()) + self.conversions_us(table, labels)
+                + self.reentries_us(table, assignment, missing))
 
     def graph(self, table: ConversionTable, libraries: set[str] | None = None) -> PlanGraph:
         """The planning graph, optionally with only some libraries' options."""
@@ -227,24 +257,47 @@ def _first_data_input(node, produced, graph_inputs: set) -> str | None:
     return next((t for t in node.input if t in produced), None) or next((t for t in node.input if t in graph_inputs), None)
 
 
+class _BackWalk:
+    """Walks a tensor back to the tuned node or model input whose label it carries: through each
+    untuned producer, along that producer's first data input."""
+
+    def __init__(self, model: Model, tuned: set[str]):
+        self.producer = {out: node for node in model.proto.graph.node for out in node.output}
+        self.graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+        self.tuned = tuned
+
+    def first_input(self, node) -> str | None:
+        return _first_data_input(node, self.producer, self.graph_inputs)
+
+    def steps(self, tensor: str) -> tuple[list, str | None]:
+        """The untuned nodes from ``tensor`` back, each with the input the walk goes on through,
+        and the tensor it ends at (None: an untuned node with no data input)."""
+        steps = []
+        while tensor in self.producer and self.producer[tensor].name not in self.tuned:
+            node = self.producer[tensor]
+            first = self.first_input(node)
+            if not first:
+                return steps, None
+            steps.append((node, first))
+            tensor = first
+        return steps, tensor
+
+    def source(self, tensor: str) -> str | None:
+        _, end = self.steps(tensor)
+        if end in self.graph_inputs:
+            return f"input:{end}"
+        return self.producer[end].name if end in self.producer else None
+
+
 def label_sources(model: Model, tuned: set[str]) -> callable:
     """tensor -> the tuned node or model input (``input:NAME``) whose label it carries; None for
     constants."""
-    producer = {out: node for node in model.proto.graph.node for out in node.output}
-    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+    walk = _BackWalk(model, tuned)
     memo: dict[str, str | None] = {}
 
     def source(tensor: str) -> str | None:
         if tensor not in memo:
-            if tensor in graph_inputs:
-                memo[tensor] = f"input:{tensor}"
-            elif tensor not in producer:
-                memo[tensor] = None
-            elif producer[tensor].name in tuned:
-                memo[tensor] = producer[tensor].name
-            else:
-                first = _first_data_input(producer[tensor], producer, graph_inputs)
-                memo[tensor] = source(first) if first else None
+            memo[tensor] = walk.source(tensor)
         return memo[tensor]
     return source
 
@@ -252,29 +305,21 @@ def label_sources(model: Model, tuned: set[str]) -> callable:
 def _flattened(model: Model, tuned: set[str]) -> callable:
     """tensor -> the 4-D shape a Flatten took on its way from its label's source (H x W > 1:
     where the layout decides the element order), else None."""
-    producer = {out: node for node in model.proto.graph.node for out in node.output}
-    produced = set(producer)
-    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+    walk = _BackWalk(model, tuned)
 
     def flattened(tensor: str) -> tuple | None:
-        while tensor in producer and producer[tensor].name not in tuned:
-            node = producer[tensor]
-            first = _first_data_input(node, produced, graph_inputs)
-            shape = tuple(model.shapes.get(first, ())) if first else ()
+        for node, first in walk.steps(tensor)[0]:
+            shape = tuple(model.shapes.get(first, ()))
             if node.op_type in ("Flatten", "Reshape") and len(shape) == 4 and shape[2] * shape[3] > 1:
                 return shape
-            if not first:
-                return None
-            tensor = first
         return None
     return flattened
 
 
 def data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
+    walk = _BackWalk(model, tuned)
     source = label_sources(model, tuned)
     flattened = _flattened(model, tuned)
-    produced = {out for node in model.proto.graph.node for out in node.output}
-    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
 
     def edge(tensor: str, consumer: str, at: str | None = None) -> DataEdge:
         return DataEdge(source(tensor), consumer, tensor, tuple(model.shapes[tensor]), at, flattened(tensor))
@@ -286,10 +331,10 @@ def data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
             if source(tensor):
                 edges.append(edge(tensor, node.name))
             continue
-        first = _first_data_input(node, produced, graph_inputs)
+        first = walk.first_input(node)
         target = source(first) if first else None
         for tensor in node.input:
-            if tensor and tensor != first and (tensor in produced or tensor in graph_inputs):
+            if tensor and tensor != first and (tensor in walk.producer or tensor in walk.graph_inputs):
                 if target and source(tensor) and source(tensor) != target:
                     edges.append(edge(tensor, target, node.name))
     for output in model.proto.graph.output:
@@ -300,36 +345,31 @@ def data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
 
 def untuned_paths(model: Model, tuned: set[str], edges: list[DataEdge]) -> dict[DataEdge, tuple]:
     """Per edge, the untuned nodes its tensor passes on its way from the producer, in order, each
-    as (op type, shape of the input it takes there): those between the producer and the edge's
-    tensor, then the edge's ``at`` node (the join), if any. The producer's library runs them."""
-    producer = {out: node for node in model.proto.graph.node for out in node.output}
-    graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
+    as (op type, the input it takes there, that input's shape): those between the producer and
+    the edge's tensor, then the edge's ``at`` node (the join), if any. The producer's library runs
+    them."""
+    walk = _BackWalk(model, tuned)
     op_types = {node.name: node.op_type for node in model.proto.graph.node}
 
     def path(tensor: str) -> tuple:
-        nodes = []
-        while tensor in producer and producer[tensor].name not in tuned:
-            first = _first_data_input(producer[tensor], producer, graph_inputs)
-            if not first:
-                break
-            nodes.append((producer[tensor].op_type, tuple(model.shapes.get(first, ()))))
-            tensor = first
-        return tuple(reversed(nodes))
+        steps = walk.steps(tensor)[0]
+        return tuple((node.op_type, first, tuple(model.shapes.get(first, ()))) for node, first in reversed(steps))
 
-    return {edge: path(edge.tensor) + (((op_types[edge.at], edge.shape),) if edge.at in op_types else ())
+    return {edge: path(edge.tensor) + (((op_types[edge.at], edge.tensor, edge.shape),) if edge.at in op_types else ())
             for edge in edges}
 
 
 def requantized_sides(label: str, edge: DataEdge, via: tuple, passes: frozenset) -> list | None:
-    """The conversion sides an 8-bit tensor pays between two int8 ops of one library (both
-    ``label``) when a node on its way (``via``) is one the library runs in float only (not in
-    ``passes``): dequantized ("out") before that node, and quantized again ("in") into the
-    consumer, unless that node is the edge's join (an Add in float: its output's own edges pay
-    the quantize). None when the tensor stays 8-bit all the way."""
-    for index, (op_type, shape) in enumerate(via):
+    """The conversions an 8-bit tensor pays between two int8 ops of one library (both ``label``)
+    when a node on its way (``via``) is one the library runs in float only (not in ``passes``):
+    the input of that node dequantized ("out"), and the edge's tensor quantized again ("in") into
+    the consumer, unless that node is the edge's join (an Add in float: its output's own edges pay
+    the quantize). Each as (the tensor converted, side), since a tensor is converted once however
+    many ops read it. None when the tensor stays 8-bit all the way."""
+    for index, (op_type, tensor, shape) in enumerate(via):
         if op_type not in passes:
             at_join = edge.at is not None and index == len(via) - 1
-            return [(label, "out", shape)] + ([] if at_join else [(label, "in", edge.shape)])
+            return [(tensor, (label, "out", shape))] + ([] if at_join else [(edge.tensor, (label, "in", edge.shape))])
     return None
 
 
@@ -371,18 +411,25 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
                                Choice(name, task, picked, picked.emulated, default_us, len(measured))))
                     if reads != label:
                         problem.input_reads[(node, label)] = reads
-    problem.edges = data_edges(model, set(problem.options))
-    problem.via = untuned_paths(model, set(problem.options), problem.edges)
-    problem.int8_passes = {name: library.int8_passes for name, library in libraries.items()}
     for option in (o for options in problem.options.values() for o in options if o.payload is not None):
         problem.flatten_reads[option.label] = libraries[option.payload.library].flatten_label(option.label)
-    for edge in problem.edges:
-        for pseudo in (edge.producer, edge.consumer):
-            if pseudo not in problem.options:
-                problem.options[pseudo] = [Option(GRAPH_LABEL, 0.0)]
+    connect(problem, model, libraries)
     # a node of a task none of the libraries supports runs as an untuned op does
     missing = [n for n, task in task_of.items()
                if n not in problem.options and any(task.key in defaults[name] for name in libraries)]
     if missing:
         raise ValueError(f"no measured option for nodes {', '.join(missing[:5])}")
     return problem
+
+
+def connect(problem: CrossProblem, model: Model, libraries: dict) -> None:
+    """The data edges between ``problem.options``' nodes, the untuned nodes on them, what each
+    library keeps 8-bit among those, and an option in the model's own label for each model input
+    and output."""
+    problem.edges = data_edges(model, set(problem.options))
+    problem.via = untuned_paths(model, set(problem.options), problem.edges)
+    problem.int8_passes = {name: library.int8_passes for name, library in libraries.items()}
+    for edge in problem.edges:
+        for pseudo in (edge.producer, edge.consumer):
+            if pseudo not in problem.options:
+                problem.options[pseudo] = [Option(GRAPH_LABEL, 0.0)]

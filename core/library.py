@@ -117,7 +117,7 @@ class Library(ABC):
     # The op types of untuned nodes (an Add, a pooling, a Concat...) that ``model_runner`` runs on
     # 8-bit tensors in a plan with int8 ops. An 8-bit tensor passing from one int8 op to another
     # through any other untuned node is dequantized before it and quantized again after it, and
-    # the planners count both (core/cross_problem.requantized_sides).
+    # the planners count both, once per tensor (core/cross_problem.requantized_sides).
     int8_passes: frozenset[str] = frozenset()
 
     def availability(self) -> tuple[bool, str]:

@@ -37,12 +37,13 @@ from typing import Callable
 
 from kselect.core.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.calibration import Calibration
-from kselect.core.conversions import GRAPH_LABEL, ConversionTable, measure_conversions, sides_needed
-from kselect.core.cross_problem import data_edges, requantized_sides, untuned_paths
+from kselect.core.conversions import ConversionTable, measure_conversions
+from kselect.core.cross_problem import CrossProblem, connect
 from kselect.core.errors import KselectError, one_line
 from kselect.core.library import Library
 from kselect.core.model import Model
 from kselect.core.plan import Plan, choose, int8_nodes, plan_node, plan_task
+from kselect.core.planner import Option
 from kselect.core.records import RecordDB
 from kselect.core.tasks import Task
 from kselect.core.tune import library_defaults, stored_outcomes
@@ -220,37 +221,26 @@ def weight_bytes(model: Model, int8_nodes: set[str]) -> int:
 
 class _Predictor:
     """Summed op times of a labelling of the nodes in fp32 / int8, with the quantize and
-    dequantize of every tensor that changes precision on the way (measured conversions)."""
+    dequantize of every tensor that changes precision on the way (measured conversions), each
+    tensor's counted once: the one-library case of core/cross_problem.py."""
 
     def __init__(self, model, library, device, db, settings, fp32_plan, int8_entries):
-        tuned = set(fp32_plan.nodes)
-        self.edges = data_edges(model, tuned)
-        via = untuned_paths(model, tuned, self.edges)
-        self.fp32_us = {node: entry["time_us"] for entry in fp32_plan.tasks for node in entry["nodes"]}
         self.int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
-        self.label = {False: f"{library.name}:NCHW", True: f"{library.name}:int8"}
-        # int8 neighbours with a node between them that the library runs in float
-        self.requantized = {edge: sides for edge in self.edges
-                            if (sides := requantized_sides(self.label[True], edge, via[edge], library.int8_passes))}
-        needed = {side for sides in self.requantized.values() for side in sides}
-        for edge in self.edges:
-            for a in (False, True):
-                for b in (False, True):
-                    needed.update(sides_needed(self._label(edge.producer, a), self._label(edge.consumer, b), edge.shape))
-        self.table: ConversionTable = measure_conversions(needed, {library.name: library}, device, db, settings)
-
-    def _label(self, node: str, int8: bool) -> str:
-        return GRAPH_LABEL if node.startswith(("input:", "output:")) else self.label[int8]
-
-    def _edge_us(self, edge, int8_nodes: set[str]) -> float:
-        if edge in self.requantized and edge.producer in int8_nodes and edge.consumer in int8_nodes:
-            return sum(self.table.side_us(*side) for side in self.requantized[edge])
-        return self.table.cost_us(self._label(edge.producer, edge.producer in int8_nodes),
-                                  self._label(edge.consumer, edge.consumer in int8_nodes), edge.shape)
+        self.options = {}
+        for entry in fp32_plan.tasks:
+            for node in entry["nodes"]:
+                self.options[node] = {False: Option(f"{library.name}:NCHW", entry["time_us"])}
+                if node in self.int8_us:
+                    self.options[node][True] = Option(f"{library.name}:int8", self.int8_us[node])
+        self.problem = CrossProblem(options={node: list(by_precision.values()) for node, by_precision in self.options.items()})
+        connect(self.problem, model, {library.name: library})
+        self.table: ConversionTable = measure_conversions(self.problem.sides(), {library.name: library}, device, db,
+                                                          settings)
 
     def __call__(self, int8_nodes: set[str]) -> float:
-        ops = sum(self.int8_us[n] if n in int8_nodes else us for n, us in self.fp32_us.items())
-        return ops + sum(self._edge_us(edge, int8_nodes) for edge in self.edges)
+        assignment = {node: options[0] for node, options in self.problem.options.items()}
+        assignment.update({node: by_precision[node in int8_nodes] for node, by_precision in self.options.items()})
+        return self.problem.total_us(self.table, assignment)
 
 
 def search_precision(model: Model, library: Library, device, db: RecordDB, settings, fp32_plan: Plan,

@@ -241,7 +241,7 @@ def test_planner_pays_conversions_that_greedy_ignores():
 
     greedy_assignment, greedy_total = greedy(graph)
     assert greedy_assignment["b"].label == "y:NHWC" and greedy_total > total
-    assert labelling_summary(graph, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
+    assert labelling_summary(problem, table, assignment)["conversions_us"] == pytest.approx(20.0)  # into and out of x: NCHW at the ends
 
 
 def test_an_mlas_nchwc_conv_with_fewer_input_channels_than_a_block_is_charged_no_reorder_into_it(small_model_path):
@@ -632,11 +632,11 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
         assert exact["b"].label == "y:NHWC"  # between neighbours, b on 'y' always pays
         alone = {"x": solve(problem.graph(table, {"x"}))[0]}
         missing = set()
-        assignment, moved = without_unpaid_islands(problem, lambda a: problem.total_us(graph, table, a, missing),
+        assignment, moved = without_unpaid_islands(problem, lambda a: problem.total_us(table, a, missing),
                                                     exact, alone)
         assert not missing
         labels = {node: option.label for node, option in assignment.items()}
-        return labels["b"], moved, problem.reentries(table, labels), problem.total_us(graph, table, assignment)
+        return labels["b"], moved, problem.reentries(table, labels), problem.total_us(table, assignment)
 
     into_and_out_of_the_model = 20.0
     label, moved, reentries, total = planned(55.0)
@@ -686,7 +686,7 @@ def test_a_tensor_sent_through_an_op_its_library_lacks_pays_the_way_to_onnxrunti
         assignment, *_ = in_place_labelling(problem, table, [], [exact], alone, missing)
         assert not missing
         labels = {node: option.label for node, option in assignment.items()}
-        return labels, problem.reentries(table, labels), problem.total_us(graph, table, assignment)
+        return labels, problem.reentries(table, labels), problem.total_us(table, assignment)
 
     labels, crossings, total = planned(30.0)
     assert labels["a"] == labels["b"] == "xnnpack:NHWC"

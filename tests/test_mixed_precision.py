@@ -532,19 +532,20 @@ def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quant
     via = untuned_paths(model, tuned, edges)
     a_to_b = next(e for e in edges if (e.producer, e.consumer) == ("a", "b"))
     b_to_c = next(e for e in edges if (e.producer, e.consumer) == ("b", "c"))
-    assert via[a_to_b] == (("Tanh", (1, 8, 16, 16)),) and via[b_to_c] == (("MaxPool", (1, 8, 16, 16)),)
+    assert via[a_to_b] == (("Tanh", "ta", (1, 8, 16, 16)),) and via[b_to_c] == (("MaxPool", "tb", (1, 8, 16, 16)),)
     for name, pools_in_int8 in (("mlas", True), ("xnnpack", True), ("acl", False)):
         label, passes = f"{name}:int8", plugins.libraries()[name].int8_passes
-        assert requantized_sides(label, a_to_b, via[a_to_b], passes) == [(label, "out", (1, 8, 16, 16)),
-                                                                            (label, "in", (1, 8, 16, 16))]
+        assert requantized_sides(label, a_to_b, via[a_to_b], passes) == [("ta", (label, "out", (1, 8, 16, 16))),
+                                                                            ("th", (label, "in", (1, 8, 16, 16)))]
         pooled = requantized_sides(label, b_to_c, via[b_to_c], passes)
-        assert pooled == (None if pools_in_int8 else [(label, "out", (1, 8, 16, 16)), (label, "in", (1, 8, 8, 8))])
+        assert pooled == (None if pools_in_int8 else [("tb", (label, "out", (1, 8, 16, 16))),
+                                                      ("tp", (label, "in", (1, 8, 8, 8)))])
 
     problem = CrossProblem(edges=edges, via=via, int8_passes={"mlas": plugins.libraries()["mlas"].int8_passes})
     table = ConversionTable({("mlas:int8", "out", (1, 8, 16, 16)): 3.0, ("mlas:int8", "in", (1, 8, 16, 16)): 5.0})
     assert problem.cost_us(table, a_to_b, "mlas:int8", "mlas:int8") == 8.0
     assert problem.cost_us(table, b_to_c, "mlas:int8", "mlas:int8") == 0.0
-    assert {side for side in problem.requantized(a_to_b, "mlas:int8", "mlas:int8")} <= set(table.times_us)
+    assert {side for _, side in problem.requantized(a_to_b, "mlas:int8", "mlas:int8")} <= set(table.times_us)
 
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.normal(0, 1, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
@@ -556,3 +557,69 @@ def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quant
     dequantized = {out for node in optimized.node if node.op_type == "DequantizeLinear" for out in node.output}
     read_in_float = {node.op_type for node in optimized.node if set(node.input) & dequantized}
     assert read_in_float == {"Tanh"}, read_in_float
+
+
+def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_path):
+    """x -> conv a -> Tanh -> conv b and conv c -> Add: ONNX Runtime's QDQ graph of an all-int8
+    MLAS plan dequantizes a's output once and quantizes the Tanh's output once for both readers,
+    so the planners' total pays each once, not once per edge; and an int8 tensor two fp32 ops
+    read is dequantized once."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core import plugins
+    from kselect.core.calibration import quantize_qdq
+    from kselect.core.conversions import GRAPH_LABEL, ConversionTable
+    from kselect.core.cross_problem import CrossProblem, connect
+    from kselect.core.model import model_from_proto
+    from kselect.core.planner import Option
+    from kselect.plugins.mlas.int8 import nodes_to_quantize
+
+    rng = np.random.default_rng(0)
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),
+             helper.make_node("Tanh", ["ta"], ["th"], name="tanh"),
+             helper.make_node("Conv", ["th", "wb"], ["tb"], name="b", **conv),
+             helper.make_node("Conv", ["th", "wc"], ["tc"], name="c", **conv),
+             helper.make_node("Add", ["tb", "tc"], ["y"], name="add")]
+    weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
+    shape = (1, 8, 16, 16)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], weights)
+    model = model_from_proto("fanout", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    mlas = plugins.libraries()["mlas"]
+
+    by_precision = {node: {"fp32": Option("mlas:NCHW", 10.0), "int8": Option("mlas:int8", 5.0)} for node in "abc"}
+    problem = CrossProblem(options={node: list(options.values()) for node, options in by_precision.items()})
+    connect(problem, model, {"mlas": mlas})
+    table = ConversionTable({("mlas:int8", "out", shape): 3.0, ("mlas:int8", "in", shape): 4.0,
+                             ("mlas:NCHW", "out", shape): 0.5, ("mlas:NCHW", "in", shape): 0.5})
+    assert {side[:2] for side in problem.sides()} >= {("mlas:int8", "out"), ("mlas:int8", "in")}
+
+    def assignment(**precisions):
+        chosen = {node: options[0] for node, options in problem.options.items()}
+        return {**chosen, **{node: by_precision[node][p] for node, p in precisions.items()}}
+
+    readers = [e for e in problem.edges if e.producer == "a"]
+    assert {e.consumer for e in readers} == {"b", "c"}
+    all_int8 = assignment(a="int8", b="int8", c="int8")
+    assert sum(problem.cost_us(table, e, "mlas:int8", "mlas:int8") for e in readers) == 2 * (3.0 + 4.0)
+    # ops 3 x 5, one dequantize and one quantize around the Tanh, the model's input quantized, the output dequantized
+    assert problem.total_us(table, all_int8) == pytest.approx(15.0 + 3.0 + 4.0 + 4.0 + 3.0)
+    # a in int8, both readers in fp32 (the Tanh on a's library): a's output dequantized once
+    assert problem.total_us(table, assignment(a="int8", b="fp32", c="fp32")) == pytest.approx(25.0 + 4.0 + 3.0 + 0.5)
+    assert problem.total_us(table, assignment(a="fp32", b="fp32", c="fp32")) == pytest.approx(30.0 + 0.5 + 0.5)
+    assert all(o.label == GRAPH_LABEL for o in problem.options["input:x"])
+
+    feeds = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(4)]
+    quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=nodes_to_quantize(model, {"a", "b", "c"}))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "qdq.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx").graph
+    into_tanh = [n for n in optimized.node if n.op_type == "DequantizeLinear"
+                 and any(t in n.output for m in optimized.node if m.op_type == "Tanh" for t in m.input)]
+    tanh_out = next(n for n in optimized.node if n.op_type == "Tanh").output[0]
+    requantized = [n for n in optimized.node if n.op_type == "QuantizeLinear" and n.input[0] == tanh_out]
+    assert len(into_tanh) == 1 and len(requantized) == 1
+    readers_of_requantized = [n for n in optimized.node if requantized[0].output[0] in n.input]
+    assert len(readers_of_requantized) == 2, [n.op_type for n in readers_of_requantized]
