@@ -241,6 +241,10 @@ def test_errors_are_reported_not_fatal(runner):
     refused = runner.request({"action": "run", "op": "conv", "input": [1, 16, 8, 8], "weights": [16, 16, 1, 1],
                               "config": {"method": "WINOGRAD"}})
     assert not refused["ok"] and refused["error_kind"] == "unsupported"
+    not_an_object = runner.request({"action": "run", "op": "conv", "input": [1, 16, 8, 8], "weights": [16, 16, 1, 1],
+                                    "config": "WINOGRAD"})
+    assert not not_an_object["ok"] and not_an_object["error_kind"] == "bad_request"
+    assert "'config' must be an object" in not_an_object["error"], not_an_object
     assert runner.info()["ok"]  # the process survived
 
 

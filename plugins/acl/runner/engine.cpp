@@ -105,20 +105,6 @@ struct Constant
     uint32_t    seed;
 };
 
-const JVal &obj_or_empty(const JVal &o, const std::string &k)
-{
-    static JVal empty = [] {
-        JVal e;
-        e.type = JVal::OBJ;
-        return e;
-    }();
-    const JVal *v = o.get(k);
-    if(v == nullptr || v->type == JVal::NUL)
-        return empty;
-    if(v->type != JVal::OBJ)
-        throw BadRequest("'" + k + "' must be an object");
-    return *v;
-}
 std::vector<std::string> str_list(const JVal &o, const std::string &k)
 {
     const JVal *v = o.get(k);

@@ -69,4 +69,19 @@ std::string upper(std::string s)
         c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     return s;
 }
+
+const JVal &obj_or_empty(const JVal &o, const std::string &k)
+{
+    static JVal empty = [] {
+        JVal e;
+        e.type = JVal::OBJ;
+        return e;
+    }();
+    const JVal *v = o.get(k);
+    if(v == nullptr || v->type == JVal::NUL)
+        return empty;
+    if(v->type != JVal::OBJ)
+        throw BadRequest("'" + k + "' must be an object");
+    return *v;
+}
 } // namespace ks

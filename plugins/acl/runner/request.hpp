@@ -31,6 +31,8 @@ long long opt_int(const JVal &obj, const std::string &k, long long dflt);
 double opt_num(const JVal &obj, const std::string &k, double dflt);
 bool opt_bool(const JVal &obj, const std::string &k, bool dflt);
 std::string opt_str(const JVal &obj, const std::string &k, const std::string &dflt);
+// An object field; an empty object when missing or null.
+const JVal &obj_or_empty(const JVal &obj, const std::string &k);
 // A list of integers; of exactly n entries unless n == 0.
 std::vector<long long> int_list(const JVal &obj, const std::string &k, size_t n, std::vector<long long> dflt);
 std::string upper(std::string s);

@@ -249,10 +249,7 @@ void fill_time_and_save(IFunction &fn, const JVal &req, const ConvTensors &ti, T
 std::string conv_run(const JVal &req)
 {
     ConvSpec    s      = parse_conv(req);
-    const JVal *cfgp   = req.get("config");
-    JVal        empty;
-    empty.type         = JVal::OBJ;
-    const JVal &cfg    = cfgp ? *cfgp : empty;
+    const JVal &cfg    = obj_or_empty(req, "config");
     std::string method = upper(opt_str(cfg, "method", "AUTO"));
     DataLayout  layout = parse_layout(opt_str(cfg, "layout", "NCHW"));
     bool        fm     = opt_bool(cfg, "fast_math", false);
@@ -336,10 +333,7 @@ std::string permute_run(const JVal &req)
             throw BadRequest("permute: 'input' dims must be positive");
         dims.push_back(static_cast<size_t>(d));
     }
-    const JVal *cfgp = req.get("config");
-    JVal        empty;
-    empty.type        = JVal::OBJ;
-    const JVal &cfg   = cfgp ? *cfgp : empty;
+    const JVal &cfg   = obj_or_empty(req, "config");
     DataLayout  from  = parse_layout(opt_str(cfg, "from", "NCHW"));
     DataLayout  to    = parse_layout(opt_str(cfg, "layout", "NHWC"));
     if(from == to)
@@ -399,10 +393,7 @@ std::string quantize_run(const JVal &req, bool dequantize)
     const QuantSpec q = parse_quant(req, 1);
     if(!q.enabled)
         throw BadRequest(op + " needs 'quant': {\"input\": QASYMM8 | QASYMM8_SIGNED, \"x_scale\", \"x_zero_point\"}");
-    const JVal *cfgp = req.get("config");
-    JVal        empty;
-    empty.type        = JVal::OBJ;
-    const JVal &cfg   = cfgp ? *cfgp : empty;
+    const JVal &cfg    = obj_or_empty(req, "config");
     DataLayout  layout = parse_layout(opt_str(cfg, "layout", "NCHW"));
     int         threads = 0;
     apply_cpu_config(cfg, &threads);
@@ -472,10 +463,7 @@ std::string quantize_run(const JVal &req, bool dequantize)
 std::string fc_request(const JVal &req, bool run)
 {
     FcSpec      s      = parse_fc(req);
-    const JVal *cfgp   = req.get("config");
-    JVal        empty;
-    empty.type         = JVal::OBJ;
-    const JVal &cfg    = cfgp ? *cfgp : empty;
+    const JVal &cfg    = obj_or_empty(req, "config");
     Mapping     in_m   = map2(s.N, s.K);
     Mapping     w_m    = map2(s.M, s.K); // ACL shape (K, M): transposed by the function (transpose_weights=true)
     Mapping     b_m    = map1(s.M);
@@ -508,7 +496,7 @@ std::string fc_request(const JVal &req, bool run)
             c.str("reason", st.error_description());
         else if(opt_bool(req, "with_gemms", false) && !q.enabled)
         {
-            if(cfgp != nullptr && cfgp->type == JVal::OBJ)
+            if(req.get("config") != nullptr && req.get("config")->type == JVal::OBJ)
             {
                 int threads = 0;
                 apply_cpu_config(cfg, &threads);
@@ -629,10 +617,7 @@ std::string deconv_request(const JVal &req, bool run)
         out.boolean("ok", true).str("action", "validate").str("op", "deconv").raw("output", jints(s.out_dims())).boolean("depthwise", false).raw("candidates", cands + "]");
         return out.done();
     }
-    const JVal *cfgp    = req.get("config");
-    JVal        empty;
-    empty.type          = JVal::OBJ;
-    const JVal &cfg     = cfgp ? *cfgp : empty;
+    const JVal &cfg     = obj_or_empty(req, "config");
     DataLayout  layout  = parse_layout(opt_str(cfg, "layout", "NCHW"));
     int         threads = 0;
     apply_cpu_config(cfg, &threads);
