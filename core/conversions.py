@@ -38,12 +38,18 @@ def boundary_label(library: str) -> str:
     return f"{library}:{BOUNDARY}"
 
 
+def is_int8_label(label: str) -> bool:
+    """``<library>:int8`` (between float and int8 ops) or another int8 label of a library
+    (``Library.requantized_label``, e.g. ``mlas:int8-in-place``)."""
+    return label.split(":", 1)[-1].startswith("int8")
+
+
 def side_label(label: str, rank: int) -> str:
     """Layouts only matter for 4-D tensors; any other tensor is ``<library>:flat``. A boundary
     side, and the int8 side (``<library>:int8``: quantize in, dequantize out), is one whatever
     the rank."""
     library = library_of(label)
-    return label if rank == 4 or label in (boundary_label(library), f"{library}:int8") else f"{library}:flat"
+    return label if rank == 4 or is_int8_label(label) or label == boundary_label(library) else f"{library}:flat"
 
 
 def conversion_task(label: str, direction: str, shape) -> Task:

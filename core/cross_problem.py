@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from kselect.core.conversions import (GRAPH_LABEL, ConversionTable, boundary_label, crossing_libraries, library_of,
-                                      side_label, sides_needed)
+from kselect.core.conversions import (GRAPH_LABEL, ConversionTable, boundary_label, crossing_libraries,
+                                      is_int8_label, library_of, side_label, sides_needed)
 from kselect.core.model import Model
 from kselect.core.plan import pick_record
 from kselect.core.planner import Edge, Option, PlanGraph
@@ -76,6 +76,7 @@ class CrossProblem:
     # types its int8 plans run on 8-bit tensors (Library.int8_passes)
     via: dict = field(default_factory=dict)
     int8_passes: dict[str, frozenset] = field(default_factory=dict)
+    requantized_labels: dict[str, str] = field(default_factory=dict)  # library -> Library.requantized_label()
 
     def read_label(self, edge: DataEdge, a: str, b: str) -> str:
         """The label the consumer of ``edge`` (labelled ``b``) takes a tensor produced in ``a`` in:
@@ -98,7 +99,9 @@ class CrossProblem:
         """``requantized_sides`` of an edge between two int8 ops of one library."""
         if a != b or a != f"{library_of(a)}:int8":
             return None
-        return requantized_sides(a, edge, self.via.get(edge, ()), self.int8_passes.get(library_of(a), frozenset()))
+        library = library_of(a)
+        return requantized_sides(self.requantized_labels.get(library, a), edge, self.via.get(edge, ()),
+                                 self.int8_passes.get(library, frozenset()))
 
     def charges(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> list[tuple]:
         """The conversions ``edge`` pays with its ends labelled ``a`` and ``b``, each as (what it
@@ -107,7 +110,7 @@ class CrossProblem:
         requantize = self.requantized(edge, a, b)
         if requantize is not None:
             return requantize
-        return [(edge.tensor if side[0] == f"{library_of(side[0])}:int8" else edge, side)
+        return [(edge.tensor if is_int8_label(side[0]) else edge, side)
                 for x, y, shape in self.steps(edge, a, b) for side in table.sides(x, y, shape)]
 
     def _switch_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
@@ -360,8 +363,9 @@ def untuned_paths(model: Model, tuned: set[str], edges: list[DataEdge]) -> dict[
 
 
 def requantized_sides(label: str, edge: DataEdge, via: tuple, passes: frozenset) -> list | None:
-    """The conversions an 8-bit tensor pays between two int8 ops of one library (both ``label``)
-    when a node on its way (``via``) is one the library runs in float only (not in ``passes``):
+    """The conversions (labelled ``label``: Library.requantized_label) an 8-bit tensor pays
+    between two int8 ops of one library when a node on its way (``via``) is one the library runs
+    in float only (not in ``passes``):
     the input of that node dequantized ("out"), and the edge's tensor quantized again ("in") into
     the consumer, unless that node is the edge's join (an Add in float: its output's own edges pay
     the quantize). Each as (the tensor converted, side), since a tensor is converted once however
@@ -429,6 +433,7 @@ def connect(problem: CrossProblem, model: Model, libraries: dict) -> None:
     problem.edges = data_edges(model, set(problem.options))
     problem.via = untuned_paths(model, set(problem.options), problem.edges)
     problem.int8_passes = {name: library.int8_passes for name, library in libraries.items()}
+    problem.requantized_labels = {name: library.requantized_label() for name, library in libraries.items()}
     for edge in problem.edges:
         for pseudo in (edge.producer, edge.consumer):
             if pseudo not in problem.options:

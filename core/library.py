@@ -120,6 +120,15 @@ class Library(ABC):
     # the planners count both, once per tensor (core/cross_problem.requantized_sides).
     int8_passes: frozenset[str] = frozenset()
 
+    def requantized_label(self) -> str:
+        """The conversion label of an 8-bit tensor dequantized before, and quantized again after,
+        an untuned op between two int8 ops (one not in ``int8_passes``). By default
+        ``<name>:int8``, the label of the sides between float and int8 ops. A library whose
+        float / int8 sides also change the layout, where such a round trip stays in the int8
+        ops' own layout, names a label ``conversion`` measures without that change (MLAS:
+        ``mlas:int8-in-place``)."""
+        return f"{self.name}:int8"
+
     def availability(self) -> tuple[bool, str]:
         return True, ""
 

@@ -166,7 +166,9 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     error = relative_error(measured["output"], reference)
     summary = summarise(measured["times_us"])
     if task.kind == "convert":
-        tolerance = INT8_CONVERSION_TOLERANCE if task.attrs["label"].endswith(":int8") else CONVERSION_TOLERANCE
+        from kselect.core.conversions import is_int8_label
+
+        tolerance = INT8_CONVERSION_TOLERANCE if is_int8_label(task.attrs["label"]) else CONVERSION_TOLERANCE
     else:
         tolerance = int8_allowed if int8_allowed is not None else library.tolerance(task, config)
     if not error <= tolerance:
