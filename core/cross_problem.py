@@ -103,37 +103,37 @@ class CrossProblem:
         return requantized_sides(self.requantized_labels.get(library, a), edge, self.via.get(edge, ()),
                                  self.int8_passes.get(library, frozenset()))
 
-    def charges(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> list[tuple]:
+    def charges(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> tuple[list[tuple], float]:
         """The conversions ``edge`` pays with its ends labelled ``a`` and ``b``, each as (what it
-        is one conversion of, side). An int8 side is a tensor's quantize or dequantize, done once
-        however many ops read that tensor (key: the tensor); a layout change is counted per edge."""
+        is one conversion of, side), and the library switches it pays. An int8 side is a tensor's
+        quantize or dequantize, done once however many ops read that tensor (key: the tensor); a
+        layout change is counted per edge."""
         requantize = self.requantized(edge, a, b)
         if requantize is not None:
-            return requantize
-        return [(edge.tensor if is_int8_label(side[0]) else edge, side)
-                for x, y, shape in self.steps(edge, a, b) for side in table.sides(x, y, shape)]
-
-    def _switch_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
-        if self.requantized(edge, a, b) is not None:
-            return 0.0
-        return sum(table.switch_cost_us(x, y) for x, y, shape in self.steps(edge, a, b) if table.sides(x, y, shape))
+            return requantize, 0.0
+        charges, switch_us = [], 0.0
+        for x, y, shape in self.steps(edge, a, b):
+            sides = table.sides(x, y, shape)
+            charges += [(edge.tensor if is_int8_label(side[0]) else edge, side) for side in sides]
+            switch_us += table.switch_cost_us(x, y) if sides else 0.0
+        return charges, switch_us
 
     def cost_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
         """What ``edge`` costs on its own: the planner's pairwise cost. A tensor several ops read
         is charged its quantize or dequantize on each of their edges here; ``conversions_us``
         counts it once."""
-        return (sum(table.side_us(*side) for _, side in self.charges(table, edge, a, b))
-                + self._switch_us(table, edge, a, b))
+        charges, switch_us = self.charges(table, edge, a, b)
+        return sum(table.side_us(*side) for _, side in charges) + switch_us
 
     def conversions_us(self, table: ConversionTable, labels: dict[str, str]) -> float:
         """What a labelling (node -> label) pays between neighbours, each tensor's quantize and
         dequantize counted once."""
-        charged, switches = set(), 0.0
+        charged, switches_us = set(), 0.0
         for edge in self.edges:
-            a, b = labels[edge.producer], labels[edge.consumer]
-            charged.update(self.charges(table, edge, a, b))
-            switches += self._switch_us(table, edge, a, b)
-        return sum(table.side_us(*side) for _, side in charged) + switches
+            charges, switch_us = self.charges(table, edge, labels[edge.producer], labels[edge.consumer])
+            charged.update(charges)
+            switches_us += switch_us
+        return sum(table.side_us(*side) for _, side in charged) + switches_us
 
     def sides(self) -> set:
         """The conversions any labelling could need, reentries (of an edge's tensor) included."""
@@ -265,9 +265,11 @@ class _BackWalk:
     untuned producer, along that producer's first data input."""
 
     def __init__(self, model: Model, tuned: set[str]):
+        self.model = model
         self.producer = {out: node for node in model.proto.graph.node for out in node.output}
         self.graph_inputs = {i.name for i in model.proto.graph.input} - set(model.initializers)
         self.tuned = tuned
+        self._sources: dict[str, str | None] = {}
 
     def first_input(self, node) -> str | None:
         return _first_data_input(node, self.producer, self.graph_inputs)
@@ -286,43 +288,35 @@ class _BackWalk:
         return steps, tensor
 
     def source(self, tensor: str) -> str | None:
-        _, end = self.steps(tensor)
-        if end in self.graph_inputs:
-            return f"input:{end}"
-        return self.producer[end].name if end in self.producer else None
+        """The tuned node or model input (``input:NAME``) whose label ``tensor`` carries; None for
+        constants."""
+        if tensor not in self._sources:
+            _, end = self.steps(tensor)
+            if end in self.graph_inputs:
+                self._sources[tensor] = f"input:{end}"
+            else:
+                self._sources[tensor] = self.producer[end].name if end in self.producer else None
+        return self._sources[tensor]
+
+    def flattened(self, tensor: str) -> tuple | None:
+        """The 4-D shape a Flatten took on the way from ``tensor``'s source (H x W > 1: where the
+        layout decides the element order), else None."""
+        for node, first in self.steps(tensor)[0]:
+            shape = tuple(self.model.shapes.get(first, ()))
+            if node.op_type in ("Flatten", "Reshape") and len(shape) == 4 and shape[2] * shape[3] > 1:
+                return shape
+        return None
 
 
 def label_sources(model: Model, tuned: set[str]) -> callable:
     """tensor -> the tuned node or model input (``input:NAME``) whose label it carries; None for
     constants."""
-    walk = _BackWalk(model, tuned)
-    memo: dict[str, str | None] = {}
-
-    def source(tensor: str) -> str | None:
-        if tensor not in memo:
-            memo[tensor] = walk.source(tensor)
-        return memo[tensor]
-    return source
-
-
-def _flattened(model: Model, tuned: set[str]) -> callable:
-    """tensor -> the 4-D shape a Flatten took on its way from its label's source (H x W > 1:
-    where the layout decides the element order), else None."""
-    walk = _BackWalk(model, tuned)
-
-    def flattened(tensor: str) -> tuple | None:
-        for node, first in walk.steps(tensor)[0]:
-            shape = tuple(model.shapes.get(first, ()))
-            if node.op_type in ("Flatten", "Reshape") and len(shape) == 4 and shape[2] * shape[3] > 1:
-                return shape
-        return None
-    return flattened
+    return _BackWalk(model, tuned).source
 
 
 def data_edges(model: Model, tuned: set[str]) -> list[DataEdge]:
     walk = _BackWalk(model, tuned)
-    source = label_sources(model, tuned)
-    flattened = _flattened(model, tuned)
+    source, flattened = walk.source, walk.flattened
 
     def edge(tensor: str, consumer: str, at: str | None = None) -> DataEdge:
         return DataEdge(source(tensor), consumer, tensor, tuple(model.shapes[tensor]), at, flattened(tensor))

@@ -294,13 +294,13 @@ class MlasLibrary(Library):
         from kselect.plugins.mlas.single_op import reorder_model
 
         layout = label.split(":", 1)[1]
-        if layout in ("int8", "int8-in-place"):  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one
+        if layout == "int8-in-place":  # the "int8" sides of the flat tensor: no transpose (requantized_label)
+            flat = self.conversion("mlas:int8", direction, x.reshape(-1))
+            return OrtCandidate(flat.session, flat.feeds, lambda y: flat.unblock(y).reshape(x.shape))
+        if layout == "int8":  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one, 4-D: and NHWC
             from kselect.core.quant import asymmetric_u8
             from kselect.plugins.mlas import int8
 
-            if layout == "int8-in-place":  # the flat tensor: no transpose (requantized_label)
-                flat = self.conversion("mlas:int8", direction, x.reshape(-1))
-                return OrtCandidate(flat.session, flat.feeds, lambda y: flat.unblock(y).reshape(x.shape))
             scale, zero_point = asymmetric_u8(x.min(), x.max())
             model = int8.boundary_model(x.shape, direction, scale, zero_point)
             nhwc = x.ndim == 4  # int8 tensors are NHWC (boundary_model)
