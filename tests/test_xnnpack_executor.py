@@ -16,7 +16,6 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import small_cnn
 from kselect.core import plugins
 from kselect.core.device import this_device
-from kselect.core.errors import KselectError
 from kselect.plugins.ops.conv import conv_reference
 from kselect.core.model import load_model
 from kselect.core.tasks import extract_tasks

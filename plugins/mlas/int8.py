@@ -218,27 +218,52 @@ def channels_last(model):
     return model
 
 
+def has_int8_form(task) -> bool:
+    """Whether ONNX Runtime runs the op on MLAS's integer kernels once quantized: a 2-D conv
+    (QLinearConv) or a fully connected layer (QGemm / MatMulInteger). It runs a quantized
+    ConvTranspose or Conv1d in float between a DequantizeLinear and a QuantizeLinear."""
+    return task.kind == "fc" or (task.kind == "conv" and not task.conv1d)
+
+
 def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
     """The nodes the quantizer may quantize for a plan running ``int8`` in int8: all (None) when
     every tunable node is int8, as ONNX Runtime's own static quantization does; otherwise the
     int8 nodes and the untuned ops that only read what quantized nodes write (a residual Add of
-    two int8 branches, a pool after an int8 conv), so that a float op's neighbourhood stays float."""
+    two int8 branches, a pool after an int8 conv), so that a float op's neighbourhood stays float.
+
+    A tunable op with no int8 form (``has_int8_form``) is float whatever the plan says, not backed
+    off for accuracy: its output is quantized once where int8 ops take it on (the LeakyReLU after
+    a ConvTranspose, before the int8 Add it feeds, runs in 8 bits, as in ONNX Runtime's
+    whole-model quantization), and stays float where only float ops and outputs read it."""
     from kselect.core.tasks import extract_tasks
 
-    tunable = {node for task in extract_tasks(model) for node in task.nodes}
+    tasks = extract_tasks(model)
+    tunable = {node for task in tasks for node in task.nodes}
     if tunable <= int8:
         return None
-    quantized, writes = set(int8), {}
-    for node in model.proto.graph.node:  # graph order is topological
-        for output in node.output:
-            writes[output] = node.name
-    for node in model.proto.graph.node:
-        if node.name in quantized or node.name in tunable:
-            continue
-        activations = [name for name in node.input if name and name not in model.initializers]
-        if activations and all(writes.get(name) in quantized for name in activations):
+    float_only = {node for task in tasks if not has_int8_form(task) for node in task.nodes} - int8
+    graph = model.proto.graph
+    writes, readers = {}, {}
+    for node in graph.node:  # graph order is topological
+        writes.update((output, node.name) for output in node.output)
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    activations = {node.name: [name for name in node.input if name and name not in model.initializers]
+                   for node in graph.node}
+    quantized, anchored = set(int8), set(int8)  # anchored: next to an int8 op through quantized ops
+    for node in graph.node:
+        inputs = activations[node.name]
+        if node.name not in tunable and inputs and all(writes.get(name) in quantized | float_only for name in inputs):
             quantized.add(node.name)
-    return sorted(quantized)
+            if any(writes.get(name) in anchored for name in inputs):
+                anchored.add(node.name)
+    outputs = {value.name for value in graph.output}
+    for node in reversed(graph.node):  # readers first
+        read_by = [reader for output in node.output for reader in readers.get(output, [])]
+        if (node.name in quantized and node.name not in anchored and read_by and all(reader in anchored for reader in read_by)
+                and not any(output in outputs for output in node.output)):
+            anchored.add(node.name)
+    return sorted(quantized & anchored)
 
 
 def quantized_model(model, plan):

@@ -126,7 +126,9 @@ class MlasLibrary(Library):
 
     def supports(self, task: Task) -> bool:
         if task.precision == "int8":  # any activation (int8.single_op_model)
-            return task.kind == "fc" or (task.kind == "conv" and not task.conv1d)
+            from kselect.plugins.mlas.int8 import has_int8_form
+
+            return has_int8_form(task)
         return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
