@@ -642,12 +642,13 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     c in int8 is as int8 as it gets: its export quantizes u's output once and runs the LeakyReLU
     and the Add in 8 bits, as ONNX Runtime's whole-model quantization does (float there, they cost
     waifu2x-cunet 30 ms: docs/mixed-precision-benchmark.md), while v's Sigmoid, which no int8 op
-    reads, stays float. The export is accurate to the quantization of its tensors."""
+    reads, stays float. The ConvTransposes keep their float weights (``float_ops_kept_float``). The
+    export is accurate to the quantization of its tensors."""
     from onnx import TensorProto, helper, numpy_helper
 
     from kselect.core.calibration import quantize_qdq
     from kselect.core.model import model_from_proto
-    from kselect.plugins.mlas.int8 import nodes_to_quantize
+    from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
 
     rng = np.random.default_rng(0)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
@@ -671,6 +672,7 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     assert set(quantized) == {"a", "b", "c", "leaky", "add"}, quantized
     feeds = [{"x": rng.normal(0, 1, (1, 8, 8, 8)).astype(np.float32)} for _ in range(4)]
     quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=quantized)
+    onnx.save(float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized), tmp_path / "qdq.onnx")
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     session = ort.InferenceSession(str(tmp_path / "qdq.onnx"), options, providers=["CPUExecutionProvider"])
@@ -679,7 +681,51 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     assert {"QLinearLeakyRelu", "QLinearAdd", "Sigmoid"} <= op_types and "QLinearSigmoid" not in op_types
     dequantized = {out for node in optimized.node if node.op_type == "DequantizeLinear" for out in node.output}
     assert {node.op_type for node in optimized.node if set(node.input) & dequantized} == {"ConvTranspose"}
+    weights = {node.input[1] for node in optimized.node if node.op_type == "ConvTranspose"}
+    assert weights <= {tensor.name for tensor in optimized.initializer}, "ONNX Runtime quantized their weights"
     reference = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for expected, got in zip(reference.run(None, feeds[0]), session.run(None, feeds[0])):
         cosine = float(np.dot(expected.ravel(), got.ravel()) / np.linalg.norm(expected) / np.linalg.norm(got))
         assert cosine > 0.99, cosine
+
+
+def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
+    """conv a -> conv b -> conv c with a and c in int8 and b in fp32. ONNX Runtime's
+    WeightBiasQuantization quantizes the weights of a float conv reading a per-tensor
+    DequantizeLinear (per tensor, to int8) and then runs it as a QLinearConv; the export has b read
+    a per-channel DequantizeLinear of the same values, so b runs in float as the plan says and
+    the outputs are those of the quantized model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.calibration import quantize_qdq
+    from kselect.core.model import model_from_proto
+    from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
+
+    rng = np.random.default_rng(1)
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", [x, f"w{n}"], [y], name=n, **conv)
+             for n, x, y in (("a", "x", "ta"), ("b", "ta", "tb"), ("c", "tb", "y"))]
+    weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], weights)
+    model = model_from_proto("chain", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    quantized = nodes_to_quantize(model, {"a", "c"})
+    assert "b" not in quantized
+    feeds = [{"x": rng.normal(0, 1, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+    quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=quantized)
+    as_written = onnx.load(tmp_path / "qdq.onnx")
+    onnx.save(float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized), tmp_path / "kept.onnx")
+
+    def optimized(name):
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"{name}.optimized.onnx")
+        session = ort.InferenceSession(str(tmp_path / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
+        return session, [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+
+    _, ops_as_written = optimized("qdq")
+    assert ops_as_written.count("QLinearConv") == 3  # ONNX Runtime quantized b itself
+    session, ops = optimized("kept")
+    assert ops.count("QLinearConv") == 2 and ops.count("Conv") + ops.count("FusedConv") == 1, ops
+    written = ort.InferenceSession(as_written.SerializeToString(), providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=["WeightBiasQuantization"])
+    np.testing.assert_allclose(session.run(None, feeds[0])[0], written.run(None, feeds[0])[0], rtol=0, atol=1e-5)

@@ -270,7 +270,8 @@ def quantized_model(model, plan):
     """The QDQ model of a plan with int8 nodes, written by onnxruntime.quantization.quantize_static
     as a user would call it (QDQ format), from the plan's calibration ranges (its calibration
     cache), with the plan's activation type and weight granularity, quantizing the nodes
-    ``nodes_to_quantize`` names (every node when the whole model is int8)."""
+    ``nodes_to_quantize`` names (every node when the whole model is int8), with its float convs
+    and Gemms kept float (``float_ops_kept_float``)."""
     import json
     import tempfile
     from pathlib import Path
@@ -280,6 +281,7 @@ def quantized_model(model, plan):
     from kselect.core.calibration import quantize_qdq
 
     settings = plan.library_settings.get("mlas", plan.plan_level)
+    quantized = nodes_to_quantize(model, int8_nodes(plan))
     with tempfile.TemporaryDirectory(prefix="kselect-int8-") as tmp:
         cache, output = Path(tmp) / "ranges.json", Path(tmp) / "model.int8.onnx"
         cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
@@ -287,5 +289,57 @@ def quantized_model(model, plan):
                      method=plan.extra["precision"].get("calibration", {}).get("method", "minmax"),
                      per_channel=settings.get("weights", "per-channel") == "per-channel",
                      signed_activations=settings.get("activations") == "s8",
-                     nodes_to_quantize=nodes_to_quantize(model, int8_nodes(plan)))
-        return onnx.load(str(output))
+                     nodes_to_quantize=quantized)
+        return float_ops_kept_float(onnx.load(str(output)), quantized)
+
+
+WEIGHT_REQUANTIZED_OPS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def float_ops_kept_float(proto, quantized: list[str] | None):
+    """The QDQ model with each float Conv, ConvTranspose or Gemm that reads a per-tensor
+    DequantizeLinear's output reading a per-channel one instead (the same scale and zero point on
+    every channel: the same values). ONNX Runtime's WeightBiasQuantization transformer quantizes
+    the float weights of an op after a per-tensor DequantizeLinear (to int8, per tensor), and its
+    QDQ fusions then run it on integer kernels: an op the plan keeps in fp32 after an int8 op
+    would run in int8 with coarser weights than any int8 candidate. It leaves an op after a
+    per-channel DequantizeLinear alone."""
+    if quantized is None:
+        return proto
+    graph = proto.graph
+    writer = {output: node for node in graph.node for output in node.output}
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        dequantize = writer.get(node.input[0]) if node.input else None
+        channels = _input_channels(node, weights)
+        if (node.op_type in WEIGHT_REQUANTIZED_OPS and node.name not in quantized and channels
+                and dequantize is not None and dequantize.op_type == "DequantizeLinear"
+                and dequantize.input[1] in weights and numpy_helper.to_array(weights[dequantize.input[1]]).size == 1):
+            params = [numpy_helper.to_array(weights[name]).reshape(()) for name in dequantize.input[1:] if name]
+            names = [f"{node.name}_float_input_{kind}" for kind in ("scale", "zero_point")[:len(params)]]
+            graph.initializer.extend(numpy_helper.from_array(np.full(channels, value, value.dtype), name)
+                                     for value, name in zip(params, names))
+            per_channel = f"{node.name}_float_input"
+            nodes.append(helper.make_node("DequantizeLinear", [dequantize.input[0], *names], [per_channel],
+                                          name=f"{node.name}_float_input_DequantizeLinear", axis=1))
+            node.input[0] = per_channel
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto
+
+
+def _input_channels(node, weights) -> int | None:
+    """The size of axis 1 of the op's data input, from its weight, or None."""
+    weight = weights.get(node.input[1]) if len(node.input) > 1 else None
+    if weight is None:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Conv":
+        return weight.dims[1] * attrs.get("group", 1)
+    if node.op_type == "ConvTranspose":
+        return weight.dims[0]
+    if node.op_type == "Gemm" and not attrs.get("transA", 0):
+        return weight.dims[1] if attrs.get("transB", 0) else weight.dims[0]
+    return None
