@@ -183,6 +183,30 @@ def test_the_budget_is_honoured_on_a_synthetic_sensitivity_table():
     assert all(later < earlier for earlier, later in zip(order, order[1:]))  # one op back per step
 
 
+
+def test_ops_a_group_sent_back_to_float_without_need_return_to_int8():
+    """SYNTHETIC (made-up drops and times): 50 candidates go back to float three at a time; one
+    op alone breaks the budget, so after its group goes back the two others return to int8, one
+    at a time, and the fastest point within the budget has only that op in float."""
+    drop = {f"op{i}": 0.0001 for i in range(49)} | {"hot": 0.05}
+    noise = {node: 30.0 for node in drop}
+
+    def point(name, nodes):
+        total = sum(drop[n] for n in nodes)
+        return FrontPoint(name, sorted(nodes), 100.0 - len(nodes), 1 - total, total, 0, total <= 0.01)
+
+    front = back_off(list(drop), drop, noise, point)
+    assert [p.name for p in front] == ["int8", "mixed-1", "mixed-1+1", "mixed-1+2"]
+    assert len(front[1].int8_nodes) == 47 and front[1].within_budget
+    chosen = fastest_within_budget(front)
+    assert chosen is front[-1] and set(drop) - set(chosen.int8_nodes) == {"hot"}
+
+    drop["op1"] = 0.02  # a second op breaks it: it goes back with "hot", op0 returns, op1 does not
+    front = back_off(list(drop), drop, noise, point)
+    assert [p.name for p in front] == ["int8", "mixed-1", "mixed-1+1", "mixed-1+2"] and not front[3].within_budget
+    assert set(drop) - set(fastest_within_budget(front).int8_nodes) == {"hot", "op1"}
+
+
 def _feeds_folder(folder: Path, count: int, shape=(1, 3, 32, 32), seed=0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
