@@ -12,8 +12,8 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
 3. All candidates in int8 first; while the drop exceeds the budget, the most sensitive candidate
    (ties, common with a coarse metric such as top-1 on few feeds, broken by the lowest output
    SQNR) goes back to float, and the metric is measured again on the whole model (a large model's
-   candidates go back in groups, and the last group's return one at a time while the budget
-   holds). Every step is a
+   candidates go back in groups); once within the budget, the ops sent back return to int8 one
+   at a time, least sensitive first, each kept while the budget holds. Every step is a
    point of the front (predicted latency, metric, weight bytes): the fp32 plan, full int8, and
    the mixed plans between.
    Plan-level settings that change the arithmetic (per-tensor weights, int8 activations) get a
@@ -336,24 +336,32 @@ def back_off(candidates: list[str], sensitivity: dict[str, float], noise: dict[s
              point: Callable[[str, set[str]], FrontPoint]) -> list[FrontPoint]:
     """All ``candidates`` in int8 ("int8"), then the most sensitive going back to float, one at a
     time (in groups past MAX_BACKOFF_STEPS candidates), each step measured by ``point(name,
-    int8 nodes)``, until a point is within the budget or none is left in int8. A group that
-    brought the metric within the budget may have sent back more ops than it needed: its ops
-    return to int8 one at a time, the least sensitive first, each kept if the budget still holds
-    ("mixed-3+1", ...)."""
+    int8 nodes)``, until a point is within the budget or none is left in int8. Sensitivities are
+    each op's alone, and a group goes back whole, so some ops may have gone back without need:
+    once within the budget, the ops sent back return to int8 one at a time, the least sensitive
+    first (at most MAX_BACKOFF_STEPS tries), each kept if the budget still holds ("mixed-3+1",
+    ...)."""
     current = set(candidates)
     front = [point("int8", current)]
     order = sorted(candidates, key=lambda n: (-sensitivity[n], noise.get(n, 0.0)))
     group = max(1, -(-len(order) // MAX_BACKOFF_STEPS))
-    step, back = 0, []
+    step, sent_back = 0, []
     while not front[-1].within_budget and order:
         back, order = order[:group], order[group:]
         current -= set(back)
+        sent_back += back
         step += 1
         if current:
             front.append(point(f"mixed-{step}", set(current)))
-    if len(back) > 1 and current and front[-1].within_budget:
-        for index, node in enumerate(reversed(back[1:]), 1):  # all of the group back would be the point before it
-            trial = point(f"mixed-{step}+{index}", current | {node})
+    if current and front[-1].within_budget:
+        measured, tries = {frozenset(p.int8_nodes) for p in front}, 0
+        for node in reversed(sent_back):
+            if tries == MAX_BACKOFF_STEPS:
+                break
+            if frozenset(current | {node}) in measured:  # e.g. the point before the last step
+                continue
+            tries += 1
+            trial = point(f"mixed-{step}+{tries}", current | {node})
             front.append(trial)
             if trial.within_budget:
                 current.add(node)
