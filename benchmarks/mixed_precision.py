@@ -69,7 +69,7 @@ def stored_weight_bytes(path: Path) -> int:
     return total
 
 
-def run_model(name: str, budgets: list[float], args, settings: MeasureSettings, work: Path) -> dict:
+def run_model(name: str, budgets: list[float | str], args, settings: MeasureSettings, work: Path) -> dict:
     model = load_model(name)
     if model.source == "builtin":
         feeds = synthetic_feeds(model, args.calibration_feeds + args.held_out, seed=1)
@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--markdown", default="docs/mixed-precision-benchmark.md")
     args = parser.parse_args()
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
-    budgets = [ORT_DROP if b == "ort" else float(b) for b in args.budgets.split(",")]
+    budgets = [ORT_DROP if b == ORT_DROP else float(b) for b in args.budgets.split(",")]
     device = this_device()
     results = []
     earlier = []  # models of an earlier run on this device, kept unless run again (one run per model)

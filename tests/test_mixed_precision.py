@@ -17,6 +17,7 @@ from kselect.core.mixed import FrontPoint, back_off, fastest_within_budget
 from kselect.core.model import load_model
 from kselect.core.tasks import extract_tasks
 from kselect.plugins.mlas.library import MlasLibrary
+from kselect.plugins.mlas.ort_session import ort_optimized
 
 FAST = MeasureSettings(min_repeats=5, min_time_s=0.02, max_time_s=0.3, timeout_s=60)
 
@@ -81,7 +82,7 @@ def test_an_int8_op_with_an_activation_after_its_kernel_matches_the_float_refere
     assert 0 < result.error < 0.05
 
 
-def test_a_silu_op_in_int8_is_what_onnx_runtime_fuses_from_the_quantizers_qdq_graph(tmp_path):
+def test_a_silu_op_in_int8_is_what_onnx_runtime_fuses_from_the_quantizers_qdq_graph():
     """The candidate of a conv + SiLU is read and written in int8 on the core's grids, and ONNX
     Runtime runs it as QLinearConv, QLinearSigmoid and QLinearMul: what the exported QDQ model runs."""
     from kselect.core.measure import reference_output, task_inputs
@@ -94,10 +95,7 @@ def test_a_silu_op_in_int8_is_what_onnx_runtime_fuses_from_the_quantizers_qdq_gr
     assert params.pre_scale is not None  # the kernel's output is requantized before the activation
     model = single_op_model(task, inputs, {"activations": "u8", "weights": "per-channel"})
     assert [i.type.tensor_type.elem_type for i in (*model.graph.input, *model.graph.output)] == [onnx.TensorProto.UINT8] * 2
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    fused = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    fused = [node.op_type for node in ort_optimized(model).graph.node]
     assert {"QLinearConv", "QLinearSigmoid", "QLinearMul"} <= set(fused)
     assert not {"Conv", "Sigmoid", "Mul", "QuantizeLinear", "DequantizeLinear"} & set(fused)
 
@@ -181,7 +179,6 @@ def test_the_budget_is_honoured_on_a_synthetic_sensitivity_table():
     assert chosen.within_budget and chosen.drop <= 0.006
     order = [set(p.int8_nodes) for p in front[1:] if "+" not in p.name]
     assert all(later < earlier for earlier, later in zip(order, order[1:]))  # one op back per step
-
 
 
 def test_ops_sent_back_to_float_without_need_return_to_int8():
@@ -583,10 +580,7 @@ def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quant
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.normal(0, 1, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
     quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=nodes_to_quantize(model, tuned))
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(tmp_path / "qdq.onnx"), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(tmp_path / "optimized.onnx").graph
+    optimized = ort_optimized(onnx.load(tmp_path / "qdq.onnx")).graph
     dequantized = {out for node in optimized.node if node.op_type == "DequantizeLinear" for out in node.output}
     read_in_float = {node.op_type for node in optimized.node if set(node.input) & dequantized}
     assert read_in_float == {"Tanh"}, read_in_float
@@ -648,10 +642,7 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
 
     feeds = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(4)]
     quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=nodes_to_quantize(model, {"a", "b", "c"}))
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(tmp_path / "qdq.onnx"), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(tmp_path / "optimized.onnx").graph
+    optimized = ort_optimized(onnx.load(tmp_path / "qdq.onnx")).graph
     into_tanh = [n for n in optimized.node if n.op_type == "DequantizeLinear"
                  and any(t in n.output for m in optimized.node if m.op_type == "Tanh" for t in m.input)]
     tanh_out = next(n for n in optimized.node if n.op_type == "Tanh").output[0]
@@ -705,11 +696,8 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     assert set(quantized) == {"a", "b", "c", "leaky", "add"}, quantized
     feeds = [{"x": rng.normal(0, 1, (1, 8, 8, 8)).astype(np.float32)} for _ in range(4)]
     quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=quantized)
-    onnx.save(float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized), tmp_path / "qdq.onnx")
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    session = ort.InferenceSession(str(tmp_path / "qdq.onnx"), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(tmp_path / "optimized.onnx").graph
+    exported = float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized)
+    optimized = ort_optimized(exported).graph
     op_types = {node.op_type for node in optimized.node}
     assert {"QLinearLeakyRelu", "QLinearAdd", "Sigmoid"} <= op_types and "QLinearSigmoid" not in op_types
     dequantized = {out for node in optimized.node if node.op_type == "DequantizeLinear" for out in node.output}
@@ -717,6 +705,7 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     weights = {node.input[1] for node in optimized.node if node.op_type == "ConvTranspose"}
     assert weights <= {tensor.name for tensor in optimized.initializer}, "ONNX Runtime quantized their weights"
     reference = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
     for expected, got in zip(reference.run(None, feeds[0]), session.run(None, feeds[0])):
         cosine = float(np.dot(expected.ravel(), got.ravel()) / np.linalg.norm(expected) / np.linalg.norm(got))
         assert cosine > 0.99, cosine
@@ -747,18 +736,12 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     feeds = [{"x": rng.normal(0, 1, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
     quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=quantized)
     as_written = onnx.load(tmp_path / "qdq.onnx")
-    onnx.save(float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized), tmp_path / "kept.onnx")
-
-    def optimized(name):
-        options = ort.SessionOptions()
-        options.optimized_model_filepath = str(tmp_path / f"{name}.optimized.onnx")
-        session = ort.InferenceSession(str(tmp_path / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
-        return session, [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
-
-    _, ops_as_written = optimized("qdq")
+    kept = float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized)
+    ops_as_written = [node.op_type for node in ort_optimized(as_written).graph.node]
     assert ops_as_written.count("QLinearConv") == 3  # ONNX Runtime quantized b itself
-    session, ops = optimized("kept")
+    ops = [node.op_type for node in ort_optimized(kept).graph.node]
     assert ops.count("QLinearConv") == 2 and ops.count("Conv") + ops.count("FusedConv") == 1, ops
+    session = ort.InferenceSession(kept.SerializeToString(), providers=["CPUExecutionProvider"])
     written = ort.InferenceSession(as_written.SerializeToString(), providers=["CPUExecutionProvider"],
                                    disabled_optimizers=["WeightBiasQuantization"])
     np.testing.assert_allclose(session.run(None, feeds[0])[0], written.run(None, feeds[0])[0], rtol=0, atol=1e-5)

@@ -253,7 +253,8 @@ def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
     quantized, anchored = set(int8), set(int8)  # anchored: next to an int8 op through quantized ops
     for node in graph.node:
         inputs = activations[node.name]
-        if node.name not in tunable and inputs and all(writes.get(name) in quantized | float_only for name in inputs):
+        if node.name not in tunable and inputs and all(writes.get(name) in quantized or writes.get(name) in float_only
+                                                       for name in inputs):
             quantized.add(node.name)
             if any(writes.get(name) in anchored for name in inputs):
                 anchored.add(node.name)
@@ -311,10 +312,9 @@ def float_ops_kept_float(proto, quantized: list[str] | None):
     weights = {tensor.name: tensor for tensor in graph.initializer}
     nodes = []
     for node in graph.node:
-        dequantize = writer.get(node.input[0]) if node.input else None
-        channels = _input_channels(node, weights)
-        if (node.op_type in WEIGHT_REQUANTIZED_OPS and node.name not in quantized and channels
-                and dequantize is not None and dequantize.op_type == "DequantizeLinear"
+        dequantize = writer.get(node.input[0]) if node.op_type in WEIGHT_REQUANTIZED_OPS else None
+        channels = _input_channels(node, weights) if dequantize is not None else None
+        if (channels and node.name not in quantized and dequantize.op_type == "DequantizeLinear"
                 and dequantize.input[1] in weights and numpy_helper.to_array(weights[dequantize.input[1]]).size == 1):
             params = [numpy_helper.to_array(weights[name]).reshape(()) for name in dequantize.input[1:] if name]
             names = [f"{node.name}_float_input_{kind}" for kind in ("scale", "zero_point")[:len(params)]]
