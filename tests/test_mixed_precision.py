@@ -716,7 +716,8 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     WeightBiasQuantization quantizes the weights of a float conv reading a per-tensor
     DequantizeLinear (per tensor, to int8) and then runs it as a QLinearConv; the export has b read
     a per-channel DequantizeLinear of the same values, so b runs in float as the plan says and
-    the outputs are those of the quantized model."""
+    the outputs are those of the quantized model; the per-tensor DequantizeLinear b read is gone
+    (ONNX Runtime runs a node nothing reads: waifu2x-upconv7 lost 2.5 ms to one)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from kselect.core.calibration import quantize_qdq
@@ -739,8 +740,12 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     kept = float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized)
     ops_as_written = [node.op_type for node in ort_optimized(as_written).graph.node]
     assert ops_as_written.count("QLinearConv") == 3  # ONNX Runtime quantized b itself
-    ops = [node.op_type for node in ort_optimized(kept).graph.node]
+    optimized = ort_optimized(kept).graph
+    ops = [node.op_type for node in optimized.node]
     assert ops.count("QLinearConv") == 2 and ops.count("Conv") + ops.count("FusedConv") == 1, ops
+    read = {name for node in optimized.node for name in node.input} | {value.name for value in optimized.output}
+    unread = [node.name for node in optimized.node if not set(node.output) & read]
+    assert not unread, f"ONNX Runtime runs {unread}, whose outputs nothing reads"
     session = ort.InferenceSession(kept.SerializeToString(), providers=["CPUExecutionProvider"])
     written = ort.InferenceSession(as_written.SerializeToString(), providers=["CPUExecutionProvider"],
                                    disabled_optimizers=["WeightBiasQuantization"])

@@ -304,13 +304,14 @@ def float_ops_kept_float(proto, quantized: list[str] | None):
     the float weights of an op after a per-tensor DequantizeLinear (to int8, per tensor), and its
     QDQ fusions then run it on integer kernels: an op the plan keeps in fp32 after an int8 op
     would run in int8 with coarser weights than any int8 candidate. It leaves an op after a
-    per-channel DequantizeLinear alone."""
+    per-channel DequantizeLinear alone. A per-tensor DequantizeLinear nothing reads any more is
+    removed: ONNX Runtime would still run it."""
     if quantized is None:
         return proto
     graph = proto.graph
     writer = {output: node for node in graph.node for output in node.output}
     weights = {tensor.name: tensor for tensor in graph.initializer}
-    nodes = []
+    nodes, bypassed = [], set()
     for node in graph.node:
         dequantize = writer.get(node.input[0]) if node.op_type in WEIGHT_REQUANTIZED_OPS else None
         channels = _input_channels(node, weights) if dequantize is not None else None
@@ -324,9 +325,11 @@ def float_ops_kept_float(proto, quantized: list[str] | None):
             nodes.append(helper.make_node("DequantizeLinear", [dequantize.input[0], *names], [per_channel],
                                           name=f"{node.name}_float_input_DequantizeLinear", axis=1))
             node.input[0] = per_channel
+            bypassed.add(dequantize.output[0])
         nodes.append(node)
+    unread = bypassed - {name for node in nodes for name in node.input} - {value.name for value in graph.output}
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(node for node in nodes if not (node.op_type == "DequantizeLinear" and node.output[0] in unread))
     return proto
 
 
