@@ -63,7 +63,7 @@ def _charged(graph: PlanGraph, table: ConversionTable, spinner: str | None) -> t
             charged = Option(option.label, option.time_us + charge, option.payload)
             back[id(charged)] = option
             options[node].append(charged)
-    return PlanGraph(options, graph.edges), back
+    return PlanGraph(options, graph.edges, graph.shared), back
 
 
 def main_library(assignment: dict) -> str | None:

@@ -12,13 +12,15 @@ Two costs are not between neighbours, since an untuned op passes its input's lab
 that waits across another library's segment (a residual branch around an op moved to another
 library) leaves its runner and enters it again, and a tensor sent through an untuned op its
 library's runner lacks goes out to ONNX Runtime and back (a fallback segment, core/runtime.py).
-Both are charged on the labelling as a whole (``CrossProblem.reentries``). So is an int8
-tensor's quantize or dequantize, done once however many ops read the tensor
-(``CrossProblem.conversions_us``); the solver's costs between neighbours charge it per edge.
+Both are charged on the labelling as a whole (``CrossProblem.reentries``). An int8 tensor's
+quantize or dequantize is done once however many ops read the tensor
+(``CrossProblem.conversions_us``): the solver gets a producer's edges as one cost over it and its
+readers (core/planner.SharedEdges) where an int8 label could make them share one.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -26,11 +28,16 @@ from kselect.core.conversions import (GRAPH_LABEL, ConversionTable, boundary_lab
                                       is_int8_label, library_of, side_label, sides_needed)
 from kselect.core.model import Model
 from kselect.core.plan import pick_record
-from kselect.core.planner import Edge, Option, PlanGraph
+from kselect.core.planner import Edge, Option, PlanGraph, SharedEdges
 from kselect.core.runtime import fallback_library, plan_segments
 from kselect.core.space import config_key
 from kselect.core.spinning import spin_dims
 from kselect.core.tasks import Task
+
+
+# A producer read by more ops than this keeps its edges' costs apart (each tensor's quantize charged
+# per edge): its shared cost would be a factor over labels^(readers + 1) labellings.
+MAX_SHARED_NODES = 6
 
 
 def _without(settings: dict, names) -> dict:
@@ -119,9 +126,9 @@ class CrossProblem:
         return charges, switch_us
 
     def cost_us(self, table: ConversionTable, edge: DataEdge, a: str, b: str) -> float:
-        """What ``edge`` costs on its own: the planner's pairwise cost. A tensor several ops read
-        is charged its quantize or dequantize on each of their edges here; ``conversions_us``
-        counts it once."""
+        """What ``edge`` costs on its own. A tensor several ops read is charged its quantize or
+        dequantize on each of their edges here; ``conversions_us`` and ``shared_cost`` count it
+        once."""
         charges, switch_us = self.charges(table, edge, a, b)
         return sum(table.side_us(*side) for _, side in charges) + switch_us
 
@@ -250,8 +257,34 @@ class CrossProblem:
             return libraries is None or option.payload is None or option.payload.library in libraries
 
         options = {node: [o for o in opts if allowed(o)] for node, opts in self.options.items()}
-        edges = [Edge(e.producer, e.consumer, lambda a, b, e=e: self.cost_us(table, e, a, b)) for e in self.edges]
-        return PlanGraph(options, edges)
+        by_producer: dict[str, list[DataEdge]] = {}
+        for edge in self.edges:
+            by_producer.setdefault(edge.producer, []).append(edge)
+        edges, shared = [], []
+        for producer, group in by_producer.items():
+            nodes = tuple(dict.fromkeys([producer, *(edge.consumer for edge in group)]))
+            if (len(group) > 1 and len(nodes) <= MAX_SHARED_NODES
+                    and any(is_int8_label(option.label) for node in nodes for option in options[node])):
+                shared.append(SharedEdges(nodes, self.shared_cost(table, group, nodes)))
+            else:
+                edges += [Edge(e.producer, e.consumer, lambda a, b, e=e: self.cost_us(table, e, a, b)) for e in group]
+        return PlanGraph(options, edges, shared)
+
+    def shared_cost(self, table: ConversionTable, group: list[DataEdge], nodes: tuple[str, ...]) -> Callable:
+        """The conversions ``group`` (edges from one producer) pays, given the labels of ``nodes``
+        (the producer and its readers), each tensor's quantize and dequantize counted once."""
+        position = {node: index for index, node in enumerate(nodes)}
+        charges = functools.cache(lambda edge, a, b: self.charges(table, edge, a, b))
+
+        def cost_us(labels: tuple[str, ...]) -> float:
+            charged, switches_us = set(), 0.0
+            for edge in group:
+                edge_charges, switch_us = charges(edge, labels[position[edge.producer]], labels[position[edge.consumer]])
+                charged.update(edge_charges)
+                switches_us += switch_us
+            return sum(table.side_us(*side) for _, side in charged) + switches_us
+
+        return cost_us
 
 
 def _first_data_input(node, produced, graph_inputs: set) -> str | None:

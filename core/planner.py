@@ -10,6 +10,10 @@ and on every graph whose elimination keeps factors small -- ResNet's residual ad
 concatenations have treewidth 2-4). A graph whose elimination would need a factor over more than
 MAX_FACTOR_VARIABLES nodes gets ``improve`` (local search from a given start) instead.
 ``greedy`` gives what picking each op alone would.
+
+A conversion several edges share (a tensor quantized once however many ops read it) is not a sum
+over edges: such edges are one ``SharedEdges`` cost over the labels of all the nodes they join,
+a factor of its own in the elimination.
 """
 
 from __future__ import annotations
@@ -38,9 +42,20 @@ class Edge:
 
 
 @dataclass
+class SharedEdges:
+    """Edges whose conversions are partly shared: one cost over the labels of every node they join."""
+    nodes: tuple[str, ...]
+    conversion_us: Callable[[tuple[str, ...]], float]  # the nodes' labels, in the order of ``nodes``
+
+    def cost_us(self, assignment: dict[str, Option]) -> float:
+        return self.conversion_us(tuple(assignment[node].label for node in self.nodes))
+
+
+@dataclass
 class PlanGraph:
     options: dict[str, list[Option]] = field(default_factory=dict)  # node -> its options
     edges: list[Edge] = field(default_factory=list)
+    shared: list[SharedEdges] = field(default_factory=list)
 
     def best_per_label(self, node: str) -> list[Option]:
         best: dict[str, Option] = {}
@@ -53,7 +68,7 @@ class PlanGraph:
         total = sum(option.time_us for option in assignment.values())
         for edge in self.edges:
             total += edge.conversion_us(assignment[edge.producer].label, assignment[edge.consumer].label)
-        return total
+        return total + sum(shared.cost_us(assignment) for shared in self.shared)
 
 
 @dataclass
@@ -70,6 +85,10 @@ def solve(graph: PlanGraph) -> tuple[dict[str, Option], float]:
         table = np.array([[edge.conversion_us(a.label, b.label) for b in domains[edge.consumer]]
                           for a in domains[edge.producer]])
         factors.append(_Factor((edge.producer, edge.consumer), table))
+    for shared in graph.shared:
+        labels = [[option.label for option in domains[node]] for node in shared.nodes]
+        table = np.array([shared.conversion_us(combination) for combination in itertools.product(*labels)])
+        factors.append(_Factor(shared.nodes, table.reshape([len(choices) for choices in labels])))
 
     eliminated: list[tuple[str, _Factor]] = []  # (variable, the combined factor it was minimised out of)
     remaining = set(domains)
@@ -117,6 +136,10 @@ def improve(graph: PlanGraph, start: dict[str, Option]) -> tuple[dict[str, Optio
     for edge in graph.edges:
         incident[edge.producer].append(edge)
         incident[edge.consumer].append(edge)
+    incident_shared: dict[str, list[SharedEdges]] = {node: [] for node in graph.options}
+    for shared in graph.shared:
+        for node in shared.nodes:
+            incident_shared[node].append(shared)
     assignment = dict(start)
 
     def local_cost(node: str, option: Option) -> float:
@@ -125,6 +148,9 @@ def improve(graph: PlanGraph, start: dict[str, Option]) -> tuple[dict[str, Optio
             producer = option if edge.producer == node else assignment[edge.producer]
             consumer = option if edge.consumer == node else assignment[edge.consumer]
             cost += edge.conversion_us(producer.label, consumer.label)
+        for shared in incident_shared[node]:
+            cost += shared.conversion_us(tuple((option if other == node else assignment[other]).label
+                                               for other in shared.nodes))
         return cost
 
     changed = True

@@ -2,6 +2,7 @@
 input refused in one line, the accuracy budget honoured, and an int8 plan's export reproducing
 its measured metric in plain onnxruntime."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -598,7 +599,7 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
     from kselect.core.conversions import GRAPH_LABEL, ConversionTable
     from kselect.core.cross_problem import CrossProblem, connect
     from kselect.core.model import model_from_proto
-    from kselect.core.planner import Option
+    from kselect.core.planner import Option, solve
     from kselect.plugins.mlas.int8 import nodes_to_quantize
 
     rng = np.random.default_rng(0)
@@ -639,6 +640,19 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
     assert problem.total_us(table, assignment(a="int8", b="fp32", c="fp32")) == pytest.approx(25.0 + 4.0 + 3.0 + 0.5)
     assert problem.total_us(table, assignment(a="fp32", b="fp32", c="fp32")) == pytest.approx(30.0 + 0.5 + 0.5)
     assert all(o.label == GRAPH_LABEL for o in problem.options["input:x"])
+    # the exact solver's cost of every labelling is that total, so its optimum is the true one:
+    # charged per edge, b and c in int8 after a float a would pay the Tanh output's quantize twice
+    graph = problem.graph(table)
+    labellings = [assignment(**dict(zip("abc", precisions))) for precisions in itertools.product(("fp32", "int8"), repeat=3)]
+    for labelling in labellings:
+        assert graph.total_us(labelling) == pytest.approx(problem.total_us(table, labelling))
+    solved, total = solve(graph)
+    assert total == pytest.approx(min(problem.total_us(table, labelling) for labelling in labellings))
+    problem.options["a"] = [by_precision["a"]["fp32"]]  # a float producer: b and c share one quantize
+    solved, total = solve(problem.graph(table))
+    assert [solved[node].label for node in "bc"] == ["mlas:int8"] * 2
+    # ops; the input into NCHW; the Tanh's output leaving NCHW on each edge (a layout side), quantized once; y dequantized
+    assert total == pytest.approx(10.0 + 2 * 5.0 + 0.5 + 2 * 0.5 + 4.0 + 3.0)
 
     feeds = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(4)]
     quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=nodes_to_quantize(model, {"a", "b", "c"}))
