@@ -60,14 +60,14 @@ def _scale(text: str) -> float:
     return value
 
 
-def _three(text: str) -> tuple[float, float, float]:
-    """Three numbers, one per channel: 0.485,0.456,0.406."""
+def _per_channel(text: str) -> tuple[float, ...]:
+    """One number per channel: 0.485,0.456,0.406 (or one, for grayscale)."""
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not three numbers such as 0.485,0.456,0.406") from None
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError(f"{text!r}: give three numbers, one per channel")
+        raise argparse.ArgumentTypeError(f"{text!r} is not numbers such as 0.485,0.456,0.406") from None
+    if len(values) not in (1, 3):
+        raise argparse.ArgumentTypeError(f"{text!r}: give one number per channel (three, or one for GRAY)")
     return values
 
 
@@ -152,18 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "synthetic feeds")
     p.add_argument("--calibration-method", default="minmax", choices=("minmax", "percentile", "entropy"),
                    help="int8: onnxruntime.quantization's calibrator (default minmax)")
-    p.add_argument("--image-channels", choices=("RGB", "BGR"), default=None,
-                   help="int8, pictures: the channel order the model takes (default: a real model's package's, "
-                        "else RGB)")
+    p.add_argument("--image-channels", choices=("RGB", "BGR", "GRAY"), default=None,
+                   help="int8, pictures: the channel order the model takes, or GRAY for one channel (default: a real "
+                        "model's package's, else RGB, or GRAY for a one-channel input)")
     p.add_argument("--image-scale", type=_scale, default=None, metavar="X",
                    help="int8, pictures: each 0..255 value times X, e.g. 1/255 (default: a real model's package's, "
                         "else 1/255)")
-    p.add_argument("--image-mean", type=_three, default=None, metavar="A,B,C",
+    p.add_argument("--image-mean", type=_per_channel, default=None, metavar="A,B,C",
                    help="int8, pictures: subtracted per channel after the scale, in --image-channels order "
-                        "(default: a real model's package's, else ImageNet's 0.485,0.456,0.406)")
-    p.add_argument("--image-std", type=_three, default=None, metavar="A,B,C",
+                        "(default: a real model's package's, else ImageNet's 0.485,0.456,0.406; GRAY: 0)")
+    p.add_argument("--image-std", type=_per_channel, default=None, metavar="A,B,C",
                    help="int8, pictures: divided per channel after the mean (default: a real model's package's, "
-                        "else ImageNet's 0.229,0.224,0.225)")
+                        "else ImageNet's 0.229,0.224,0.225; GRAY: 1)")
     p.add_argument("--max-accuracy-drop", type=_fraction, default=0.01, metavar="X",
                    help="int8: largest drop of the metric from the fp32 model's (default 0.01)")
     p.add_argument("--metric", default=None,

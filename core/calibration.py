@@ -7,7 +7,7 @@
 - or images (``.jpg``, ``.jpeg``, ``.png``, ``.bmp``), for a model with one image input, made
   into inputs as ``ImagePreprocess`` says: a real model of ``kselect models`` as its package
   does, any other model as torchvision's ImageNet classifiers (RGB, [0, 1], ImageNet's mean and
-  std).
+  std), or, with one channel, as grayscale in [0, 1] (``GRAYSCALE``).
 
 ``--calibration samples`` takes, for a real model, the pinned sample pictures
 (core/realmodels.SAMPLE_PICTURES) preprocessed as its package does: pictures, but not the
@@ -44,18 +44,23 @@ SAMPLES = "samples"  # --calibration samples: the real models' sample pictures
 
 @dataclass(frozen=True)
 class ImagePreprocess:
-    """How a picture becomes a model input: decoded as RGB, resized to the input's height and
-    width (bilinear), channels reordered to ``channels``, each value times ``scale``, minus
-    ``mean`` and divided by ``std`` per channel (both listed in ``channels`` order), laid out as
-    the input is (NCHW, or NHWC when its last dim is 3)."""
+    """How a picture becomes a model input: decoded as RGB (or as luma, PIL's "L", for
+    ``GRAY``), resized to the input's height and width (bilinear), channels reordered to
+    ``channels``, each value times ``scale``, minus ``mean`` and divided by ``std`` per channel
+    (both listed in ``channels`` order), laid out as the input is (NCHW, or NHWC when its last
+    dim is the channel count)."""
 
-    channels: str = "RGB"  # or "BGR"
+    channels: str = "RGB"  # or "BGR", or "GRAY" (one channel)
     scale: float = 1 / 255
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
 
+    @property
+    def channel_count(self) -> int:
+        return 1 if self.channels == "GRAY" else 3
+
     def apply(self, rgb: np.ndarray) -> np.ndarray:
-        """HWC uint8 RGB -> HWC float32 as the model takes it."""
+        """HWC uint8 RGB (HW1 luma for GRAY) -> HWC float32 as the model takes it."""
         pixels = rgb[..., ::-1] if self.channels == "BGR" else rgb
         return ((pixels.astype(np.float32) * np.float32(self.scale) - np.asarray(self.mean, np.float32))
                 / np.asarray(self.std, np.float32))
@@ -65,22 +70,42 @@ class ImagePreprocess:
 
 
 IMAGENET = ImagePreprocess()
+GRAYSCALE = ImagePreprocess("GRAY", 1 / 255, (0.0,), (1.0,))
+CHANNEL_ORDERS = ("RGB", "BGR", "GRAY")
 
 
 def image_preprocess(model: Model, channels: str | None = None, scale: float | None = None, mean=None,
                      std=None) -> ImagePreprocess:
-    """The model's preprocessing (a real model's package's, else ``IMAGENET``) with the values
-    given here in place of its own (``--image-channels``, ``--image-scale``, ...)."""
+    """The model's preprocessing (a real model's package's, else ``IMAGENET``, or ``GRAYSCALE``
+    for a one-channel image input) with the values given here in place of its own
+    (``--image-channels``, ``--image-scale``, ...)."""
     given = {"channels": channels, "scale": scale, "mean": tuple(mean) if mean is not None else None,
              "std": tuple(std) if std is not None else None}
-    if channels is not None and channels not in ("RGB", "BGR"):
-        raise KselectError(f"--image-channels {channels!r}: give RGB or BGR")
+    if channels is not None and channels not in CHANNEL_ORDERS:
+        raise KselectError(f"--image-channels {channels!r}: give RGB, BGR or GRAY")
+    default = model_preprocess(model) or (GRAYSCALE if image_channels(model) == 1 else IMAGENET)
+    preprocess = dataclasses.replace(default, **{k: v for k, v in given.items() if v is not None})
+    if preprocess.channel_count != default.channel_count:  # the default's mean and std are for the other count
+        fallback = GRAYSCALE if preprocess.channels == "GRAY" else IMAGENET
+        preprocess = dataclasses.replace(preprocess, mean=given["mean"] or fallback.mean, std=given["std"] or fallback.std)
+    count = preprocess.channel_count
     for name in ("mean", "std"):
-        if given[name] is not None and len(given[name]) != 3:
-            raise KselectError(f"--image-{name}: give three values, one per channel (R,G,B order, or B,G,R with BGR)")
-    if any(v == 0 for v in given["std"] or ()) or (scale is not None and not scale > 0):
+        if len(getattr(preprocess, name)) != count:
+            raise KselectError(f"--image-{name}: give {'one value' if count == 1 else 'three values, one per channel'} "
+                               f"for --image-channels {preprocess.channels}")
+    if any(v == 0 for v in preprocess.std) or not preprocess.scale > 0:
         raise KselectError("--image-std and --image-scale must be above 0")
-    return dataclasses.replace(model_preprocess(model) or IMAGENET, **{k: v for k, v in given.items() if v is not None})
+    return preprocess
+
+
+def image_channels(model: Model) -> int | None:
+    """The channel count of a one-input model's 4-D image input (1 or 3: NCHW, or NHWC), else None."""
+    if len(model.input_shapes) != 1:
+        return None
+    shape = next(iter(model.input_shapes.values()))
+    if len(shape) != 4:
+        return None
+    return next((count for count in (3, 1) if count in (shape[1], shape[-1])), None)
 METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 SYNTHETIC_FEEDS = 48  # 16 calibrate, 32 held out
 
@@ -125,14 +150,15 @@ def synthetic_feeds(model: Model, count: int = SYNTHETIC_FEEDS, seed: int = 0) -
 def _image(path: Path, shape: list[int], preprocess: ImagePreprocess) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
-    channels_last = shape[-1] == 3
+    channels_last = shape[-1] == preprocess.channel_count and shape[1] != preprocess.channel_count
     height, width = (shape[1], shape[2]) if channels_last else (shape[2], shape[3])
     try:
         with Image.open(path) as image:
-            rgb = image.convert("RGB").resize((width, height), Image.BILINEAR)
+            mode = "L" if preprocess.channels == "GRAY" else "RGB"
+            pixels = image.convert(mode).resize((width, height), Image.BILINEAR)
     except (OSError, UnidentifiedImageError) as exc:
         raise KselectError(f"--calibration: cannot read image {path.name}: {exc}") from None
-    array = preprocess.apply(np.asarray(rgb))
+    array = preprocess.apply(np.asarray(pixels).reshape(height, width, preprocess.channel_count))
     array = array if channels_last else array.transpose(2, 0, 1)
     return np.broadcast_to(array[None], shape).astype(np.float32)
 
@@ -174,14 +200,14 @@ def check_feed(feed: dict, model: Model, where: str) -> dict:
 
 def load_feeds(path: str | Path, model: Model, preprocess: ImagePreprocess | None = None) -> list[dict]:
     """The feeds in a calibration folder (module docstring), checked against the model's inputs;
-    images made inputs with ``preprocess`` (default: the real model's own, else ``IMAGENET``)."""
+    images made inputs with ``preprocess`` (default: ``image_preprocess(model)``)."""
     folder = Path(path)
     if not folder.is_dir():
         raise KselectError(f"--calibration: {folder} is not a folder")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz", *IMAGE_SUFFIXES))
     if not files:
         raise KselectError(f"--calibration: {folder} has no .npy, .npz or image files")
-    return _feeds_from_files(files, model, preprocess or model_preprocess(model) or IMAGENET)
+    return _feeds_from_files(files, model, preprocess or image_preprocess(model))
 
 
 def model_preprocess(model: Model) -> ImagePreprocess | None:
@@ -214,9 +240,9 @@ def _feeds_from_files(files: list[Path], model: Model, preprocess: ImagePreproce
     for file in files:
         if file in images:
             name, shape = next(iter(model.input_shapes.items()))
-            if len(shape) != 4 or 3 not in (shape[1], shape[-1]):
-                raise KselectError(f"--calibration: images need an NCHW or NHWC input with 3 channels; "
-                                   f"{name!r} is {shape}")
+            if len(shape) != 4 or preprocess.channel_count not in (shape[1], shape[-1]):
+                raise KselectError(f"--calibration: images with --image-channels {preprocess.channels} need an NCHW or "
+                                   f"NHWC input with {preprocess.channel_count} channel(s); {name!r} is {shape}")
             feed = {name: _image(file, shape, preprocess)}
         else:
             feed = _feed_from_arrays(file, model)

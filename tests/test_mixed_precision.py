@@ -223,7 +223,7 @@ def _feeds_folder(folder: Path, count: int, shape=(1, 3, 32, 32), seed=0) -> Pat
 
 
 @pytest.mark.parametrize("case", ["empty folder", "wrong shape", "unreadable image", "no folder", "no int8",
-                                  "calibration without int8", "bad drop", "two means", "zero scale",
+                                  "calibration without int8", "bad drop", "two means", "one mean for RGB", "zero scale",
                                   "preprocessing without pictures"])
 def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_model_path, case):
     folder = tmp_path / "calibration"
@@ -249,7 +249,10 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
         says = "--calibration is for int8"
     elif case == "two means":
         args += ["--image-mean", "0.5,0.5"]
-        says = "give three numbers, one per channel"
+        says = "give one number per channel (three, or one for GRAY)"
+    elif case == "one mean for RGB":
+        args += ["--image-mean", "0.5"]
+        says = "--image-mean: give three values, one per channel for --image-channels RGB"
     elif case == "zero scale":
         args += ["--image-scale", "0/255"]
         says = "must be above 0"
@@ -334,6 +337,36 @@ def test_calibration_images_are_resized_normalised_and_laid_out_as_the_input(tmp
         black = feeds[1]["image"][0]
         assert np.allclose(black[:, 0, 0] if shape[1] == 3 else black[0, 0, :],
                            -np.array(IMAGENET_MEAN) / np.array(IMAGENET_STD), atol=1e-5)
+
+
+def test_calibration_images_feed_a_one_channel_input_as_grayscale(tmp_path):
+    """A one-channel image input (an OCR recogniser's, ddddocr's) takes pictures as luma (PIL's
+    "L"), in [0, 1] unless told otherwise (one mean, one std), NCHW or NHWC."""
+    from PIL import Image
+
+    from kselect.core.calibration import calibration_for, image_preprocess, load_feeds
+    from kselect.core.errors import KselectError
+    from kselect.core.model import Model
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (64, 48), (255, 0, 128)).save(folder / "a.png")
+    Image.new("L", (10, 10), 200).save(folder / "b.png")
+    luma = Image.new("RGB", (1, 1), (255, 0, 128)).convert("L").getpixel((0, 0))
+    for shape in ([1, 1, 32, 40], [1, 32, 40, 1]):
+        model = Model("m", onnx.ModelProto(), "in memory", {"image": shape})
+        feeds = load_feeds(folder, model)
+        assert [list(f["image"].shape) for f in feeds] == [shape, shape]
+        assert np.allclose(feeds[0]["image"], luma / 255, atol=1e-6)
+        assert np.allclose(feeds[1]["image"], 200 / 255, atol=1e-6)
+    model = Model("m", onnx.ModelProto(), "in memory", {"image": [1, 1, 8, 8]})
+    preprocess = image_preprocess(model, mean=(0.5,), std=(0.5,))  # PaddleOCR's (x / 255 - 0.5) / 0.5
+    calibration = calibration_for(model, folder, preprocess=preprocess)
+    assert np.allclose(calibration.held_out[0]["image"], (200 / 255 - 0.5) / 0.5, atol=1e-6)
+    assert calibration.to_json()["preprocess"] == {"channels": "GRAY", "scale": 1 / 255, "mean": [0.5], "std": [0.5]}
+    rgb = Model("m", onnx.ModelProto(), "in memory", {"image": [1, 3, 8, 8]})
+    with pytest.raises(KselectError, match="need an NCHW or NHWC input with 1 channel"):
+        load_feeds(folder, rgb, image_preprocess(rgb, channels="GRAY"))
 
 
 def test_calibration_pictures_take_the_preprocessing_given(tmp_path):
