@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 
 import onnx
@@ -197,6 +198,11 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
     return ops
 
 
+# ops of a model quantized before kselect saw it (dynamic or static, QOperator or QDQ)
+QUANTIZED_OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
+                 "DequantizeLinear", "QGemm", "DynamicQuantizeLSTM")
+
+
 def task_key(signature: dict) -> str:
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -211,6 +217,11 @@ def extract_tasks(model: Model) -> list[Task]:
                               op.output_shape, op.attrs, op.has_bias, epilogue=op.epilogue)
         tasks[key].nodes.append(op.node)
     if not tasks:
+        quantized = Counter(node.op_type for node in model.proto.graph.node if node.op_type in QUANTIZED_OPS)
+        if quantized:
+            found = ", ".join(f"{count} {op_type}" for op_type, count in quantized.most_common(3))
+            raise KselectError(f"{model.name} is already quantized ({found}): kselect tunes the float model and "
+                               f"chooses which ops run in int8 itself (--precision fp32,int8)")
         untuned: list = []
         find_ops(model, untuned)
         why = f"; untuned: {untuned[0][1]} {untuned[0][0]!r} ({untuned[0][2]})" if untuned else ""

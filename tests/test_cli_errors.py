@@ -52,6 +52,22 @@ def test_nothing_tunable(files):
     assert_one_line_error(run_kselect("tune", files["relu_only"], "--library", "mlas"), "nothing to tune")
 
 
+def test_an_already_quantized_model_is_named_as_such(tmp_path):
+    """A dynamically quantized export (ddddocr's common_old.onnx: DynamicQuantizeLinear and
+    ConvInteger) has no float conv to tune: the error says what it is and what to do instead."""
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "scale", "zero_point"]),
+         helper.make_node("ConvInteger", ["xq", "w", "zero_point"], ["acc"]),
+         helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [helper.make_tensor("w", TensorProto.UINT8, [4, 2, 3, 3], [1] * 72)])
+    path = tmp_path / "quantized.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert_one_line_error(run_kselect("tune", path, "--library", "mlas"), "is already quantized (1 DynamicQuantizeLinear, 1 ConvInteger)",
+                          "--precision fp32,int8")
+
+
 def test_unresolved_and_wrong_input_shapes(files):
     assert_one_line_error(run_kselect("tasks", files["dynamic"]), "input 'input' dim 0", "--input-shape input=")
     assert_one_line_error(run_kselect("tasks", files["dynamic"], "--input-shape", "input=1,3,x,4"), "bad --input-shape")
