@@ -758,6 +758,50 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
         assert cosine > 0.99, cosine
 
 
+def test_the_ops_after_a_conv_sent_back_to_float_run_in_int8_where_int8_ops_take_its_output_on(tmp_path):
+    """conv a -> conv b -> ReLU -> Add (with a's output) -> conv c, and b -> Sigmoid -> output z,
+    with b sent back to float: as ONNX Runtime's quantizer does with an excluded node, the ReLU
+    and the Add between b and the int8 conv c run in 8 bits (float, they sat between ORT's NHWC
+    int8 convs behind transposes: u2netp), while the Sigmoid only an output reads stays float.
+    Only b reads a DequantizeLinear in ONNX Runtime's graph, and b runs in float."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.calibration import quantize_qdq
+    from kselect.core.model import model_from_proto
+    from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
+
+    rng = np.random.default_rng(2)
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),
+             helper.make_node("Conv", ["ta", "wb"], ["tb"], name="b", **conv),
+             helper.make_node("Relu", ["tb"], ["tr"], name="relu"),
+             helper.make_node("Add", ["tr", "ta"], ["ts"], name="add"),
+             helper.make_node("Conv", ["ts", "wc"], ["y"], name="c", **conv),
+             helper.make_node("Sigmoid", ["tb"], ["z"], name="sigmoid")]
+    weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
+    shape = [1, 8, 16, 16]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in "yz"],
+                              weights)
+    model = model_from_proto("backed_off", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+    quantized = nodes_to_quantize(model, {"a", "c"})
+    assert set(quantized) == {"a", "c", "relu", "add"}, quantized
+    feeds = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(4)]
+    quantize_qdq(model.proto, tmp_path / "qdq.onnx", feeds, nodes_to_quantize=quantized)
+    exported = float_ops_kept_float(onnx.load(tmp_path / "qdq.onnx"), quantized)
+    optimized = ort_optimized(exported).graph
+    op_types = [node.op_type for node in optimized.node]
+    assert op_types.count("QLinearConv") == 2 and "QLinearAdd" in op_types and "Sigmoid" in op_types, op_types
+    dequantized = {out for node in optimized.node if node.op_type == "DequantizeLinear" for out in node.output}
+    assert {node.op_type for node in optimized.node if set(node.input) & dequantized} <= {"Conv", "FusedConv"}
+    reference = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+    for expected, got in zip(reference.run(None, feeds[0]), session.run(None, feeds[0])):
+        cosine = float(np.dot(expected.ravel(), got.ravel()) / np.linalg.norm(expected) / np.linalg.norm(got))
+        assert cosine > 0.99, cosine
+
+
 def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     """conv a -> conv b -> conv c with a and c in int8 and b in fp32. ONNX Runtime's
     WeightBiasQuantization quantizes the weights of a float conv reading a per-tensor
