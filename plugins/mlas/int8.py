@@ -234,10 +234,10 @@ def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
     A tunable op the plan keeps in float (backed off for accuracy, or with no int8 form:
     ``has_int8_form``) has its output quantized once where int8 ops take it on, as ONNX Runtime's
     quantizer does with the nodes it is told to exclude: the ReLU, residual Add, Resize and
-    Concat between a float conv and the next int8 conv run in 8 bits (left float, with ONNX
-    Runtime's transposes between its NHWC int8 convs and them, they cost u2netp 6 ms of 66 for
-    one float conv at the same accuracy). Untuned ops that only float ops and model outputs read
-    stay float (a detector's head after its last float conv)."""
+    Concat between a float conv and the next int8 conv run in 8 bits, not in float behind ONNX
+    Runtime's transposes to and from its NHWC int8 convs (docs/mixed-precision.md, "Export").
+    Untuned ops that only float ops and model outputs read stay float (a detector's head after
+    its last float conv)."""
     from kselect.core.tasks import extract_tasks
 
     tasks = extract_tasks(model)
