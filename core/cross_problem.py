@@ -132,13 +132,16 @@ class CrossProblem:
         charges, switch_us = self.charges(table, edge, a, b)
         return sum(table.side_us(*side) for _, side in charges) + switch_us
 
-    def conversions_us(self, table: ConversionTable, labels: dict[str, str]) -> float:
-        """What a labelling (node -> label) pays between neighbours, each tensor's quantize and
-        dequantize counted once."""
+    def conversions_us(self, table: ConversionTable, labels: dict[str, str], edges: list[DataEdge] | None = None,
+                       charges: Callable | None = None) -> float:
+        """What a labelling (node -> label) pays between neighbours on ``edges`` (default: all),
+        each tensor's quantize and dequantize counted once; ``charges``: (edge, a, b) -> what
+        ``self.charges`` gives, e.g. a cache of it."""
+        charges = charges or (lambda edge, a, b: self.charges(table, edge, a, b))
         charged, switches_us = set(), 0.0
-        for edge in self.edges:
-            charges, switch_us = self.charges(table, edge, labels[edge.producer], labels[edge.consumer])
-            charged.update(charges)
+        for edge in self.edges if edges is None else edges:
+            edge_charges, switch_us = charges(edge, labels[edge.producer], labels[edge.consumer])
+            charged.update(edge_charges)
             switches_us += switch_us
         return sum(table.side_us(*side) for _, side in charged) + switches_us
 
@@ -273,18 +276,8 @@ class CrossProblem:
     def shared_cost(self, table: ConversionTable, group: list[DataEdge], nodes: tuple[str, ...]) -> Callable:
         """The conversions ``group`` (edges from one producer) pays, given the labels of ``nodes``
         (the producer and its readers), each tensor's quantize and dequantize counted once."""
-        position = {node: index for index, node in enumerate(nodes)}
         charges = functools.cache(lambda edge, a, b: self.charges(table, edge, a, b))
-
-        def cost_us(labels: tuple[str, ...]) -> float:
-            charged, switches_us = set(), 0.0
-            for edge in group:
-                edge_charges, switch_us = charges(edge, labels[position[edge.producer]], labels[position[edge.consumer]])
-                charged.update(edge_charges)
-                switches_us += switch_us
-            return sum(table.side_us(*side) for _, side in charged) + switches_us
-
-        return cost_us
+        return lambda labels: self.conversions_us(table, dict(zip(nodes, labels)), group, charges)
 
 
 def _first_data_input(node, produced, graph_inputs: set) -> str | None:

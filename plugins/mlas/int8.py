@@ -244,7 +244,6 @@ def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
     tunable = {node for task in tasks for node in task.nodes}
     if tunable <= int8:
         return None
-    kept_float = tunable - int8
     graph = model.proto.graph
     writes, readers = {}, {}
     for node in graph.node:  # graph order is topological
@@ -256,7 +255,8 @@ def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
     quantized, anchored = set(int8), set(int8)  # anchored: next to an int8 op through quantized ops
     for node in graph.node:
         inputs = activations[node.name]
-        if node.name not in tunable and inputs and all(writes.get(name) in quantized or writes.get(name) in kept_float
+        # every data input written by a quantized op or a tunable one (int8, or float: its output is quantized)
+        if node.name not in tunable and inputs and all(writes.get(name) in quantized or writes.get(name) in tunable
                                                        for name in inputs):
             quantized.add(node.name)
             if any(writes.get(name) in anchored for name in inputs):
