@@ -98,14 +98,22 @@ def image_preprocess(model: Model, channels: str | None = None, scale: float | N
     return preprocess
 
 
+def channel_axis(shape: list[int], count: int) -> int | None:
+    """Where a 4-D image input keeps its ``count`` channels: 1 (NCHW, preferred when both fit) or
+    3 (NHWC); None if it is no such input."""
+    if len(shape) != 4:
+        return None
+    return next((axis for axis in (1, 3) if shape[axis] == count), None)
+
+
 def image_channels(model: Model) -> int | None:
     """The channel count of a one-input model's 4-D image input (1 or 3: NCHW, or NHWC), else None."""
     if len(model.input_shapes) != 1:
         return None
     shape = next(iter(model.input_shapes.values()))
-    if len(shape) != 4:
-        return None
-    return next((count for count in (3, 1) if count in (shape[1], shape[-1])), None)
+    return next((count for count in (3, 1) if channel_axis(shape, count) is not None), None)
+
+
 METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 SYNTHETIC_FEEDS = 48  # 16 calibrate, 32 held out
 
@@ -150,7 +158,7 @@ def synthetic_feeds(model: Model, count: int = SYNTHETIC_FEEDS, seed: int = 0) -
 def _image(path: Path, shape: list[int], preprocess: ImagePreprocess) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
-    channels_last = shape[-1] == preprocess.channel_count and shape[1] != preprocess.channel_count
+    channels_last = channel_axis(shape, preprocess.channel_count) == 3
     height, width = (shape[1], shape[2]) if channels_last else (shape[2], shape[3])
     try:
         with Image.open(path) as image:
@@ -240,7 +248,7 @@ def _feeds_from_files(files: list[Path], model: Model, preprocess: ImagePreproce
     for file in files:
         if file in images:
             name, shape = next(iter(model.input_shapes.items()))
-            if len(shape) != 4 or preprocess.channel_count not in (shape[1], shape[-1]):
+            if channel_axis(shape, preprocess.channel_count) is None:
                 raise KselectError(f"--calibration: images with --image-channels {preprocess.channels} need an NCHW or "
                                    f"NHWC input with {preprocess.channel_count} channel(s); {name!r} is {shape}")
             feed = {name: _image(file, shape, preprocess)}
