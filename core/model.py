@@ -144,12 +144,29 @@ def refuse_half_precision(name: str, proto: onnx.ModelProto) -> None:
                                f"{node.name!r}): kselect selects float32 kernels; export or convert it to float32")
 
 
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of ``graph`` or of its sub-graphs (If / Loop bodies) reads."""
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                names |= _names_read(body)
+    return names
+
+
 def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     """What an exporter declared that the resolved input dims can contradict, and that shape
     inference finds again: intermediate and output shapes (CenterFace declares a 10x3x32x32 input
     and every shape from it; ONNX Runtime then refuses any other input size), and initializers
-    listed as graph inputs (old exporters: ONNX Runtime then folds nothing that reads them)."""
-    initializer_names = {t.name for t in proto.graph.initializer}
+    listed as graph inputs (old exporters: ONNX Runtime then folds nothing that reads them).
+    Initializers nothing reads go too: ONNX Runtime drops them itself, but cannot load an IR 3
+    model that has one which is not also a graph input (caffe2's exports in the onnx wheel)."""
+    read = _names_read(proto.graph) | {output.name for output in proto.graph.output}
+    unread = [t for t in proto.graph.initializer if t.name not in read]
+    for tensor in unread:
+        proto.graph.initializer.remove(tensor)
+    initializer_names = {t.name for t in proto.graph.initializer} | {t.name for t in unread}
     kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
     del proto.graph.input[:]
     proto.graph.input.extend(kept_inputs)
