@@ -144,14 +144,25 @@ def refuse_half_precision(name: str, proto: onnx.ModelProto) -> None:
                                f"{node.name!r}): kselect selects float32 kernels; export or convert it to float32")
 
 
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name a node of ``graph`` or of its sub-graphs (If / Loop bodies) reads."""
-    names = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                names |= _names_read(body)
+def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """The outer-scope tensors the sub-graphs of ``node`` (If / Loop / Scan bodies) read."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = []
+        if attr.type == onnx.AttributeProto.GRAPH:
+            graphs = [attr.g]
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            graphs = list(attr.graphs)
+        for g in graphs:
+            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+            defined |= {t.name for t in g.sparse_initializer}
+            referenced: set[str] = set()
+            for n in g.node:
+                defined.update(o for o in n.output if o)
+                referenced.update(i for i in n.input if i)
+                referenced |= subgraph_inputs(n)
+            referenced.update(o.name for o in g.output)
+            names |= referenced - defined
     return names
 
 
@@ -162,11 +173,12 @@ def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     listed as graph inputs (old exporters: ONNX Runtime then folds nothing that reads them).
     Initializers nothing reads go too: ONNX Runtime drops them itself, but cannot load an IR 3
     model that has one which is not also a graph input (caffe2's exports in the onnx wheel)."""
-    read = _names_read(proto.graph) | {output.name for output in proto.graph.output}
-    unread = [t for t in proto.graph.initializer if t.name not in read]
-    for tensor in unread:
+    read = {output.name for output in proto.graph.output}
+    for node in proto.graph.node:
+        read |= set(node.input) | subgraph_inputs(node)
+    initializer_names = {t.name for t in proto.graph.initializer}
+    for tensor in [t for t in proto.graph.initializer if t.name not in read]:
         proto.graph.initializer.remove(tensor)
-    initializer_names = {t.name for t in proto.graph.initializer} | {t.name for t in unread}
     kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
     del proto.graph.input[:]
     proto.graph.input.extend(kept_inputs)

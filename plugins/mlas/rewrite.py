@@ -65,6 +65,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from kselect.core.model import subgraph_inputs
 from kselect.plugins.mlas.layout import (NCHW, NCHWC, conv_nchwc_unsupported, conv_takes_blocked_input,
                                          norm_layout, pack_conv, round_up)
 from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, UNARY_ACTIVATIONS
@@ -99,27 +100,6 @@ class RewriteInfo:
     reorder_outputs: list[str] = field(default_factory=list)  # tensors reordered NCHWc -> NCHW
     channel_pads: list[str] = field(default_factory=list)  # tensors padded to C % 4 == 0 first
     beyond_ort: list[str] = field(default_factory=list)  # nodes blocked where ORT's transformer reorders
-
-
-def _subgraph_implicit_inputs(node: onnx.NodeProto) -> set[str]:
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = []
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs = [attr.g]
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            graphs = list(attr.graphs)
-        for g in graphs:
-            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
-            defined |= {t.name for t in g.sparse_initializer}
-            referenced: set[str] = set()
-            for n in g.node:
-                defined.update(o for o in n.output if o)
-                referenced.update(i for i in n.input if i)
-                referenced |= _subgraph_implicit_inputs(n)
-            referenced.update(o.name for o in g.output)
-            names |= referenced - defined
-    return names
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
@@ -176,7 +156,7 @@ class _Rewriter:
         self.graph_outputs = {o.name for o in self.graph.output}
         self.uses: dict[str, int] = {}
         for n in self.graph.node:
-            for i in list(n.input) + sorted(_subgraph_implicit_inputs(n)):
+            for i in list(n.input) + sorted(subgraph_inputs(n)):
                 if i:
                     self.uses[i] = self.uses.get(i, 0) + 1
         for o in self.graph_outputs:
@@ -268,7 +248,7 @@ class _Rewriter:
 
     # ---- node handlers ----------------------------------------------------------------------
     def passthrough(self, node: onnx.NodeProto) -> None:
-        for name in sorted(_subgraph_implicit_inputs(node)):
+        for name in sorted(subgraph_inputs(node)):
             self.nchw(name)
         new = onnx.NodeProto()
         new.CopyFrom(node)
@@ -517,7 +497,7 @@ class _Rewriter:
         referenced: set[str] = set(self.graph_outputs)
         for n in nodes:
             referenced.update(n.input)
-            referenced |= _subgraph_implicit_inputs(n)
+            referenced |= subgraph_inputs(n)
         graph_input_names = {i.name for i in g.input}
         keep = [t for t in g.initializer
                 if t.name in referenced or t.name not in self.maybe_unused or t.name in graph_input_names]
@@ -545,7 +525,7 @@ def _toposort(nodes: Sequence[onnx.NodeProto], available: Iterable[str]) -> list
                 producer[o] = idx
     deps: list[set[int]] = []
     for idx, n in enumerate(nodes):
-        needed = {i for i in n.input if i} | _subgraph_implicit_inputs(n)
+        needed = {i for i in n.input if i} | subgraph_inputs(n)
         deps.append({producer[i] for i in needed if i in producer and producer[i] != idx})
     users: dict[int, list[int]] = {}
     for idx, d in enumerate(deps):
