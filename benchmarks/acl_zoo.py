@@ -27,16 +27,16 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.bench import bench, random_feeds
-from kselect.core.cross_assembly import planned_conversions
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.records import RecordDB
-from kselect.core.library_plan import verified_library_plan
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
-from kselect.core.zoo import INPUT_SHAPE, build_model
+from kselect.core.contract import plugins
+from kselect.core.cross_library.assembly import planned_conversions
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import TuneOptions, library_tasks, stored_outcomes, tune_tasks
+from kselect.core.models.model import load_model
+from kselect.core.models.zoo import INPUT_SHAPE, build_model
+from kselect.core.plans.library_plan import verified_library_plan
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.bench import bench_in_process, random_feeds
 
 console = Console()
 
@@ -63,7 +63,7 @@ def run_model(name: str, size: int, library, db: RecordDB, options: TuneOptions,
     model = zoo_model(name, size, folder)
     tasks = library_tasks(model, library)
     start = time.perf_counter()
-    outcomes = tune(tasks, library, device, db, options)
+    outcomes = tune_tasks(tasks, library, device, db, options)
     tune_s = time.perf_counter() - start
     records = stored_outcomes(tasks, library, device, db)
     # the tuned plan (layouts planned per op, permutes measured), without the end-to-end check:
@@ -74,7 +74,7 @@ def run_model(name: str, size: int, library, db: RecordDB, options: TuneOptions,
         layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
     default_runner, plan_runner = library.model_runner(model, None), library.model_runner(model, plan)
     try:
-        result = bench(default_runner, plan_runner, model, rounds=args.rounds, runs_per_round=args.runs_per_round)
+        result = bench_in_process(default_runner, plan_runner, model, rounds=args.rounds, runs_per_round=args.runs_per_round)
         feeds = random_feeds(model)
         inside = {"default_inside_ms": round(inside_runner_ms(default_runner, feeds, args.inside_repeats), 3),
                   "plan_inside_ms": round(inside_runner_ms(plan_runner, feeds, args.inside_repeats), 3)}

@@ -23,12 +23,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.alone import timed_alone
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, task_inputs, time_candidate
-from kselect.core.model import load_model
-from kselect.core.tune import library_tasks
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, task_inputs, time_candidate
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.models.model import load_model
+from kselect.core.whole_model.alone import timed_alone
 
 console = Console(width=160)
 FLUSH_BYTES = 96 * 1024 * 1024  # three times this machine's 32 MiB L3

@@ -25,13 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import psycopg
 from rich.console import Console
 from rich.table import Table
 
-import psycopg
-
-from kselect.core.measure import Result
-from kselect.core.records import RecordDB
+from kselect.core.measuring.measure import Result
+from kselect.core.records.store import RecordDB
 
 REPO = Path(__file__).resolve().parents[1]
 console = Console(width=None if sys.stdout.isatty() else 10_000)
@@ -129,7 +128,7 @@ def main() -> None:
     for store in stores:
         table.add_row(store["store"], f"{store['writes_per_s']:,.0f}", f"{store['read_all_ms']:.1f}")
     console.print(table)
-    from kselect.core.device import this_device
+    from kselect.core.measuring.device import this_device
 
     result = {"device": this_device().summary(), "model": args.model, "budget": args.budget, "tunes": tunes,
               "stores": stores, "two_workers_over_one": round(tunes[2]["wall_s"] / tunes[1]["wall_s"], 3)}

@@ -7,7 +7,7 @@ only the first tune measures), and what a user
 would do instead: ``onnxruntime.quantization.quantize_static`` on the whole model (QDQ,
 per-channel int8 weights, uint8 activations, the same calibration feeds and calibrator). Then
 every side is timed with the rounds protocol: alone in a fresh process per round, sides taking
-turns (``kselect.core.alone.timed_alone``), per-round speedups over ONNX Runtime's fp32 default
+turns (``kselect.core.whole_model.alone.timed_alone``), per-round speedups over ONNX Runtime's fp32 default
 session with their bounds. Accuracy is each side's metric on the held-out feeds against the
 fp32 model (top-1 agreement for classifiers); weights are the bytes of the weight tensors as
 each side stores them.
@@ -38,13 +38,13 @@ from rich.console import Console
 from rich.table import Table
 
 import kselect
-from kselect.core import plugins
-from kselect.core.accuracy import default_metric, get_metric, run_outputs
-from kselect.core.alone import median_bounds, paired_speedups, timed_alone
-from kselect.core.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.models.model import load_model
+from kselect.core.precision.accuracy import default_metric, get_metric, run_outputs
+from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
+from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 ORT_DROP = "ort"  # a budget: ONNX Runtime's static INT8's own drop on the model

@@ -19,14 +19,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.bench import bench, fresh_runners
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.records import RecordDB
-from kselect.core.library_plan import verified_library_plan
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import TuneOptions, library_tasks, stored_outcomes, tune_tasks
+from kselect.core.models.model import load_model
+from kselect.core.plans.library_plan import verified_library_plan
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.bench import bench_in_process, fresh_runners
 
 console = Console()
 
@@ -36,12 +36,12 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     model = load_model(name)
     tasks = library_tasks(model, library)
     start = time.perf_counter()
-    outcomes = tune(tasks, library, device, db, options)
+    outcomes = tune_tasks(tasks, library, device, db, options)
     records = stored_outcomes(tasks, library, device, db)
     plan = verified_library_plan(model, library, device, db, tasks, outcomes)  # what `kselect tune` writes
     tune_s = time.perf_counter() - start
     # the figure reported: a fresh interleaved run, separate from the check that chose the plan
-    result = bench(fresh_runners(library, model, None), fresh_runners(library, model, plan), model, rounds=rounds)
+    result = bench_in_process(fresh_runners(library, model, None), fresh_runners(library, model, plan), model, rounds=rounds)
     changed = [t["id"] for t in plan.tasks if t["config"] != t["default_config"]]
     return {"model": name, "tasks": len(tasks), "ops": sum(len(t.nodes) for t in tasks),
             "samples": sum(len(r) for r in records.values()), "measured_now": sum(o.measured_now for o in outcomes),

@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.table import Table
 
 import kselect
-from kselect.core import plugins
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 COLUMNS = ("task", "op", "input", "ops", "MLAS default", "MLAS best", "oneDNN default", "oneDNN best",

@@ -31,17 +31,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.alone import median_bounds, paired_speedups, timed_alone
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.plan import build_plan
-from kselect.core.records import RecordDB
-from kselect.core.space import config_key
-from kselect.core.tune import library_tasks
-from kselect.core.worker import MeasureWorker
-from kselect.core.zoo import BUILTIN_MODELS
+from kselect.core.contract import plugins
+from kselect.core.contract.space import config_key
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.model import load_model
+from kselect.core.models.zoo import BUILTIN_MODELS
+from kselect.core.plans.plan import build_plan
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
 from kselect.search.predict import predicted_records, training_rows
 
 console = Console(width=None if sys.stdout.isatty() else 200)

@@ -18,11 +18,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.alone import timed_alone
-from kselect.core.bench import interleaved, random_feeds
-from kselect.core.device import this_device
-from kselect.core.model import load_model
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.models.model import load_model
+from kselect.core.whole_model.alone import timed_alone
+from kselect.core.whole_model.bench import interleaved, random_feeds
 
 console = Console(width=160)
 

@@ -1,4 +1,4 @@
-"""Every real model (core/realmodels.py) end to end, as a user runs it: per model, in one run,
+"""Every real model (core/models/realmodels.py) end to end, as a user runs it: per model, in one run,
 
 1. ``kselect tune MODEL --library mlas``, ``--library xnnpack`` and ``--library all`` (records of
    the first two are reused by the third), each timed (tune wall time) and each exit code kept;
@@ -28,13 +28,13 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.cli.main import main as kselect
-from kselect.core.alone import median_bounds, paired_speedups, timed_alone
-from kselect.core.bench import compare_outputs
-from kselect.core.device import this_device
-from kselect.core.model import load_model
-from kselect.core.plan import load_plan_file
-from kselect.core.realmodels import REAL_MODELS
-from kselect.core.selection import BASELINE
+from kselect.core.measuring.device import this_device
+from kselect.core.models.model import load_model
+from kselect.core.models.realmodels import REAL_MODELS
+from kselect.core.plans.plan import load_plan_file
+from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
+from kselect.core.whole_model.bench import compare_outputs
+from kselect.core.whole_model.selection import BASELINE
 
 console = Console(width=220)
 TUNES = ("mlas", "xnnpack", "all")

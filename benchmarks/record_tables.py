@@ -36,14 +36,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from kselect.core import plugins
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, Result
-from kselect.core.model import load_model
-from kselect.core.records import RecordDB
-from kselect.core.tasks import Task
-from kselect.core.tune import TuneOptions, library_tasks, tune
-from kselect.core.worker import MeasureWorker
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, Result
+from kselect.core.measuring.tuning_loop import TuneOptions, library_tasks, tune_tasks
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task
+from kselect.core.records.store import RecordDB
 from kselect.search.replay import TABLE_FORMAT, merge_tables, table_from_records, write_table
 
 console = Console()
@@ -91,7 +91,7 @@ def main() -> None:
         size = sum(len(library.space(t, device)) for t in tasks)
         console.print(f"[bold]{name}[/]: {len(tasks)} tasks, {size} configs")
         start = time.perf_counter()
-        outcomes = tune(tasks, library, device, db, TuneOptions("exhaustive", budget=10**9, settings=settings))
+        outcomes = tune_tasks(tasks, library, device, db, TuneOptions("exhaustive", budget=10**9, settings=settings))
         elapsed = time.perf_counter() - start
         measured = sum(o.measured_now for o in outcomes)
         console.print(f"  {measured} measured now in {elapsed:.0f} s ({sum(o.samples for o in outcomes)} stored)")

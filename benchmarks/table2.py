@@ -44,18 +44,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
 from kselect.core.api import tune
-from kselect.core.alone import timed_alone
-from kselect.core.bench import compare_outputs
-from kselect.core.spinning import spinning_variants
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.records import RecordDB
-from kselect.core.runtime import plan_segments
-from kselect.core.space import config_key
-from kselect.core.tune import TuneOptions
+from kselect.core.contract import plugins
+from kselect.core.contract.space import config_key
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import TuneOptions
+from kselect.core.models.model import load_model
+from kselect.core.plans.runtime import plan_segments
+from kselect.core.plans.spinning import spinning_variants
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.alone import timed_alone
+from kselect.core.whole_model.bench import compare_outputs
 
 console = Console(width=200)
 LIBRARIES = "mlas,xnnpack"  # the default --libraries; "mlas,xnnpack,onednn" adds oneDNN's columns
@@ -76,7 +76,7 @@ def column_title(label: str) -> str:
 
 
 def untuned_nodes(plan, model) -> dict[str, int]:
-    """How many untuned nodes each library runs in the plan's segments (core/runtime.py)."""
+    """How many untuned nodes each library runs in the plan's segments (core/plans/runtime.py)."""
     chosen = {node: entry["library"] for node, entry in plan.nodes.items()}
     counts: dict[str, int] = {}
     for segment in plan_segments(model, chosen, lambda name, op_type: plugins.get_library(name).runs_op(op_type)):

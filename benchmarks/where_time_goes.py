@@ -23,16 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from cache_residency import default_ops_us  # noqa: E402 (a sibling script: benchmarks/ is on sys.path)
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.bench import random_feeds
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, time_candidate
-from kselect.core.model import load_model
-
-from cache_residency import default_ops_us  # noqa: E402 (a sibling script: benchmarks/ is on sys.path)
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, time_candidate
+from kselect.core.models.model import load_model
+from kselect.core.whole_model.bench import random_feeds
 
 console = Console(width=160)
 WARMUP_S = 1.0

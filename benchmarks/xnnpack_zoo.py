@@ -26,16 +26,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kselect.core import plugins
-from kselect.core.bench import bench, compare_outputs, random_feeds
-from kselect.core.selection import verified_plan
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.records import RecordDB
-from kselect.core.tasks import Task
-from kselect.core.library_plan import library_plan_variants
-from kselect.core.tune import TuneOptions, library_tasks, stored_outcomes, tune
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import TuneOptions, library_tasks, stored_outcomes, tune_tasks
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task
+from kselect.core.plans.library_plan import library_plan_variants
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.bench import bench_in_process, compare_outputs, random_feeds
+from kselect.core.whole_model.selection import verified_plan
 
 console = Console()
 
@@ -57,7 +57,7 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     model = load_model(name)
     tasks = library_tasks(model, library)
     start = time.perf_counter()
-    outcomes = tune(tasks, library, device, db, options)
+    outcomes = tune_tasks(tasks, library, device, db, options)
     tune_s = time.perf_counter() - start
     records = stored_outcomes(tasks, library, device, db)
     variants = library_plan_variants(model, library, device, db, tasks, outcomes, options.settings)
@@ -65,7 +65,7 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     plan = verified_plan(library, model, variants)
     verify_s = time.perf_counter() - start
     default_runner, plan_runner = library.model_runner(model, None), library.model_runner(model, plan)
-    result = bench(default_runner, plan_runner, model, rounds=rounds)
+    result = bench_in_process(default_runner, plan_runner, model, rounds=rounds)
     feeds = random_feeds(model, seed=1)
     reference = _ort_outputs(model, feeds)
     error_plan = compare_outputs(reference, plan_runner(feeds))
@@ -106,7 +106,7 @@ def _limit_cores(cores: int) -> None:
     ``cores`` cores; its fingerprint differs, so its records are kept apart."""
     import dataclasses
 
-    import kselect.core.device as device_module
+    import kselect.core.measuring.device as device_module
     import kselect.plugins.xnnpack.executor as executor_module
 
     real = device_module.this_device()

@@ -14,11 +14,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table as _RichTable
 
-from kselect.core import plugins
-from kselect.core.device import this_device
+from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
-from kselect.core.model import load_model
-from kselect.core.tasks import Task, extract_tasks, model_stats
+from kselect.core.measuring.device import this_device
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task, extract_tasks, model_stats
 
 
 def _width(stream):
@@ -109,7 +109,7 @@ def _model_and_tasks(args):
 
 # -- models, tasks, space, plugins ----------------------------------------------------------
 def cmd_models(args) -> None:
-    from kselect.core.realmodels import REAL_MODELS
+    from kselect.core.models.realmodels import REAL_MODELS
 
     rows = []
     for name, (description, _) in plugins.models().items():
@@ -135,7 +135,7 @@ def cmd_models(args) -> None:
 
 
 def cmd_tasks(args) -> None:
-    from kselect.core.tasks import untuned_ops
+    from kselect.core.models.tasks import untuned_ops
 
     model, tasks = _model_and_tasks(args)
     untuned = [{"node": node, "op": op_type, "why": why} for node, op_type, why in untuned_ops(model)]
@@ -165,7 +165,7 @@ def cmd_tasks(args) -> None:
 
 
 def cmd_space(args) -> None:
-    from kselect.core.tune import library_tasks
+    from kselect.core.measuring.tuning_loop import library_tasks
 
     library = plugins.get_library(args.library)
     model = load_model(args.model, args.input_shape)
@@ -332,7 +332,7 @@ class CliTuneEvents:
 
 def cmd_tune(args) -> None:
     from kselect.core import api
-    from kselect.core.measure import MeasureSettings
+    from kselect.core.measuring.measure import MeasureSettings
 
     libraries = plugins.select_libraries(args.library)  # for the default plan name; api.tune checks the rest
     model = load_model(args.model, args.input_shape)
@@ -342,7 +342,7 @@ def cmd_tune(args) -> None:
                                max_time_s=15 * args.min_time)
     preprocess = None
     if any(v is not None for v in (args.image_channels, args.image_scale, args.image_mean, args.image_std)):
-        from kselect.core.calibration import image_preprocess
+        from kselect.core.precision.calibration import image_preprocess
 
         preprocess = image_preprocess(model, args.image_channels, args.image_scale, args.image_mean, args.image_std)
     result = api.tune(model, libraries, search=args.search, budget=args.budget, time_budget_s=args.time_budget,
@@ -398,7 +398,7 @@ def _layout_summary(plan, library) -> None:
     layouts: dict[str, int] = {}
     for entry in plan.nodes.values():
         layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
-    from kselect.core.cross_assembly import planned_conversions
+    from kselect.core.cross_library.assembly import planned_conversions
 
     summary = plan.extra["cross_library"]
     changes = len(planned_conversions(plan))
@@ -450,7 +450,7 @@ def _cross_summary(plan) -> None:
 
 def _check_table(chosen, results) -> None:
     """Each plan's whole-model check against ONNX Runtime's default session, and what was kept."""
-    from kselect.core.selection import BASELINE
+    from kselect.core.whole_model.selection import BASELINE
 
     verified = chosen.extra["verified"]
     model_name = chosen.model.get("name", "")
@@ -522,7 +522,7 @@ def _tune_table(outcomes, plan, library) -> None:
 
 
 def cmd_predict(args) -> None:
-    from kselect.core.records import DEFAULT_DB, RecordDB
+    from kselect.core.records.store import DEFAULT_DB, RecordDB
     from kselect.search.predict import predict_model
 
     library = plugins.get_library(args.library)
@@ -552,7 +552,7 @@ def cmd_predict(args) -> None:
 
 # -- plans ----------------------------------------------------------------------------------
 def cmd_plan_show(args) -> None:
-    from kselect.core.plan import load_plan_file
+    from kselect.core.plans.plan import load_plan_file
 
     plan = load_plan_file(args.plan)
     if args.json:
@@ -577,7 +577,7 @@ def cmd_plan_show(args) -> None:
     console.print(table)
     summary = plan.extra.get("cross_library")
     if summary:
-        from kselect.core.cross_assembly import planned_conversions
+        from kselect.core.cross_library.assembly import planned_conversions
 
         conversions = planned_conversions(plan)
         predicted = summary["predicted"]
@@ -605,7 +605,7 @@ def _plan_summary(path, plan) -> dict:
             summary[key] = plan.extra[key]
     cross = plan.extra.get("cross_library")
     if cross:
-        from kselect.core.cross_assembly import planned_conversions
+        from kselect.core.cross_library.assembly import planned_conversions
 
         summary["conversions"] = len(planned_conversions(plan))
         summary["predicted"], summary["greedy"] = cross["predicted"], cross["greedy"]
@@ -640,7 +640,7 @@ def cmd_plan_apply(args) -> None:
 
 def cmd_bench(args) -> None:
     from kselect.core import api
-    from kselect.core.alone import CONFIDENCE
+    from kselect.core.whole_model.alone import CONFIDENCE
 
     model = load_model(args.model, args.input_shape)
     how = "each alone in fresh processes" if args.alone else "interleaved"
@@ -671,7 +671,7 @@ def cmd_bench(args) -> None:
 
 # -- report ---------------------------------------------------------------------------------
 def cmd_report(args) -> None:
-    from kselect.core.report import chart_names, write_report
+    from kselect.core.report.page import chart_names, write_report
 
     if args.input_shape and not args.model:
         raise KselectError("--input-shape is for --model: give the plan's model too")

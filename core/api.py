@@ -5,9 +5,9 @@
     result.plan.save("resnet18.mlas.plan.json")
     print(kselect.bench("resnet18", "resnet18.mlas.plan.json", alone=True)["per_round_speedup"])
 
-``tune``: model -> tasks -> for each library: tune its tasks (core/tune.py), build its plan
-variants and keep the one verified end to end against the library default (core/library_plan.py)
--> with several libraries: plan per op across them, conversions counted (core/crossplan.py), and
+``tune``: model -> tasks -> for each library: tune its tasks (core/measuring/tuning_loop.py), build its plan
+variants and keep the one verified end to end against the library default (core/plans/library_plan.py)
+-> with several libraries: plan per op across them, conversions counted (core/cross_library/plan.py), and
 keep what is shown faster than ONNX Runtime's default session, each alone in fresh processes
 (core/selection.verified_across). Everything the flow learns on the way reaches ``events`` (a
 ``TuneEvents``), which is how the CLI draws its progress bars and tables; the result carries the
@@ -24,22 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kselect.core import plugins
-from kselect.core.device import Device, this_device
+from kselect.core.contract import plugins
+from kselect.core.contract.library import Library
+from kselect.core.contract.space import config_key
 from kselect.core.errors import KselectError, one_line
-from kselect.core.fleet import DEFAULT_LEASE_S, FleetReport
-from kselect.core.library import Library
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import Model, load_model
-from kselect.core.plan import Plan, int8_nodes
-from kselect.core.records import DEFAULT_DB, RecordDB
-from kselect.core.space import config_key
-from kselect.core.tasks import Task, extract_tasks
-from kselect.core.tune import Reporter, TaskOutcome, TuneOptions
+from kselect.core.measuring.device import Device, this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import Reporter, TaskOutcome, TuneOptions
+from kselect.core.models.model import Model, load_model
+from kselect.core.models.tasks import Task, extract_tasks
+from kselect.core.plans.plan import Plan, int8_nodes
+from kselect.core.records.fleet import DEFAULT_LEASE_S, FleetReport
+from kselect.core.records.store import DEFAULT_DB, RecordDB
 
 if TYPE_CHECKING:
-    from kselect.core.calibration import Calibration, ImagePreprocess
-    from kselect.core.mixed import PrecisionSearch
+    from kselect.core.precision.calibration import Calibration, ImagePreprocess
+    from kselect.core.precision.mixed import PrecisionSearch
 
 
 @dataclass
@@ -51,7 +51,7 @@ class LibraryTuning:
     outcomes: list[TaskOutcome]
     plan: Plan  # verified end to end against the library default, unless the tune ran with verify=False
     tune_s: float  # wall time of tuning and verifying
-    precision: "PrecisionSearch | None" = None  # with int8: the front and the point chosen (core/mixed.py)
+    precision: "PrecisionSearch | None" = None  # with int8: the front and the point chosen (core/precision/mixed.py)
 
     def to_json(self) -> dict:
         return {"library": self.library.name, "version": self.library.version(), "emulated": self.library.emulated,
@@ -96,7 +96,7 @@ class TuneResult:
 
 class TuneEvents(Reporter):
     """What the flow tells a user interface while it runs; every method may be left out. The
-    task-level calls (``task_started``, ``measured``, ``task_finished``) come from core/tune.py."""
+    task-level calls (``task_started``, ``measured``, ``task_finished``) come from core/measuring/tuning_loop.py."""
 
     def working(self, text: str):
         """A context manager around a step with no progress of its own (a spinner in the CLI)."""
@@ -128,7 +128,7 @@ class TuneEvents(Reporter):
         feeds (``failed``: why it could not be made or run); it races only within ``max_drop``."""
 
     def precision_searched(self, library: Library, search: "PrecisionSearch", check: dict | None) -> None:
-        """The latency / accuracy front of a tune with int8 (core/mixed.py), the point kept, and
+        """The latency / accuracy front of a tune with int8 (core/precision/mixed.py), the point kept, and
         ``check``: the chosen mixed plan timed against the fp32 plan end to end (None: not timed)."""
 
 
@@ -149,19 +149,19 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     ``KselectError`` before anything is measured.
 
     Tunes of the same model and options sharing ``db`` (devices of one kind on one PostgreSQL
-    server) split its tasks (core/fleet.py): a task claimed by a worker that died is taken over
+    server) split its tasks (core/records/fleet.py): a task claimed by a worker that died is taken over
     once its lease of ``lease_s`` seconds runs out. The worker finishing last plans and returns
     the plan; the others return ``plan=None`` with what they did in ``fleet``.
 
-    ``precision="fp32,int8"`` adds each op's int8 kernels (core/quant.py) and chooses which ops run
-    in int8 under ``max_accuracy_drop`` of ``metric`` (a name from core/accuracy.py, or a callable
+    ``precision="fp32,int8"`` adds each op's int8 kernels (core/precision/quant.py) and chooses which ops run
+    in int8 under ``max_accuracy_drop`` of ``metric`` (a name from core/precision/accuracy.py, or a callable
     ``evaluate(outputs, feeds) -> float``), measured on held-out feeds of ``calibration`` (a
     folder, "samples", or an iterable of feeds; the built-in zoo alone may go without: synthetic
     feeds; pictures become inputs as ``image_preprocess`` says, default the model's own:
-    core/calibration.image_preprocess) (core/mixed.py); the plan stores the front, the metric and
+    core/calibration.image_preprocess) (core/precision/mixed.py); the plan stores the front, the metric and
     the budget."""
-    from kselect.core.fleet import Fleet, tune_id
-    from kselect.core.tune import library_tasks, tune as tune_tasks
+    from kselect.core.measuring.tuning_loop import library_tasks, tune_tasks
+    from kselect.core.records.fleet import Fleet, tune_id
 
     events = events or TuneEvents()
     chosen = _libraries(libraries)
@@ -186,7 +186,7 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
         work.append((library, library_tasks(model, library, ("fp32", "int8") if _int8_plans(library, int8) else ("fp32",)),
                      options))
 
-    # Tasks first, shared with the other tunes of this model on the database (core/fleet.py); each
+    # Tasks first, shared with the other tunes of this model on the database (core/records/fleet.py); each
     # task is measured holding the device's measuring lock.
     lock = _MeasuringLock(device, events)
     library_task_pairs = [(lib, task) for lib, tasks, _ in work for task in tasks]
@@ -233,10 +233,10 @@ def _cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Re
                          plan_int8_per_op=None) -> list:
     """Race candidates with int8 ops across libraries, those whose metric on the held-out feeds
     stays within the budget: per library that chose int8 ops, the plan across libraries with them
-    put in on that library (core/mixed.py, ``with_int8_ops``) and, with ``plan_int8_per_op`` (the
+    put in on that library (core/precision/mixed.py, ``with_int8_ops``) and, with ``plan_int8_per_op`` (the
     library's mixed plan -> plan), the plan across libraries made with its int8 ops free to run in int8 on any
-    library that measured them, or in fp32, per op (core/crossplan.py)."""
-    from kselect.core.mixed import score_plan, with_int8_ops
+    library that measured them, or in fp32, per op (core/cross_library/plan.py)."""
+    from kselect.core.precision.mixed import score_plan, with_int8_ops
 
     candidates, made = [], []
     for name, tuning in tunings.items():
@@ -282,7 +282,7 @@ def _int8_plans(library: Library, int8: "Int8Request | None") -> bool:
 
 
 class _MeasuringLock:
-    """The device's measuring lock (core/lock.py) as a context manager factory, telling ``events``
+    """The device's measuring lock (core/measuring/lock.py) as a context manager factory, telling ``events``
     once that another process holds it."""
 
     def __init__(self, device: Device, events: "TuneEvents"):
@@ -294,7 +294,7 @@ class _MeasuringLock:
             self.events.waiting_for_lock(holder)
 
     def __call__(self):
-        from kselect.core.lock import measuring_lock
+        from kselect.core.measuring.lock import measuring_lock
 
         return measuring_lock(self.device.fingerprint, on_wait=self._waiting)
 
@@ -322,9 +322,9 @@ class Int8Request:
 def _int8_request(model: Model, libraries: list[Library], precision, calibration, method: str, max_drop: float,
                   metric, preprocess=None) -> Int8Request | None:
     """Refuses, before anything is measured, what an int8 tune cannot do; calibrates."""
-    from kselect.core.accuracy import get_metric, user_metric
-    from kselect.core.calibration import calibration_for, compute_ranges
-    from kselect.core.quant import PRECISIONS
+    from kselect.core.precision.accuracy import get_metric, user_metric
+    from kselect.core.precision.calibration import calibration_for, compute_ranges
+    from kselect.core.precision.quant import PRECISIONS
 
     wanted = [p.strip() for p in precision.split(",")] if isinstance(precision, str) else list(precision)
     unknown = [p for p in wanted if p not in PRECISIONS]
@@ -361,7 +361,7 @@ def plan_library(model: Model, library: Library, device: Device, db: RecordDB, o
     library default end to end (``verify``), else the tuned one. With ``int8`` (the int8 twins
     among ``tasks``), the mixed-precision plan under the budget replaces it when it is shown
     faster end to end (``_choose_precision``)."""
-    from kselect.core.library_plan import verified_library_plan
+    from kselect.core.plans.library_plan import verified_library_plan
 
     events = events or TuneEvents()
     start = time.perf_counter()
@@ -400,14 +400,14 @@ def points_to_time(front: list, chosen) -> list:
 def _choose_precision(model: Model, library: Library, device: Device, db: RecordDB, settings: MeasureSettings,
                       fp32_plan: Plan, int8_tasks: list[Task], int8: Int8Request, verify: bool, check_rounds: int,
                       check_max_rounds: int, events: TuneEvents):
-    """The front under the budget (core/mixed.py); with ``verify`` the points within the budget
+    """The front under the budget (core/precision/mixed.py); with ``verify`` the points within the budget
     (``points_to_time``) are timed alone in fresh processes with the fp32 plan, rounds taking
     turns; the fastest measured one is kept when the race (core/selection.race_verdict, the rule
     that replaces ONNX Runtime's default) shows it faster than the fp32 plan, rounds going on up
     to ``check_max_rounds`` while undecided; else the fp32 plan."""
-    from kselect.core.alone import family_confidence, median_bounds, paired_speedups, timed_alone
-    from kselect.core.mixed import search_precision
-    from kselect.core.selection import race_verdict
+    from kselect.core.precision.mixed import search_precision
+    from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
+    from kselect.core.whole_model.selection import race_verdict
 
     with events.working(f"choosing which ops run in int8 ({int8.metric_name or 'metric'} drop <= {int8.max_drop}, "
                         f"{int8.calibration.describe()})"):
@@ -476,10 +476,10 @@ def _plan_across(result: TuneResult, db: RecordDB, settings: MeasureSettings, ve
     with each library's int8 ops put in, when within the accuracy budget, each alone in fresh
     processes: what is shown faster than the default is kept, else ONNX Runtime's own
     configuration (when MLAS, its library, was tuned)."""
-    from kselect.core.selection import verified_across
-    from kselect.core.crossplan import plan_across
-    from kselect.core.spinning import spinning_variants
-    from kselect.core.library_plan import onnxruntime_default_plan
+    from kselect.core.cross_library.plan import plan_across
+    from kselect.core.plans.library_plan import onnxruntime_default_plan
+    from kselect.core.plans.spinning import spinning_variants
+    from kselect.core.whole_model.selection import verified_across
 
     model, device, tunings = result.model, result.device, result.tunings
     # per op across libraries in fp32; a library's mixed-precision plan (within the accuracy budget)
@@ -541,7 +541,7 @@ def save(result: TuneResult, path: str | Path) -> list[Path]:
 def checked_plan(plan: Plan | str | Path, model: Model, force: bool = False, on_warning=None) -> Plan:
     """A plan file (or Plan) checked against ``model`` and this device: made for another device
     or library build, it is refused unless ``force`` (then each problem goes to ``on_warning``)."""
-    from kselect.core.plan import check_plan, load_plan_file, validate_plan
+    from kselect.core.plans.plan import check_plan, load_plan_file, validate_plan
 
     if not isinstance(plan, Plan):
         plan = load_plan_file(plan)
@@ -565,9 +565,9 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
     processes, rounds taking turns, with per-round speedups and their bounds (the protocol whole-
     model results are decided with); otherwise interleaved in this process. Returns the figures,
     the largest output error against the baseline included."""
-    from kselect.core.alone import bench_alone
-    from kselect.core.bench import bench as interleaved_bench, fresh_runners
-    from kselect.core.runtime import load_plan
+    from kselect.core.plans.runtime import load_plan
+    from kselect.core.whole_model.alone import bench_alone
+    from kselect.core.whole_model.bench import bench_in_process, fresh_runners
 
     if not isinstance(model, Model):
         model = load_model(str(model), list(input_shape))
@@ -579,7 +579,7 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
     else:
         default_runners = fresh_runners(library, model, None)
         plan_runners = [load_plan(plan, model)] if plan.cross_library else fresh_runners(library, model, plan)
-        result = interleaved_bench(default_runners, plan_runners, model, rounds, runs_per_round)
+        result = bench_in_process(default_runners, plan_runners, model, rounds, runs_per_round)
     return {"model": model.name, "library": "+".join(plan.libraries), "library_versions": plan.libraries,
             "baseline": baseline, "emulated": plan.emulated, "device": this_device().summary(), "alone": alone,
             **result}

@@ -20,7 +20,7 @@ def one_line(exc: BaseException) -> str:
 
 class UnsupportedOp(KselectError):
     """A library's whole-model runner cannot run one node (``node``: its name) as the model has
-    it. Runners raise it while building; core/runtime.py then gives that node to ONNX Runtime."""
+    it. Runners raise it while building; core/plans/runtime.py then gives that node to ONNX Runtime."""
 
     def __init__(self, message: str, node: str | None = None):
         super().__init__(message)

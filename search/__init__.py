@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import inspect
 
+from kselect.core.contract.space import Space, config_key
 from kselect.core.errors import KselectError
-from kselect.core.space import Space, config_key
-from kselect.core.tasks import Task
+from kselect.core.models.tasks import Task
 
 
 class Searcher:

@@ -1,6 +1,6 @@
 """Exhaustive search: every valid config, in the space's enumeration order."""
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.search import Searcher
 
 

@@ -1,6 +1,6 @@
 """Latency prediction without measuring: the xgb cost model, trained on every record of the
 device and library build, predicts each config's time for a model's tasks; the plan rule of
-``core/plan.py`` (best per task, plan-level dims shared, default kept unless clearly slower) is
+``core/plans/plan.py`` (best per task, plan-level dims shared, default kept unless clearly slower) is
 then applied to the predictions, giving per-op and summed latencies of the predicted plan and of
 the library default.
 
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kselect.core.contract.space import config_key
 from kselect.core.errors import KselectError
-from kselect.core.measure import Result
-from kselect.core.records import Record
-from kselect.core.space import config_key
-from kselect.core.tasks import Task
+from kselect.core.measuring.measure import Result
+from kselect.core.models.tasks import Task
+from kselect.core.records.store import Record
 from kselect.search.xgb import CostModel
 
 MAX_SCORED = 50000  # configs scored per task (a random subset of larger spaces, seeded)
@@ -126,7 +126,7 @@ def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dic
                   stored: dict[str, dict[str, float]] | None = None) -> tuple[dict, list[OpPrediction]]:
     """Predictions for ``tasks`` from training ``rows`` (task, config, time_us); returns the
     plan-level assignment and one ``OpPrediction`` per task."""
-    from kselect.core.plan import choose
+    from kselect.core.plans.plan import choose
 
     predicted, own_counts = predicted_records(tasks, library, device, rows, defaults, seed, exclude_own)
     assignment, choices = choose(tasks, predicted, {t.key: library.space(t, device).normalise(defaults[t.key])
@@ -144,7 +144,7 @@ def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dic
 def predict_model(model, library, device, db, seed: int = 0, exclude_own: bool = False) -> ModelPrediction:
     """Per-op and summed latency of ``model`` on ``library``, predicted from the records in
     ``db`` (a ``RecordDB``) for this device and library build, without measuring anything."""
-    from kselect.core.tune import library_tasks
+    from kselect.core.measuring.tuning_loop import library_tasks
 
     version = library.version()
     tasks = library_tasks(model, library)

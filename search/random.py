@@ -2,7 +2,7 @@
 
 import random as _random
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.search import Searcher
 
 

@@ -22,11 +22,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kselect.core.contract.runner import Runner
+from kselect.core.contract.space import Categorical, Integer, Space, WorkloadSplit, config_key
 from kselect.core.errors import KselectError
-from kselect.core.measure import Result
-from kselect.core.runner import Runner
-from kselect.core.space import Categorical, Integer, Space, WorkloadSplit, config_key
-from kselect.core.tasks import Task
+from kselect.core.measuring.measure import Result
+from kselect.core.models.tasks import Task
 
 TABLE_FORMAT = "kselect-replay/1"
 
@@ -178,7 +178,7 @@ def load_tables(directory: str | Path) -> list[ReplayTable]:
 
 class ReplayWorker(Runner):
     """Answers ``measure(task, config)`` from tables: the simulation ``Runner``
-    (core/runner.py), so ``kselect.core.tune.tune`` runs on a table instead of on kernels."""
+    (core/contract/runner.py), so ``kselect.core.measuring.tuning_loop.tune_tasks`` runs on a table instead of on kernels."""
 
     def __init__(self, *tables: ReplayTable):
         self.tasks = {t.key: t for table in tables for t in table.tasks}
@@ -201,7 +201,7 @@ def resolve_searcher(name_or_class):
 
         module, attribute = BUILTIN_SEARCHERS[name_or_class]
         return getattr(importlib.import_module(module), attribute)
-    from kselect.core import plugins
+    from kselect.core.contract import plugins
 
     return plugins.get_searcher(name_or_class)
 
@@ -269,14 +269,14 @@ def run_searcher(searcher, replay_task: ReplayTask, budget: int, seed: int = 0,
                  include_default: bool = False, told: list[dict] | None = None, options: dict | None = None,
                  check: bool = True) -> Trajectory:
     """Run ``searcher`` (a name or a ``Searcher`` class) on one replayed task through the tuning
-    loop's own search loop (``kselect.core.tune.search_task``) and a ``ReplayWorker``: first tell
+    loop's own search loop (``kselect.core.measuring.tuning_loop.search_task``) and a ``ReplayWorker``: first tell
     it ``told`` (results already stored, not counted as samples), then, if ``include_default``,
     measure the library default, then ask/tell until ``budget`` samples, the searcher has nothing
     more, or ``early_stop`` samples went by without a better time.
 
     With ``check`` a searcher that proposes a config it was told about, or one outside the space
     (conditions and constraints), raises ``ReplayError``."""
-    from kselect.core.tune import search_task
+    from kselect.core.measuring.tuning_loop import search_task
 
     searcher_class = resolve_searcher(searcher)
     name = getattr(searcher_class, "name", "") or searcher_class.__name__

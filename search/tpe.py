@@ -41,9 +41,9 @@ import json
 import random as _random
 import warnings
 
-from kselect.core.hookspecs import hookimpl
-from kselect.core.space import Integer, Space, WorkloadSplit, _applies, config_key
-from kselect.core.tasks import Task
+from kselect.core.contract.hookspecs import hookimpl
+from kselect.core.contract.space import Integer, Space, WorkloadSplit, _applies, config_key
+from kselect.core.models.tasks import Task
 from kselect.search import Searcher
 
 PENALTY = 1e30  # the value of an infeasible trial; it is ranked by its constraint, not by this

@@ -29,9 +29,9 @@ import random as _random
 
 import numpy as np
 
-from kselect.core.hookspecs import hookimpl
-from kselect.core.space import Space, config_key
-from kselect.core.tasks import Task
+from kselect.core.contract.hookspecs import hookimpl
+from kselect.core.contract.space import Space, config_key
+from kselect.core.models.tasks import Task
 from kselect.search import Searcher
 
 # ACLTuner's XGBoost hyperparameters (native parameter names).

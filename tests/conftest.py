@@ -68,7 +68,7 @@ def run_kselect(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def acl():
     """The ACL library plugin (its runner process is closed after the module's tests)."""
-    from kselect.core import plugins
+    from kselect.core.contract import plugins
 
     library = plugins.libraries()["acl"]
     ok, reason = library.availability()

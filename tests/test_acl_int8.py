@@ -11,9 +11,9 @@ import dataclasses
 
 import pytest
 
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.tasks import Task, task_key
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.models.tasks import Task, task_key
 from kselect.plugins.acl import build, int8
 from kselect.plugins.acl.library import AclLibrary, armnn_threads
 

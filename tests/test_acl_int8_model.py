@@ -1,4 +1,4 @@
-"""Whole models with int8 nodes in the ACL engine: plans built as core/mixed.py builds them (the
+"""Whole models with int8 nodes in the ACL engine: plans built as core/precision/mixed.py builds them (the
 fp32 plan with some nodes run by their int8 tasks' entries, the calibration cache in
 ``plan.extra["precision"]["ranges"]``) run quantized conv / depthwise conv / fc functions, with
 NEQuantizationLayer / NEDequantizationLayer steps where a tensor passes between a float and an
@@ -14,19 +14,19 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import run_kselect, small_cnn
 from onnx import TensorProto, helper, numpy_helper
 
 import kselect
-from conftest import run_kselect, small_cnn
-from kselect.core.calibration import calibration_for, compute_ranges
-from kselect.core.conversions import conversion_task
-from kselect.core.device import this_device
+from kselect.core.cross_library.conversions import conversion_task
 from kselect.core.errors import KselectError
-from kselect.core.measure import INT8_CONVERSION_TOLERANCE, MeasureSettings, measure_in_this_process
-from kselect.core.mixed import mixed_plan
-from kselect.core.model import load_model
-from kselect.core.plan import Plan, load_plan_file, plan_node, plan_task
-from kselect.core.tasks import extract_tasks
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import INT8_CONVERSION_TOLERANCE, MeasureSettings, measure_in_this_process
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import extract_tasks
+from kselect.core.plans.plan import Plan, load_plan_file, plan_node, plan_task
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.mixed import mixed_plan
 from kselect.plugins.acl import build, int8
 
 pytestmark = [pytest.mark.emulated] if build.is_emulated() else []

@@ -13,10 +13,10 @@ import stat
 import numpy as np
 import pytest
 
-from kselect.core import plugins
-from kselect.core.device import Device, this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.tasks import Task, task_key
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import Device, this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.models.tasks import Task, task_key
 from kselect.plugins.acl import build
 from kselect.plugins.acl.client import AclRunner
 from kselect.plugins.acl.library import AclLibrary, armnn_threads, cluster_cpus, runner_config

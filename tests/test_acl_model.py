@@ -15,19 +15,19 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import run_kselect, small_cnn
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_kselect, small_cnn
-from kselect.core import plugins
-from kselect.core.bench import bench, compare_outputs, random_feeds
-from kselect.core.device import this_device
+from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
-from kselect.core.model import load_model
-from kselect.core.plan import load_plan_file
-from kselect.core.records import RecordDB
-from kselect.core.runtime import library_runner, load_plan
-from kselect.core.tasks import extract_tasks
-from kselect.core.zoo import build_model
+from kselect.core.measuring.device import this_device
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import extract_tasks
+from kselect.core.models.zoo import build_model
+from kselect.core.plans.plan import load_plan_file
+from kselect.core.plans.runtime import library_runner, load_plan
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.bench import bench_in_process, compare_outputs, random_feeds
 from kselect.plugins.acl import build
 
 pytestmark = [pytest.mark.emulated] if build.is_emulated() else []
@@ -169,7 +169,7 @@ def test_bench_compares_default_and_plan(acl, tmp_path):
     model = saved(tmp_path, small_cnn())
     default, plan = acl.model_runner(model, None), acl.model_runner(model, random_plan(acl, model, 7))
     try:
-        result = bench(default, plan, model, rounds=1, runs_per_round=1)
+        result = bench_in_process(default, plan, model, rounds=1, runs_per_round=1)
         assert result["runs"] == 1 and result["default_ms"] > 0 and result["plan_ms"] > 0
         assert result["max_relative_output_error"] < 1e-3
     finally:

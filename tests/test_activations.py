@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.core import plugins
-from kselect.core.bench import compare_outputs, random_feeds
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.model import model_from_proto
-from kselect.core.plan import Plan
-from kselect.core.runtime import library_runner
-from kselect.core.tasks import extract_tasks
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.models.model import model_from_proto
+from kselect.core.models.tasks import extract_tasks
+from kselect.core.plans.plan import Plan
+from kselect.core.plans.runtime import library_runner
+from kselect.core.whole_model.bench import compare_outputs, random_feeds
 
 RNG = np.random.default_rng(3)
 QUICK = MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.01, max_time_s=0.05)

@@ -8,7 +8,7 @@ import pytest
 import kselect
 from kselect.core import api
 from kselect.core.errors import KselectError
-from kselect.core.measure import MeasureSettings
+from kselect.core.measuring.measure import MeasureSettings
 
 FAST = MeasureSettings(timeout_s=120, min_time_s=0.01, min_repeats=3, max_time_s=0.2)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-import kselect.core.alone as alone_module
-import kselect.core.bench as bench_module
-import kselect.core.selection as selection_module
-from kselect.core.selection import choose_result
+import kselect.core.whole_model.alone as alone_module
+import kselect.core.whole_model.bench as bench_module
+import kselect.core.whole_model.selection as selection_module
+from kselect.core.whole_model.selection import choose_result
 
 UNSTEADY = {"default": [10.0, 17.0, 10.0, 17.0, 10.0, 17.0], "plan": [9.0, 9.1, 9.0, 9.2, 9.1, 9.0]}
 WORSE = {"default": [10.0, 30.0, 10.0, 30.0, 10.0, 30.0], "plan": [9.0, 9.1, 9.0, 9.2, 9.1, 9.0]}
@@ -159,7 +159,7 @@ def test_undecided_plans_run_more_rounds_with_the_default_and_decided_ones_stop(
     """Logic only (the processes are scripted; tests/test_crossplan.py runs real ones): after 4
     rounds a plan 5% faster in each is shown faster and stops; one that alternates 0.9x and 1.1x
     runs with the default up to the maximum and is not kept; the default's configuration is."""
-    from kselect.core.model import load_model
+    from kselect.core.models.model import load_model
 
     model = load_model("mobilenetv2", ["input=1,3,32,32"])
     baseline = [10.0] * 10

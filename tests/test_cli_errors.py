@@ -5,9 +5,8 @@ import sqlite3
 
 import onnx
 import pytest
-from onnx import TensorProto, helper
-
 from conftest import run_kselect, small_cnn
+from onnx import TensorProto, helper
 
 
 def assert_one_line_error(result, *fragments):

@@ -11,7 +11,6 @@ import sys
 
 import onnx
 import pytest
-
 from conftest import run_kselect, small_cnn
 
 QUICK = ("--budget", "2", "--min-time", "0.01", "--min-repeats", "3", "--no-verify")

@@ -1,13 +1,13 @@
-"""The library contract suite (kselect.core.contract) run against every library plugin that is
+"""The library contract suite (kselect.core.contract.checks) run against every library plugin that is
 available here, on real kernels: what a third-party library must pass too."""
 
 from __future__ import annotations
 
 import pytest
 
-from kselect.core import plugins
-from kselect.core.contract import ContractError, check_library, library_checks
-from kselect.core.library import Library
+from kselect.core.contract import plugins
+from kselect.core.contract.checks import ContractError, check_library, library_checks
+from kselect.core.contract.library import Library
 from kselect.plugins.mlas.library import MlasLibrary
 
 LIBRARIES = sorted(plugins.libraries())

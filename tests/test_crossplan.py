@@ -11,24 +11,30 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-
 from conftest import run_kselect, small_cnn
-from kselect.core import plugins
-from kselect.core.bench import compare_outputs, random_feeds
-from kselect.core.conversions import (GRAPH_LABEL, RECORD_SUFFIX, ConversionTable, conversion_task, measure_conversions,
-                                      sides_needed)
-from kselect.core.cross_problem import CrossProblem
-from kselect.core.crossplan import plan_across
-from kselect.core.device import this_device
+
+from kselect.core.contract import plugins
+from kselect.core.contract.space import config_key
+from kselect.core.cross_library.conversions import (
+    GRAPH_LABEL,
+    RECORD_SUFFIX,
+    ConversionTable,
+    conversion_task,
+    measure_conversions,
+    sides_needed,
+)
+from kselect.core.cross_library.plan import plan_across
+from kselect.core.cross_library.planner import Option, brute_force, solve
+from kselect.core.cross_library.problem import CrossProblem
 from kselect.core.errors import KselectError
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.planner import Option, brute_force, solve
-from kselect.core.records import RecordDB
-from kselect.core.runtime import load_plan
-from kselect.core.space import config_key
-from kselect.core.library_plan import onnxruntime_default_plan, verified_library_plan
-from kselect.core.tune import TuneOptions, library_tasks, tune
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import TuneOptions, library_tasks, tune_tasks
+from kselect.core.models.model import load_model
+from kselect.core.plans.library_plan import onnxruntime_default_plan, verified_library_plan
+from kselect.core.plans.runtime import load_plan
+from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.bench import compare_outputs, random_feeds
 from kselect.plugins.mlas.apply import default_session
 
 FAST = MeasureSettings(min_time_s=0.01, min_repeats=3, max_time_s=0.2)
@@ -51,7 +57,7 @@ def tune_and_plan(folder, libraries: dict) -> dict:
     single = {}
     for name, library in libraries.items():
         tasks = library_tasks(model, library)
-        outcomes = tune(tasks, library, device, db, TuneOptions("random", 2, settings=FAST))
+        outcomes = tune_tasks(tasks, library, device, db, TuneOptions("random", 2, settings=FAST))
         single[name] = verified_library_plan(model, library, device, db, tasks, outcomes, verify=False)
     measured = []
     plan = plan_across(model, device, db, libraries, single, FAST, on_measured=lambda task, result: measured.append(result))
@@ -105,7 +111,7 @@ def test_remeasuring_replaces_stale_records_before_planning(tuned):
 def test_a_check_that_nothing_passes_keeps_onnxruntimes_own_configuration(tuned):
     """A cross-library tune that beats nothing end to end ships ONNX Runtime's default session as
     an MLAS plan (original model, every op at the library default), not its slowest loser."""
-    from kselect.core.selection import BASELINE, verified_across
+    from kselect.core.whole_model.selection import BASELINE, verified_across
     from kselect.plugins.mlas.apply import keeps_original_model
 
     model, device = tuned["model"], tuned["device"]
@@ -125,9 +131,8 @@ def test_each_plan_is_timed_alone_in_fresh_processes_and_a_failing_one_is_set_as
     (one per round), and a candidate that fails there is reported with its reason, not kept."""
     from dataclasses import replace
 
-    from kselect.core.alone import timed_alone
-
-    from kselect.core.selection import BASELINE, verified_across
+    from kselect.core.whole_model.alone import timed_alone
+    from kselect.core.whole_model.selection import BASELINE, verified_across
 
     model = tuned["model"]
     broken = replace(tuned["plan"], libraries={**tuned["plan"].libraries, "no-such-library": "0"},
@@ -176,7 +181,7 @@ def test_conversions_are_recorded_exactly_where_labels_change(tuned):
     labels = {node: entry["label"] for node, entry in plan.nodes.items()}
     labels["input:input"] = GRAPH_LABEL
     model = tuned["model"]
-    from kselect.core.cross_problem import label_sources
+    from kselect.core.cross_library.problem import label_sources
 
     source = label_sources(model, set(plan.nodes))
 
@@ -219,8 +224,8 @@ def test_mixed_plan_runs_like_onnxruntime_and_saves(tuned):
 def test_planner_pays_conversions_that_greedy_ignores():
     """A chain input -> a -> b -> c -> output: b is a bit faster on 'y', but getting there and
     back costs more than it saves; the exact plan stays on 'x', greedy does not."""
-    from kselect.core.cross_problem import Choice, DataEdge
-    from kselect.core.cross_labelling import labelling_summary
+    from kselect.core.cross_library.labelling import labelling_summary
+    from kselect.core.cross_library.problem import Choice, DataEdge
 
     problem = CrossProblem()
     problem.options = {"input:x": [Option(GRAPH_LABEL, 0.0)], "output:y": [Option(GRAPH_LABEL, 0.0)]}
@@ -237,7 +242,7 @@ def test_planner_pays_conversions_that_greedy_ignores():
     assignment, total = solve(graph)
     assert {n: o.label for n, o in assignment.items() if n in times} == {n: "x:NCHW" for n in times}
     assert total == pytest.approx(brute_force(graph)[1])
-    from kselect.core.planner import greedy
+    from kselect.core.cross_library.planner import greedy
 
     greedy_assignment, greedy_total = greedy(graph)
     assert greedy_assignment["b"].label == "y:NHWC" and greedy_total > total
@@ -249,7 +254,7 @@ def test_an_mlas_nchwc_conv_with_fewer_input_channels_than_a_block_is_charged_no
     runs it and as its NCHWc records are measured: entering it costs what entering MLAS in NCHW
     costs, not a ReorderInput. Charged the reorder, the planner put mobilenetv2's first conv in
     NCHW (+104 us) against ORT's choice, and that plan ran 4% slower than ORT's default."""
-    from kselect.core.cross_problem import Choice, DataEdge
+    from kselect.core.cross_library.problem import Choice, DataEdge
     from kselect.plugins.mlas.layout import conv_takes_blocked_input, nchwc_block_size
 
     mlas = plugins.get_library("mlas")
@@ -369,7 +374,7 @@ def test_the_planner_charges_each_switch_of_library_and_stays_when_a_switch_cost
     """input -> a -> b -> output: b runs 30 us faster on 'y', the conversions are free, a switch
     x -> y or back costs 20 us: worth one switch (b on y to the end) only when the switch back
     is not needed, so with an op after b on 'x' the plan stays on 'x'."""
-    from kselect.core.cross_problem import Choice, DataEdge
+    from kselect.core.cross_library.problem import Choice, DataEdge
 
     def plan(nodes: list[str], y_faster: set[str], switch_us: float) -> dict:
         problem = CrossProblem()
@@ -395,8 +400,8 @@ def test_the_ops_of_a_library_that_does_not_spin_pay_its_sleep_cost_and_the_libr
     spin in a mixed plan; waking the other's costs x 50 us and y 5 us per op. y is faster on the
     ops in ``y_saves`` by that many us: a mix pays when y's ops save more than 5 us each, with x
     spinning; with most ops on y, x's sleeping ops would pay 50 each, so x still spins."""
-    from kselect.core.cross_problem import Choice, DataEdge
-    from kselect.core.cross_labelling import in_place_labelling
+    from kselect.core.cross_library.labelling import in_place_labelling
+    from kselect.core.cross_library.problem import Choice, DataEdge
 
     def planned(y_saves: dict[str, float]) -> tuple[dict, str | None]:
         problem = CrossProblem()
@@ -500,8 +505,8 @@ def test_cli_refuses_an_emulated_library_among_native_ones(small_model_path, tmp
 
 
 def test_spinning_variants_let_exactly_one_library_spin_and_keep_node_configs_consistent():
-    from kselect.core.spinning import spinning_variants
-    from kselect.core.plan import Plan
+    from kselect.core.plans.plan import Plan
+    from kselect.core.plans.spinning import spinning_variants
 
     nodes = {"a": {"task": "T01", "library": "mlas", "config": {"layout": "NCHWc", "threads": 2, "spinning": 1}},
              "b": {"task": "T02", "library": "xnnpack", "config": {"ukernel": "default", "spinning": 0}}}
@@ -525,7 +530,7 @@ def residual_model(branch: list[str]):
     add(last branch output, relu) -> c -> output, on a 1 x 4 x 8 x 8 map."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.model import model_from_proto
+    from kselect.core.models.model import model_from_proto
 
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
     nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),
@@ -545,7 +550,7 @@ def residual_model(branch: list[str]):
 def test_an_add_takes_its_second_input_into_its_first_inputs_label():
     """input -> a -> relu -> b; add(b, relu) -> c: the Add runs where b runs, so the skip tensor
     goes from a's label to b's at the Add, and c reads b's label."""
-    from kselect.core.cross_problem import DataEdge, data_edges
+    from kselect.core.cross_library.problem import DataEdge, data_edges
 
     model = residual_model(["b"])
     shape = (1, 4, 8, 8)
@@ -560,8 +565,8 @@ def test_a_flatten_before_an_fc_pays_for_its_input_layout():
     XNNPack folds the Flatten into its FC and pays nothing. A 1x1 map needs no reorder."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.cross_problem import Choice, data_edges
-    from kselect.core.model import model_from_proto
+    from kselect.core.cross_library.problem import Choice, data_edges
+    from kselect.core.models.model import model_from_proto
 
     def model_with_map(size: int):
         nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
@@ -613,8 +618,8 @@ def test_a_branch_waiting_across_another_librarys_segment_pays_its_reentry_and_a
     runner and enters it again though no edge changes its label (leaving it, the edge into b pays).
     b saves 45 us on 'y' and the two edges around it cost 40: worth it between neighbours, not
     with the 10 us reentry; saving 70 us it is, and the plan's total counts the reentry."""
-    from kselect.core.cross_problem import Choice, data_edges
-    from kselect.core.cross_labelling import without_unpaid_islands
+    from kselect.core.cross_library.labelling import without_unpaid_islands
+    from kselect.core.cross_library.problem import Choice, data_edges
 
     model = residual_model(["b", "b2"])
     shape = (1, 4, 8, 8)
@@ -655,9 +660,9 @@ def test_a_tensor_sent_through_an_op_its_library_lacks_pays_the_way_to_onnxrunti
     it; at 10 us it is not, and the plan stays on ONNX Runtime."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.cross_problem import Choice, data_edges
-    from kselect.core.cross_labelling import in_place_labelling
-    from kselect.core.model import model_from_proto
+    from kselect.core.cross_library.labelling import in_place_labelling
+    from kselect.core.cross_library.problem import Choice, data_edges
+    from kselect.core.models.model import model_from_proto
 
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
     nodes = [helper.make_node("Conv", ["x", "wa"], ["ta"], name="a", **conv),

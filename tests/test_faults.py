@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from conftest import REPO, run_kselect
 
-from kselect.core.bench import compare_outputs
-from kselect.core.measure import MeasureSettings
-from kselect.core.plan import write_atomically
-from kselect.core.tasks import Task, task_key
-from kselect.core.worker import MeasureWorker
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.tasks import Task, task_key
+from kselect.core.plans.plan import write_atomically
+from kselect.core.whole_model.bench import compare_outputs
 
 
 def _statuses(db) -> dict[str, int]:
@@ -372,13 +372,13 @@ def test_a_plan_computing_something_else_is_never_kept(monkeypatch, small_model_
     """The single-library end-to-end check compares outputs as well as speed: an MLAS plan whose
     runner returns values 1% off is refused in one line, and the same plan computing the right
     values is kept."""
-    from kselect.core import plugins
-    from kselect.core.selection import verified_plan
-    from kselect.core.device import this_device
+    from kselect.core.contract import plugins
     from kselect.core.errors import KselectError
-    from kselect.core.model import load_model
-    from kselect.core.plan import Plan
-    from kselect.core.tasks import extract_tasks
+    from kselect.core.measuring.device import this_device
+    from kselect.core.models.model import load_model
+    from kselect.core.models.tasks import extract_tasks
+    from kselect.core.plans.plan import Plan
+    from kselect.core.whole_model.selection import verified_plan
     from kselect.plugins.mlas.library import MlasLibrary
 
     model, library, device = load_model(str(small_model_path)), plugins.get_library("mlas"), this_device()
@@ -410,12 +410,12 @@ def test_claims_keep_tunes_sharing_a_database_from_measuring_a_config_twice(tmp_
     import socket
     import threading
 
-    from kselect.core import plugins
-    from kselect.core.device import this_device
-    from kselect.core.measure import Result
-    from kselect.core.records import RecordDB
-    from kselect.core.space import config_key
-    from kselect.core.tune import TuneOptions, tune
+    from kselect.core.contract import plugins
+    from kselect.core.contract.space import config_key
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.measure import Result
+    from kselect.core.measuring.tuning_loop import TuneOptions, tune_tasks
+    from kselect.core.records.store import RecordDB
 
     library, device = plugins.get_library("mlas"), this_device()
     task, path = _pointwise(16, 32), tmp_path / "shared.db"
@@ -438,7 +438,7 @@ def test_claims_keep_tunes_sharing_a_database_from_measuring_a_config_twice(tmp_
     settings = MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.01, max_time_s=0.05)
     db = RecordDB(path)
     started = time.monotonic()
-    outcome, = tune([task], library, device, db, TuneOptions("exhaustive", 2, settings=settings))
+    outcome, = tune_tasks([task], library, device, db, TuneOptions("exhaustive", 2, settings=settings))
     assert time.monotonic() - started < 60  # the dead process's claims did not hold it up
     stored = {r.config_key: r.result for r in db.records(*key)}
     assert stored[default].median_us == 123.0 and len(stored) == 2  # the default was not measured again

@@ -13,9 +13,9 @@ import time
 
 import psycopg
 
-from kselect.core import plugins
-from kselect.core.device import this_device
-from kselect.core.records import RecordDB
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.records.store import RecordDB
 
 BUDGET = "6"
 
@@ -116,14 +116,14 @@ def test_a_worker_killed_mid_task_has_its_task_taken_over_after_its_lease(postgr
 def test_tpe_keeps_its_optuna_studies_in_the_fleets_postgresql_database(postgres_url):
     """`--storage` takes the same postgresql:// URL as `--db`: Optuna's RDB storage, as it is."""
     import optuna
-
-    from kselect.core.measure import MeasureSettings
-    from kselect.core.tune import TuneOptions, tune
     from test_faults import _pointwise
+
+    from kselect.core.measuring.measure import MeasureSettings
+    from kselect.core.measuring.tuning_loop import TuneOptions, tune_tasks
 
     library, device, task = plugins.get_library("mlas"), this_device(), _pointwise(16, 32)
     settings = MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.01, max_time_s=0.05)
-    outcome, = tune([task], library, device, RecordDB(postgres_url),
+    outcome, = tune_tasks([task], library, device, RecordDB(postgres_url),
                     TuneOptions("tpe", 3, searcher_options={"storage": postgres_url}, settings=settings))
     assert outcome.measured_now == 3
     storage = postgres_url.replace("postgresql://", "postgresql+psycopg://")

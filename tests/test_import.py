@@ -9,11 +9,11 @@ import pytest
 from conftest import run_kselect
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.core import plugins
-from kselect.core.bench import compare_outputs, random_feeds
-from kselect.core.model import load_model, model_from_proto
-from kselect.core.runtime import library_runner
-from kselect.core.tasks import extract_tasks, untuned_ops
+from kselect.core.contract import plugins
+from kselect.core.models.model import load_model, model_from_proto
+from kselect.core.models.tasks import extract_tasks, untuned_ops
+from kselect.core.plans.runtime import library_runner
+from kselect.core.whole_model.bench import compare_outputs, random_feeds
 
 RNG = np.random.default_rng(0)
 
@@ -162,8 +162,8 @@ def test_conv_transpose_is_a_task_that_xnnpack_runs_itself(tmp_path):
 def test_every_config_of_a_conv_transpose_matches_the_reference(library_name):
     """waifu2x's 4x4/s2 deconvolution to 3 channels, and CenterFace's 2x2/s2 one with its Relu,
     measured in-process on real kernels in every config of the library's space."""
-    from kselect.core.device import this_device
-    from kselect.core.measure import MeasureSettings, measure_in_this_process
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
 
     library = plugins.get_library(library_name)
     cases = [([numpy_helper.from_array(_weights(16, 3, 4, 4), "wt"), numpy_helper.from_array(_weights(3), "bt")],
@@ -186,8 +186,8 @@ def test_1d_convs_are_tuned_as_2d_convs_of_height_one(tmp_path):
     pointwise one are tasks of height 1; MLAS and XNNPack measure every config of them against the
     reference, XNNPack runs the model alone (its tensors copied into height-1 NHWC buffers around
     each conv), and ACL, which has no 1-D conv, leaves them to its defaults."""
-    from kselect.core.device import this_device
-    from kselect.core.measure import MeasureSettings, measure_in_this_process
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
 
     inits = [numpy_helper.from_array(_weights(16, 4, 5), "w1"), numpy_helper.from_array(_weights(16), "b1"),
              numpy_helper.from_array(_weights(16, 1, 3), "w2"), numpy_helper.from_array(_weights(8, 16, 1), "w3")]

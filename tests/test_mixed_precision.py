@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import run_kselect, small_cnn
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.mixed import FrontPoint, back_off, fastest_within_budget
-from kselect.core.model import load_model
-from kselect.core.tasks import extract_tasks
+
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import extract_tasks
+from kselect.core.precision.mixed import FrontPoint, back_off, fastest_within_budget
 from kselect.plugins.mlas.library import MlasLibrary
 from kselect.plugins.mlas.ort_session import ort_optimized
 
@@ -60,7 +60,7 @@ ACTIVATIONS_AFTER_THE_KERNEL = {
 
 
 def _conv_task(epilogue, group=1):
-    from kselect.core.tasks import Task, task_key
+    from kselect.core.models.tasks import Task, task_key
 
     x, w, y = [1, 32, 20, 20], [32, 32 // group, 3, 3], [1, 32, 20, 20]
     attrs = {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": group}
@@ -86,8 +86,8 @@ def test_an_int8_op_with_an_activation_after_its_kernel_matches_the_float_refere
 def test_a_silu_op_in_int8_is_what_onnx_runtime_fuses_from_the_quantizers_qdq_graph():
     """The candidate of a conv + SiLU is read and written in int8 on the core's grids, and ONNX
     Runtime runs it as QLinearConv, QLinearSigmoid and QLinearMul: what the exported QDQ model runs."""
-    from kselect.core.measure import reference_output, task_inputs
-    from kselect.core.quant import quant_params
+    from kselect.core.measuring.measure import reference_output, task_inputs
+    from kselect.core.precision.quant import quant_params
     from kselect.plugins.mlas.int8 import single_op_model
 
     task = _conv_task(SILU)
@@ -111,9 +111,9 @@ def test_an_int8_conv_on_mlas_is_timed_in_nhwc_as_inside_a_whole_int8_model(tmp_
     the output still matches the float reference. Entering and leaving int8 (the conversions of
     the label mlas:int8) carry the transposes instead, checked like every conversion."""
 
-    from kselect.core.conversions import conversion_task
-    from kselect.core.measure import reference_output, task_inputs
-    from kselect.core.quant import quant_params
+    from kselect.core.cross_library.conversions import conversion_task
+    from kselect.core.measuring.measure import reference_output, task_inputs
+    from kselect.core.precision.quant import quant_params
     from kselect.plugins.mlas import int8
     from kselect.plugins.mlas.library import session_options
 
@@ -135,7 +135,7 @@ def test_an_int8_conv_on_mlas_is_timed_in_nhwc_as_inside_a_whole_int8_model(tmp_
 def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks, activation):
     """The kernel writes its output with a zero point 16 steps off the one its result is read
     with: the core's quantization-derived tolerance catches it, so it could never be selected."""
-    from kselect.core.quant import QuantParams
+    from kselect.core.precision.quant import QuantParams
     from kselect.plugins.mlas.int8 import dequantize_activation
 
     class WrongScale(MlasLibrary):
@@ -293,7 +293,7 @@ def test_an_int8_plan_exports_a_qdq_model_that_plain_onnxruntime_runs_at_the_pla
     """The full-int8 point of the front, exported by the MLAS plugin: a QDQ ONNX model plain
     onnxruntime loads, whose outputs on the held-out feeds score what the front says."""
     import kselect
-    from kselect.core import plugins
+    from kselect.core.contract import plugins
 
     folder = _feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
@@ -319,8 +319,9 @@ def test_calibration_images_are_resized_normalised_and_laid_out_as_the_input(tmp
     NCHW (or NHWC when the input's last dim is 3)."""
     from PIL import Image
 
-    from kselect.core.calibration import IMAGENET_MEAN, IMAGENET_STD, load_feeds
-    from kselect.core.model import Model
+    from kselect.core.models.model import Model
+    from kselect.core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+    from kselect.core.precision.calibration import load_feeds
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -344,9 +345,9 @@ def test_calibration_images_feed_a_one_channel_input_as_grayscale(tmp_path):
     "L"), in [0, 1] unless told otherwise (one mean, one std), NCHW or NHWC."""
     from PIL import Image
 
-    from kselect.core.calibration import calibration_for, image_preprocess, load_feeds
     from kselect.core.errors import KselectError
-    from kselect.core.model import Model
+    from kselect.core.models.model import Model
+    from kselect.core.precision.calibration import calibration_for, image_preprocess, load_feeds
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -375,8 +376,8 @@ def test_calibration_pictures_take_the_preprocessing_given(tmp_path):
     calibration records what it used."""
     from PIL import Image
 
-    from kselect.core.calibration import calibration_for, image_preprocess
-    from kselect.core.model import Model
+    from kselect.core.models.model import Model
+    from kselect.core.precision.calibration import calibration_for, image_preprocess
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -440,8 +441,8 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     budget) race end to end. An int8 plan, held to its accuracy budget, is not refused for
     differing from ONNX Runtime's fp32 outputs."""
     import kselect
-    from kselect.core.plan import int8_nodes
-    from kselect.core.selection import verified_across
+    from kselect.core.plans.plan import int8_nodes
+    from kselect.core.whole_model.selection import verified_across
 
     folder = _feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas,xnnpack", precision="fp32,int8", calibration=folder,
@@ -458,8 +459,8 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
         assert next(p for p in precision["front"] if p["name"] == precision["chosen"])["drop"] <= 0.02
 
     # one library's int8 op put into the plan across them: it runs on that library, the rest as planned
-    from kselect.core.calibration import calibration_for
-    from kselect.core.mixed import mixed_plan, score_plan, with_int8_ops
+    from kselect.core.precision.calibration import calibration_for
+    from kselect.core.precision.mixed import mixed_plan, score_plan, with_int8_ops
 
     cross = result.cross_plan
     name = next(n for n in ("mlas", "xnnpack") if set(cross.libraries) != {n})
@@ -488,14 +489,14 @@ def test_int8_per_op_across_libraries_picks_each_ops_library_and_precision_and_r
     int8 op runs on a library that measured it, and the plan runs through kselect.load_plan close
     to the float model."""
     import kselect
-    from kselect.core.calibration import calibration_for
-    from kselect.core.cross_problem import cross_problem
-    from kselect.core.crossplan import plan_across
-    from kselect.core.mixed import score_plan
-    from kselect.core.plan import int8_nodes
-    from kselect.core.records import RecordDB
-    from kselect.core.tasks import extract_tasks
-    from kselect.core.tune import library_defaults, library_tasks, stored_outcomes
+    from kselect.core.cross_library.plan import plan_across
+    from kselect.core.cross_library.problem import cross_problem
+    from kselect.core.measuring.tuning_loop import library_defaults, library_tasks, stored_outcomes
+    from kselect.core.models.tasks import extract_tasks
+    from kselect.core.plans.plan import int8_nodes
+    from kselect.core.precision.calibration import calibration_for
+    from kselect.core.precision.mixed import score_plan
+    from kselect.core.records.store import RecordDB
 
     folder = _feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas,xnnpack", precision="fp32,int8", calibration=folder,
@@ -537,7 +538,7 @@ def test_an_opset_8_model_whose_weights_are_not_graph_inputs_quantizes(tmp_path)
     opset 13 with only the model's own input, and runs close to the float model."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.calibration import quantize_qdq
+    from kselect.core.precision.calibration import quantize_qdq
 
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w")
@@ -572,7 +573,7 @@ def _chain_with_float_and_int8_ops_between():
     """x -> conv a -> Tanh -> conv b -> MaxPool -> conv c -> y, on an 8 x 16 x 16 map."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.model import model_from_proto
+    from kselect.core.models.model import model_from_proto
 
     rng = np.random.default_rng(0)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
@@ -593,10 +594,10 @@ def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quant
     pooling on 8-bit data, so the planners charge a dequantize of a's output and a quantize of b's
     input between a and b, and nothing between b and c. XNNPack's executor pools in 8 bits too;
     ACL's engine runs both ops in float."""
-    from kselect.core import plugins
-    from kselect.core.calibration import quantize_qdq
-    from kselect.core.conversions import ConversionTable
-    from kselect.core.cross_problem import CrossProblem, data_edges, requantized_sides, untuned_paths
+    from kselect.core.contract import plugins
+    from kselect.core.cross_library.conversions import ConversionTable
+    from kselect.core.cross_library.problem import CrossProblem, data_edges, requantized_sides, untuned_paths
+    from kselect.core.precision.calibration import quantize_qdq
     from kselect.plugins.mlas.int8 import nodes_to_quantize
 
     model = _chain_with_float_and_int8_ops_between()
@@ -636,12 +637,12 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
     read is dequantized once."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core import plugins
-    from kselect.core.calibration import quantize_qdq
-    from kselect.core.conversions import GRAPH_LABEL, ConversionTable
-    from kselect.core.cross_problem import CrossProblem, connect
-    from kselect.core.model import model_from_proto
-    from kselect.core.planner import Option, solve
+    from kselect.core.contract import plugins
+    from kselect.core.cross_library.conversions import GRAPH_LABEL, ConversionTable
+    from kselect.core.cross_library.planner import Option, solve
+    from kselect.core.cross_library.problem import CrossProblem, connect
+    from kselect.core.models.model import model_from_proto
+    from kselect.core.precision.calibration import quantize_qdq
     from kselect.plugins.mlas.int8 import nodes_to_quantize
 
     rng = np.random.default_rng(0)
@@ -726,8 +727,8 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     export is accurate to the quantization of its tensors."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.calibration import quantize_qdq
-    from kselect.core.model import model_from_proto
+    from kselect.core.models.model import model_from_proto
+    from kselect.core.precision.calibration import quantize_qdq
     from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
 
     rng = np.random.default_rng(0)
@@ -772,8 +773,8 @@ def test_the_ops_after_a_conv_sent_back_to_float_run_in_int8_where_int8_ops_take
     Only b reads a DequantizeLinear in ONNX Runtime's graph, and b runs in float."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.calibration import quantize_qdq
-    from kselect.core.model import model_from_proto
+    from kselect.core.models.model import model_from_proto
+    from kselect.core.precision.calibration import quantize_qdq
     from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
 
     rng = np.random.default_rng(2)
@@ -814,8 +815,8 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     (ONNX Runtime runs a node nothing reads: waifu2x-upconv7 lost 2.5 ms to one)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from kselect.core.calibration import quantize_qdq
-    from kselect.core.model import model_from_proto
+    from kselect.core.models.model import model_from_proto
+    from kselect.core.precision.calibration import quantize_qdq
     from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
 
     rng = np.random.default_rng(1)

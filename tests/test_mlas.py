@@ -13,17 +13,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import run_kselect
-from kselect.core import plugins
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.model import load_model
-from kselect.core.plan import load_plan_file
-from kselect.core.records import RecordDB
-from kselect.core.tasks import extract_tasks
-from kselect.core.tune import TuneOptions, tune
-from kselect.core.worker import MeasureWorker
+
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.measuring.tuning_loop import TuneOptions, tune_tasks
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import extract_tasks
+from kselect.core.plans.plan import load_plan_file
+from kselect.core.records.store import RecordDB
 from kselect.plugins.mlas.library import MlasLibrary
 
 FAST = MeasureSettings(min_repeats=5, min_time_s=0.02, max_time_s=0.3, timeout_s=60)
@@ -82,12 +82,12 @@ def test_records_of_another_device_are_not_reused(small, tmp_path):
     library, device = plugins.get_library("mlas"), this_device()
     db = RecordDB(tmp_path / "r.db")
     options = TuneOptions("exhaustive", budget=3, settings=FAST)
-    first = tune([task], library, device, db, options)[0]
+    first = tune_tasks([task], library, device, db, options)[0]
     assert first.measured_now == 3
-    again = tune([task], library, device, db, options)[0]
+    again = tune_tasks([task], library, device, db, options)[0]
     assert again.measured_now == 0 and again.samples == 3
     other = type(device)(device.arch, "another cpu", device.features, device.cores, device.clusters)
-    elsewhere = tune([task], library, other, db, options)[0]
+    elsewhere = tune_tasks([task], library, other, db, options)[0]
     assert elsewhere.measured_now == 3
 
 
@@ -97,13 +97,13 @@ def test_a_retiming_far_slower_than_the_rest_is_taken_again(small, tmp_path):
     stored record is made 5x too fast, so its honest re-timing looks like a stall."""
     import dataclasses
 
-    from kselect.core.tune import STALL_RETRIES, library_defaults, remeasure
+    from kselect.core.measuring.tuning_loop import STALL_RETRIES, library_defaults, remeasure
 
     _, tasks = small
     library, device = plugins.get_library("mlas"), this_device()
     db = RecordDB(tmp_path / "r.db")
     task_list = list(tasks.values())
-    tune(task_list, library, device, db, TuneOptions("exhaustive", budget=1, settings=FAST))
+    tune_tasks(task_list, library, device, db, TuneOptions("exhaustive", budget=1, settings=FAST))
     defaults = library_defaults(task_list, library, device)
     target = task_list[0]
     honest = db.records(device.fingerprint, "mlas", library.version(), target.key)[0].result.median_us
@@ -296,7 +296,7 @@ def test_early_stop_ends_a_task_after_samples_without_improvement(small, tmp_pat
     task = tasks[("block.conv1",)]
     library, device = plugins.get_library("mlas"), this_device()
     options = TuneOptions("random", budget=8, early_stop=1, settings=FAST)
-    outcome = tune([task], library, device, RecordDB(tmp_path / "r.db"), options)[0]
+    outcome = tune_tasks([task], library, device, RecordDB(tmp_path / "r.db"), options)[0]
     # 8 configs, budget 8: only a run of strictly improving samples could reach the budget
     assert outcome.stopped_early and outcome.samples < 8
 
@@ -327,15 +327,15 @@ def test_a_plan_that_differs_from_onnxruntime_is_written_node_by_node(tuned_smal
 
 
 def test_end_to_end_check_falls_back_to_simpler_plans(small_model_path, tmp_path):
-    from kselect.core.selection import verified_plan
-    from kselect.core.plan import plan_variants
-    from kselect.core.tune import library_tasks
+    from kselect.core.measuring.tuning_loop import library_tasks
+    from kselect.core.plans.plan import plan_variants
+    from kselect.core.whole_model.selection import verified_plan
 
     model = load_model(str(small_model_path))
     library, device = plugins.get_library("mlas"), this_device()
     tasks = library_tasks(model, library)
     db = RecordDB(tmp_path / "r.db")
-    outcomes = tune(tasks, library, device, db, TuneOptions("random", budget=4, settings=FAST))
+    outcomes = tune_tasks(tasks, library, device, db, TuneOptions("random", budget=4, settings=FAST))
     records = {t.key: db.records(device.fingerprint, "mlas", library.version(), t.key) for t in tasks}
     variants = plan_variants(model, device, library, library.version(), tasks, records,
                              {o.task.key: o.default_config for o in outcomes})

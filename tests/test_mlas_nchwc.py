@@ -16,10 +16,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.plugins.mlas.layout import (conv_takes_blocked_input, from_blocked, nchwc_block_size, nchwc_feed,
-                                         to_blocked)
-from kselect.plugins.mlas.ort_session import (CONFIG_KEYS, DISABLE_OPTIMIZERS_KEY, NCHWC_DOMAIN, NCHWC_TRANSFORMER,
-                                              ort_optimized, session_options)
+from kselect.plugins.mlas.layout import conv_takes_blocked_input, from_blocked, nchwc_block_size, nchwc_feed, to_blocked
+from kselect.plugins.mlas.ort_session import (
+    CONFIG_KEYS,
+    DISABLE_OPTIMIZERS_KEY,
+    NCHWC_DOMAIN,
+    NCHWC_TRANSFORMER,
+    ort_optimized,
+    session_options,
+)
 from kselect.plugins.mlas.rewrite import anchor_inputs, rewrite_model
 from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
 

@@ -11,17 +11,17 @@ from importlib import metadata
 import numpy as np
 import onnxruntime as ort
 import pytest
+from conftest import run_kselect, small_cnn
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_kselect, small_cnn
-from kselect.core import plugins
-from kselect.core.device import this_device
+from kselect.core.contract import plugins
 from kselect.core.errors import UnsupportedOp
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.model import load_model, model_from_proto
-from kselect.core.runtime import library_runner
-from kselect.core.tasks import Task, task_key
-from kselect.core.worker import MeasureWorker
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.model import load_model, model_from_proto
+from kselect.core.models.tasks import Task, task_key
+from kselect.core.plans.runtime import library_runner
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
 
@@ -323,7 +323,7 @@ def test_a_plan_with_other_implementations_layouts_and_threads_runs_correctly(on
     """Each conv forced to a non-default implementation in another layout (reorders between
     them), on one thread: the same output as ONNX Runtime."""
     model = model_from_proto("small", small_cnn())
-    from kselect.core.tasks import find_ops
+    from kselect.core.models.tasks import find_ops
 
     nodes = {}
     for op in find_ops(model):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kselect.core.planner import Edge, Option, PlanGraph, SharedEdges, brute_force, greedy, solve
+from kselect.core.cross_library.planner import Edge, Option, PlanGraph, SharedEdges, brute_force, greedy, solve
 
 LABELS = ["mlas:NCHWc", "mlas:NCHW", "xnnpack:NHWC"]
 
@@ -61,7 +61,7 @@ def test_large_chain_is_solved_quickly():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_local_search_never_worsens_its_start_and_stops_at_a_local_optimum(seed):
-    from kselect.core.planner import improve
+    from kselect.core.cross_library.planner import improve
 
     rng = random.Random(seed)
     graph = random_graph(rng, nodes=8, extra_edges=6, fan_outs=2)

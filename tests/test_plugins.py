@@ -6,12 +6,11 @@ import textwrap
 
 import numpy as np
 import onnx
+from conftest import run_kselect
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_kselect
-
 PLUGIN = textwrap.dedent('''
-    from kselect.core.hookspecs import hookimpl
+    from kselect.core.contract.hookspecs import hookimpl
     from kselect.search import Searcher
 
 
@@ -71,9 +70,9 @@ OP_KIND_PLUGIN = textwrap.dedent('''
     import numpy as np
     from onnx import helper
 
-    from kselect.core.hookspecs import hookimpl
-    from kselect.core.opkind import OnnxOp, OpKind
-    from kselect.core.tasks import Op, node_attr, tensor_shape
+    from kselect.core.contract.hookspecs import hookimpl
+    from kselect.core.contract.opkind import OnnxOp, OpKind
+    from kselect.core.models.tasks import Op, node_attr, tensor_shape
 
 
     class MaxPoolKind(OpKind):
@@ -129,9 +128,9 @@ def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its
 
     script = textwrap.dedent(f'''
         import json, numpy as np, onnxruntime as ort
-        from kselect.core.measure import reference_output, task_inputs, task_model
-        from kselect.core.model import load_model
-        from kselect.core.tasks import extract_tasks
+        from kselect.core.measuring.measure import reference_output, task_inputs, task_model
+        from kselect.core.models.model import load_model
+        from kselect.core.models.tasks import extract_tasks
         tasks = extract_tasks(load_model({str(model_path)!r}))
         pool = [t for t in tasks if t.kind == "maxpool"]
         inputs = task_inputs(pool[0])
@@ -155,7 +154,7 @@ def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its
 
 
 WRONG_LIBRARY_PLUGIN = textwrap.dedent('''
-    from kselect.core.hookspecs import hookimpl
+    from kselect.core.contract.hookspecs import hookimpl
     from kselect.plugins.mlas.library import MlasLibrary
 
 

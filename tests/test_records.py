@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import run_kselect
+
 from kselect.core.errors import KselectError
-from kselect.core.measure import MeasureSettings, Result
-from kselect.core.records import OWNER, RecordDB
+from kselect.core.measuring.measure import MeasureSettings, Result
+from kselect.core.records.store import OWNER, RecordDB
 
 QUICK = MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.01, max_time_s=0.05)
 TASK = {"key": "conv|1x16x8x8|k3", "kind": "conv"}
@@ -96,15 +96,16 @@ def test_a_claim_older_than_its_staleness_is_taken_over(location):
 
 
 def test_a_tune_resumes_from_the_store_and_measures_nothing_again(location):
-    from kselect.core import plugins
-    from kselect.core.device import this_device
-    from kselect.core.tune import TuneOptions, tune
     from test_faults import _pointwise
+
+    from kselect.core.contract import plugins
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.tuning_loop import TuneOptions, tune_tasks
 
     library, device = plugins.get_library("mlas"), this_device()
     task = _pointwise(16, 32)
-    first, = tune([task], library, device, RecordDB(location), TuneOptions("random", 3, settings=QUICK))
-    again, = tune([task], library, device, RecordDB(location), TuneOptions("random", 3, settings=QUICK))
+    first, = tune_tasks([task], library, device, RecordDB(location), TuneOptions("random", 3, settings=QUICK))
+    again, = tune_tasks([task], library, device, RecordDB(location), TuneOptions("random", 3, settings=QUICK))
     assert first.measured_now == 3 and first.samples == 3
     assert again.measured_now == 0 and again.samples == 3 and again.best.median_us == first.best.median_us
     stored = RecordDB(location).records(device.fingerprint, "mlas", library.version(), task.key)

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import run_kselect, small_cnn
 from PIL import Image
 
 import kselect
-from conftest import run_kselect, small_cnn
-from kselect.core import plugins
-from kselect.core.measure import MeasureSettings
-from kselect.core.plan import load_plan_file
-from kselect.core.report import EMULATED_BANNER, chart_names, write_report
+from kselect.core.contract import plugins
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.plans.plan import load_plan_file
+from kselect.core.report.page import EMULATED_BANNER, chart_names, write_report
 from kselect.plugins.acl import build
 
 CHROMIUM = "/usr/bin/chromium"

@@ -1,4 +1,4 @@
-"""Plans mixing libraries run end to end (core/runtime.py), on real MLAS and XNNPack kernels: the
+"""Plans mixing libraries run end to end (core/plans/runtime.py), on real MLAS and XNNPack kernels: the
 graph is cut exactly where the library changes, and the outputs are ONNX Runtime's."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import time
 import numpy as np
 import onnx
 import pytest
+from conftest import small_cnn
 from onnx import TensorProto, helper, numpy_helper
 
 import kselect
-from conftest import small_cnn
-from kselect.core import plugins
-from kselect.core.bench import compare_outputs, random_feeds
-from kselect.core.device import this_device
-from kselect.core.model import load_model, model_from_proto
-from kselect.core.runtime import load_plan
-from kselect.core.switches import defaults_plan as make_plan
+from kselect.core.contract import plugins
+from kselect.core.cross_library.switches import defaults_plan as make_plan
+from kselect.core.measuring.device import this_device
+from kselect.core.models.model import load_model, model_from_proto
+from kselect.core.plans.runtime import load_plan
+from kselect.core.whole_model.bench import compare_outputs, random_feeds
 from kselect.plugins.mlas.apply import default_session
 from kselect.plugins.xnnpack import xnnpack_api as xa
 

@@ -11,11 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from kselect.core.measure import Result
-from kselect.core.space import Categorical, Integer, Space, WorkloadSplit, config_key
-from kselect.core.tasks import Task
-from kselect.search.replay import (ReplayError, ReplayTable, ReplayTask, ReplayWorker, run_searcher, space_from_json,
-                                   space_to_json, synthetic_table, table_from_records, write_table, merge_tables)
+from kselect.core.contract.space import Categorical, Integer, Space, WorkloadSplit, config_key
+from kselect.core.measuring.measure import Result
+from kselect.core.models.tasks import Task
+from kselect.search.replay import (
+    ReplayError,
+    ReplayTable,
+    ReplayTask,
+    ReplayWorker,
+    merge_tables,
+    run_searcher,
+    space_from_json,
+    space_to_json,
+    synthetic_table,
+    table_from_records,
+    write_table,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = sorted((REPO / "benchmarks" / "tables").glob("mlas-*.json"))
@@ -262,8 +273,8 @@ def test_space_json_round_trip():
 def test_table_from_records_round_trip(tmp_path):
     """A table written from a RecordDB (holding SYNTHETIC results) reads back with the same
     results, and a ReplayWorker answers from it."""
-    from kselect.core.device import Device
-    from kselect.core.records import RecordDB
+    from kselect.core.measuring.device import Device
+    from kselect.core.records.store import RecordDB
 
     class FakeLibrary:
         name, emulated = "fake", False
@@ -317,10 +328,10 @@ def test_cost_model_predicts_unseen_tasks(table):
 def test_predict_model_from_records(tmp_path, table):
     """Whole-model prediction for resnet18 from the recorded table's measurements (put in a
     record database as a tune would have), without measuring."""
-    from kselect.core import plugins
-    from kselect.core.device import Device
-    from kselect.core.model import load_model
-    from kselect.core.records import RecordDB
+    from kselect.core.contract import plugins
+    from kselect.core.measuring.device import Device
+    from kselect.core.models.model import load_model
+    from kselect.core.records.store import RecordDB
     from kselect.search.predict import predict_model
 
     library = plugins.libraries()["mlas"]
@@ -394,9 +405,9 @@ def test_the_tuning_loop_runs_on_a_replay_runner_and_hands_every_result_to_its_c
     """core.tune.tune on a ReplayWorker (the recorded MLAS table) instead of kernels: every result
     reaches the measure callbacks, none is written to the database when the callbacks do not
     store, and the configs measured are those run_searcher replays (one search loop for both)."""
-    from kselect.core.device import this_device
-    from kselect.core.records import RecordDB
-    from kselect.core.tune import TuneOptions, tune
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.tuning_loop import TuneOptions, tune_tasks
+    from kselect.core.records.store import RecordDB
 
     replay_task = max(table.tasks, key=lambda t: t.size)
 
@@ -415,7 +426,7 @@ def test_the_tuning_loop_runs_on_a_replay_runner_and_hands_every_result_to_its_c
     seen = []
     db = RecordDB(tmp_path / "records.db")
     options = TuneOptions(search="xgb", budget=12, seed=4)
-    [outcome] = tune([replay_task.task], RecordedLibrary(), this_device(), db, options, runner=ReplayWorker(table),
+    [outcome] = tune_tasks([replay_task.task], RecordedLibrary(), this_device(), db, options, runner=ReplayWorker(table),
                      callbacks=[lambda task, config, result, is_default: seen.append((config, result, is_default))])
     assert len(seen) == outcome.samples == outcome.measured_now == 12
     assert seen[0][2] and not any(is_default for _, _, is_default in seen[1:])

@@ -4,7 +4,7 @@ sampling, stable keys and cost-model features."""
 import json
 import random
 
-from kselect.core.space import Categorical, Integer, Space, WorkloadSplit, config_key
+from kselect.core.contract.space import Categorical, Integer, Space, WorkloadSplit, config_key
 
 
 def acl_like_space(k=8, n=64) -> Space:

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import onnx
 import pytest
-
 from conftest import small_cnn
+
 from kselect.core.errors import KselectError
-from kselect.core.model import load_model
-from kselect.core.tasks import extract_tasks, model_stats
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import extract_tasks, model_stats
 
 
 def test_resnet101_has_104_convs_in_23_tasks():

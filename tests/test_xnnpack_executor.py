@@ -11,14 +11,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import small_cnn
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import small_cnn
-from kselect.core import plugins
-from kselect.core.device import this_device
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import extract_tasks
 from kselect.plugins.ops.conv import conv_reference
-from kselect.core.model import load_model
-from kselect.core.tasks import extract_tasks
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.executor import Executor
 from kselect.plugins.xnnpack.library import XnnpackLibrary
@@ -194,7 +194,7 @@ def test_flatten_of_a_feature_map_into_gemm_and_into_an_output(tmp_path):
 
 
 def test_an_unsupported_op_is_a_clear_error_naming_the_node(tmp_path):
-    """The executor refuses it by name; core/runtime.py then gives that node to ONNX Runtime."""
+    """The executor refuses it by name; core/plans/runtime.py then gives that node to ONNX Runtime."""
     from kselect.core.errors import UnsupportedOp
 
     model = _model(tmp_path, [helper.make_node("Erf", ["x"], ["y"], name="erf")], {}, [1, 4, 3, 3])

@@ -12,13 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kselect.core import plugins
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
-from kselect.core.model import load_model
-from kselect.core.quant import int8_tolerance, quant_params
-from kselect.core.tasks import Task, task_key
-from kselect.core.tune import library_tasks
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task, task_key
+from kselect.core.precision.quant import int8_tolerance, quant_params
 from kselect.plugins.xnnpack import configured, int8, kernels
 from kselect.plugins.xnnpack import ukernels as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa
@@ -239,7 +239,7 @@ def test_mobilenetv2_lists_int8_twins(lib):
 def test_measured_in_the_worker_child(lib):
     """The path a tune takes: the core's measuring child builds the int8 candidate (catalog from
     the disk cache there), a forced kernel included."""
-    from kselect.core.worker import MeasureWorker
+    from kselect.core.measuring.worker import MeasureWorker
 
     task = OPS["depthwise3x3-relu6"]
     configs = [variant_config(lib, task, "qc8")]

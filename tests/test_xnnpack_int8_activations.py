@@ -11,22 +11,22 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_xnnpack_int8 import assert_matches_float_reference, variant_config
 
-from kselect.core.calibration import calibration_for, compute_ranges
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
-from kselect.core.mixed import mixed_plan
-from kselect.core.model import model_from_proto
-from kselect.core.opkind import op_kind
-from kselect.core.plan import Plan, plan_node, plan_task
-from kselect.core.quant import dequantize, int8_tolerance, on_grid, quant_params, quantize
-from kselect.core.tasks import Task, task_key
-from kselect.core.tune import library_tasks
+from kselect.core.contract.opkind import op_kind
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.models.model import model_from_proto
+from kselect.core.models.tasks import Task, task_key
+from kselect.core.plans.plan import Plan, plan_node, plan_task
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.mixed import mixed_plan
+from kselect.core.precision.quant import dequantize, int8_tolerance, on_grid, quant_params, quantize
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.xnnpack import int8
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from test_xnnpack_int8 import assert_matches_float_reference, variant_config
 
 _OK, _REASON = xa.int8_activation_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
@@ -183,7 +183,7 @@ def _silu_model(seed: int = 0) -> onnx.ModelProto:
 def _plans(model, library, ranges, variant: str | None = None,
            twin_kinds: tuple = ("conv", "conv", "conv")) -> tuple[Plan, Plan]:
     """(fp32 plan of XNNPack's defaults, that plan with every int8 twin in int8 at ``variant``, or
-    at the twin's own default config when None), as core/mixed.py builds them. ``twin_kinds``: the
+    at the twin's own default config when None), as core/precision/mixed.py builds them. ``twin_kinds``: the
     kinds of the twins the model must have, one per fp32 task."""
     device = this_device()
     tasks = library_tasks(model, library, ("fp32", "int8"))

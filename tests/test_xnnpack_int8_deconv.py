@@ -10,17 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_xnnpack_int8_activations import _plans
 
-from kselect.core import plugins
-from kselect.core.calibration import calibration_for, compute_ranges
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
-from kselect.core.model import load_model
-from kselect.core.quant import int8_tolerance, quant_params
-from kselect.core.tasks import Task, task_key
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task, task_key
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.quant import int8_tolerance, quant_params
 from kselect.plugins.xnnpack import configured, int8
 from kselect.plugins.xnnpack import xnnpack_api as xa
-from test_xnnpack_int8_activations import _plans
 
 _OK, _REASON = xa.int8_deconvolution_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)

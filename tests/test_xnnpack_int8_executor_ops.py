@@ -1,5 +1,5 @@
 """XNNPack's executor running the ops between int8 conv / fc nodes in 8 bits, on the real library:
-small models with every conv / fc in int8 (plans as core/mixed.py builds them), where a MaxPool,
+small models with every conv / fc in int8 (plans as core/precision/mixed.py builds them), where a MaxPool,
 a residual Add (with and without a folded Relu) and a GlobalAveragePool (or a spatial ReduceMean)
 read only 8-bit tensors int8 ops wrote. Each such node is XNNPack's 8-bit operator, nothing before
 it is dequantized, and the outputs match ONNX Runtime's QDQ model of the same plan and its float
@@ -12,19 +12,19 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_xnnpack_int8 import variant_config
+from test_xnnpack_int8_model import output_step
 
-from kselect.core.calibration import calibration_for, compute_ranges
-from kselect.core.device import this_device
-from kselect.core.mixed import mixed_plan
-from kselect.core.model import model_from_proto
-from kselect.core.plan import Plan, int8_nodes, plan_node, plan_task
-from kselect.core.tune import library_tasks
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.models.model import model_from_proto
+from kselect.core.plans.plan import Plan, int8_nodes, plan_node, plan_task
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.mixed import mixed_plan
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.xnnpack import int8
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from test_xnnpack_int8 import variant_config
-from test_xnnpack_int8_model import output_step
 
 _OK, _REASON = xa.int8_graph_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)

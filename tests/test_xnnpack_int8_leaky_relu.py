@@ -11,17 +11,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_xnnpack_int8_activations import _plans, conv_task, fc_task, tolerance
 
-from kselect.core.calibration import calibration_for, compute_ranges
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
-from kselect.core.model import model_from_proto
-from kselect.core.quant import dequantize, on_grid, quant_params
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
+from kselect.core.models.model import model_from_proto
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.quant import dequantize, on_grid, quant_params
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.xnnpack import configured, int8, kernels
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from test_xnnpack_int8_activations import _plans, conv_task, fc_task, tolerance
 
 _OK, _REASON = xa.int8_leaky_relu_availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)

@@ -1,5 +1,5 @@
 """Whole models with int8 nodes through XNNPack's executor, on the real library: plans built as
-core/mixed.py builds them (the fp32 plan with some nodes run by their int8 tasks' entries, the
+core/precision/mixed.py builds them (the fp32 plan with some nodes run by their int8 tasks' entries, the
 calibration cache in ``plan.extra["precision"]["ranges"]``) on the zoo's MobileNetV2 and
 ResNet-18, against ONNX Runtime running MLAS's QDQ model of the same int8 nodes and ranges and
 against the float model; 8-bit tensors kept 8-bit between int8 ops (a top-bit flip between
@@ -16,15 +16,15 @@ import pytest
 from onnx import numpy_helper
 
 import kselect
-from kselect.core.calibration import calibration_for, compute_ranges
-from kselect.core.conversions import conversion_task
-from kselect.core.device import this_device
+from kselect.core.cross_library.conversions import conversion_task
 from kselect.core.errors import KselectError
-from kselect.core.measure import MeasureSettings, measure_in_this_process
-from kselect.core.mixed import mixed_plan
-from kselect.core.model import load_model
-from kselect.core.plan import Plan, plan_node, plan_task
-from kselect.core.tune import library_tasks
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.models.model import load_model
+from kselect.core.plans.plan import Plan, plan_node, plan_task
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.mixed import mixed_plan
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.xnnpack import int8, kernels
 from kselect.plugins.xnnpack import xnnpack_api as xa

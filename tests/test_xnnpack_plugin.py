@@ -11,18 +11,18 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import run_kselect
-from kselect.core import plugins
-from kselect.core.device import this_device
-from kselect.core.measure import MeasureSettings
-from kselect.core.model import load_model
-from kselect.core.plan import build_plan
-from kselect.core.records import RecordDB
-from kselect.core.space import Categorical, Integer, Space
-from kselect.core.tasks import Task, extract_tasks, task_key
-from kselect.core.tune import TuneOptions, stored_outcomes, tune
-from kselect.core.worker import MeasureWorker
+
+from kselect.core.contract import plugins
+from kselect.core.contract.space import Categorical, Integer, Space
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import TuneOptions, stored_outcomes, tune_tasks
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task, extract_tasks, task_key
+from kselect.core.plans.plan import build_plan
+from kselect.core.records.store import RecordDB
 from kselect.plugins.xnnpack import configured, kernels, tileshim, ukernels
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
@@ -194,7 +194,7 @@ def test_an_aborting_override_is_contained_recorded_failed_and_never_planned(tmp
     task, device = conv_task(16, 24, 3), this_device()
     db = RecordDB(tmp_path / "records.db")
     library = Reckless()
-    outcomes = tune([task], library, device, db, TuneOptions("exhaustive", 4, settings=FAST))
+    outcomes = tune_tasks([task], library, device, db, TuneOptions("exhaustive", 4, settings=FAST))
     assert outcomes[0].failed == 1 and outcomes[0].default.status == "ok"
     records = db.records(device.fingerprint, "xnnpack", library.version(), task.key)
     failed = [r for r in records if r.result.status == "failed"]
@@ -265,9 +265,9 @@ def test_unknown_build_falls_back_to_the_public_api():
 from kselect.plugins.xnnpack import ukernels as uk
 uk.KNOWN_BUILDS.clear()  # as if the installed build were another one
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from kselect.core.device import this_device
-from kselect.core.measure import measure_in_this_process, MeasureSettings
-from kselect.core.tasks import Task
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import measure_in_this_process, MeasureSettings
+from kselect.core.models.tasks import Task
 lib, device = XnnpackLibrary(), this_device()
 ok, why = lib.availability()
 print("AVAILABLE", ok, why)
@@ -290,8 +290,8 @@ print("RESULT", r.status, r.reason)
 def test_without_the_shim_there_is_no_work_split():
     code = """
 from kselect.plugins.xnnpack.library import XnnpackLibrary
-from kselect.core.device import this_device
-from kselect.core.tasks import Task
+from kselect.core.measuring.device import this_device
+from kselect.core.models.tasks import Task
 lib = XnnpackLibrary()
 t = Task("T", "0123456789abcdef", "conv", [1, 16, 9, 9], [24, 16, 3, 3], [1, 24, 9, 9],
          {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}, True, ["n"])
@@ -327,7 +327,7 @@ def test_a_tuned_plan_is_not_slower_than_the_default_over_its_ops(small_model_pa
     lib, device = plugins.get_library("xnnpack"), this_device()
     tasks = [t for t in extract_tasks(model) if lib.supports(t)]
     db = RecordDB(tmp_path / "records.db")
-    outcomes = tune(tasks, lib, device, db, TuneOptions("random", 4, settings=FAST))
+    outcomes = tune_tasks(tasks, lib, device, db, TuneOptions("random", 4, settings=FAST))
     plan = build_plan(model, device, lib, lib.version(), tasks, stored_outcomes(tasks, lib, device, db),
                       {o.task.key: o.default_config for o in outcomes})
     default_total = sum(entry["default_us"] * len(entry["nodes"]) for entry in plan.tasks)

@@ -1,4 +1,4 @@
-"""Tests for the built-in model zoo (kselect.core.zoo)."""
+"""Tests for the built-in model zoo (kselect.core.models.zoo)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, shape_inference
 
-from kselect.core.zoo import BUILTIN_MODELS, build_model
+from kselect.core.models.zoo import BUILTIN_MODELS, build_model
 
 ALL_MODELS = [
     "resnet18", "resnet50", "resnet101", "alexnet", "vgg16", "googlenet", "mobilenetv2", "resnetxy",

@@ -11,7 +11,7 @@ hosts under qemu, and then every time is labelled emulated.
 
 from __future__ import annotations
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.plugins.acl.library import AclLibrary
 
 

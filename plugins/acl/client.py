@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kselect.core.worker import die_with_parent
+from kselect.core.measuring.worker import die_with_parent
 
 from . import build
 

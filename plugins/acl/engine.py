@@ -15,7 +15,7 @@ op's name: the engine runs what ACL 20.08 can run, not a general ONNX runtime.
 int8: a conv / fc node whose config carries ``"int8": {"activations", "weights"}`` (a plan's int8
 entry, ``AclLibrary.node_configs``) is lowered with a ``quant`` object and integer weight files, as
 the single-op path quantizes (int8.quantized_weights): input and output on the uint8 grids of
-their calibrated ranges (``ranges``, the plan's ``extra["precision"]["ranges"]``; core/quant.py
+their calibrated ranges (``ranges``, the plan's ``extra["precision"]["ranges"]``; core/precision/quant.py
 ``asymmetric_u8``, QASYMM8_SIGNED with zero points minus 128), weights symmetric per output
 channel or per tensor, S32 bias. The runner converts tensors between float and int8 ops.
 """
@@ -32,9 +32,9 @@ import numpy as np
 from onnx import numpy_helper
 
 from kselect.core.errors import KselectError, UnsupportedOp
-from kselect.core.model import Model
-from kselect.core.quant import QuantParams, asymmetric_u8, weight_scales_of
-from kselect.core.tasks import explicit_pads, node_attr
+from kselect.core.models.model import Model
+from kselect.core.models.tasks import explicit_pads, node_attr
+from kselect.core.precision.quant import QuantParams, asymmetric_u8, weight_scales_of
 from kselect.plugins.acl import int8
 from kselect.plugins.ops.conv import deconv_attrs
 

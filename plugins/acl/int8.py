@@ -4,7 +4,7 @@ NEDepthwiseConvolutionLayer) or fc (NEFullyConnectedLayer) on quantized tensors.
 Activations (input and output) are QASYMM8 or QASYMM8_SIGNED, weights QSYMM8_PER_CHANNEL (one
 scale per output channel) or, per tensor, of the activations' own type (QASYMM8 weights carry
 zero point 128, QASYMM8_SIGNED zero point 0), bias S32 at scale x_scale * w_scale. The
-parameters come from the measuring core (``inputs["quant"]``, core/quant.py: uint8 asymmetric
+parameters come from the measuring core (``inputs["quant"]``, core/precision/quant.py: uint8 asymmetric
 activations, symmetric int8 weights); QASYMM8_SIGNED uses the same scales with zero points minus
 128. Data are quantized here, outside the timed work, and sent to the runner as raw integer
 files; the runner answers with the quantized output, dequantized here.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kselect.core.quant import QuantParams, dequantize, quantize
+from kselect.core.precision.quant import QuantParams, dequantize, quantize
 
 ACTIVATION_TYPES = ("QASYMM8_SIGNED", "QASYMM8")  # the data type of the input and the output
 WEIGHT_GRANULARITY = ("per-channel", "per-tensor")
@@ -39,7 +39,7 @@ def weight_type(activations: str, weights: str) -> str:
 
 
 def shift(activations: str) -> int:
-    """What QASYMM8_SIGNED subtracts from core/quant.py's uint8 zero points."""
+    """What QASYMM8_SIGNED subtracts from core/precision/quant.py's uint8 zero points."""
     return -128 if activations == "QASYMM8_SIGNED" else 0
 
 

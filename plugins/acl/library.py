@@ -20,16 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from kselect.core.activations import clamp_range
-from kselect.core.conversions import boundary_label
-from kselect.core.calibration import plan_ranges
-from kselect.core.device import Device, this_device
+from kselect.core.contract.labels import Label, boundary_label
+from kselect.core.contract.library import Library
+from kselect.core.contract.space import Categorical, Integer, Space, WorkloadSplit
 from kselect.core.errors import KselectError
-from kselect.core.library import Library
-from kselect.core.plan import write_atomically
-from kselect.core.quant import dequantize
-from kselect.core.space import Categorical, Integer, Space, WorkloadSplit
-from kselect.core.tasks import Task
+from kselect.core.measuring.device import Device, this_device
+from kselect.core.models.activations import clamp_range
+from kselect.core.models.tasks import Task
+from kselect.core.plans.plan import write_atomically
+from kselect.core.precision.calibration import plan_ranges
+from kselect.core.precision.quant import dequantize
 from kselect.plugins.acl import build, int8
 
 CONV_METHODS = ("GEMM", "WINOGRAD", "DIRECT", "FFT")
@@ -99,7 +99,7 @@ class AclLibrary(Library):
     name = "acl"
     fresh_instances = 1  # every run request configures a fresh ACL function
     # Per-op timings exclude layout changes; the runner times the NEPermute the engine inserts
-    # where layouts change (measure_conversion), and the plan counts them (core/crossplan.py).
+    # where layouts change (measure_conversion), and the plan counts them (core/cross_library/plan.py).
     plans_layouts_per_op = True
     # In a plan with other libraries each ACL segment is a runner call that exchanges its tensors
     # as files (engine.AclModelRunner): measured per tensor shape as the "acl:boundary" sides.
@@ -502,8 +502,8 @@ class AclLibrary(Library):
         return self.space(task, device).normalise(config)
 
     # -- layouts ----------------------------------------------------------------------------------
-    def layout_label(self, config: dict) -> str:
-        return f"acl:{config.get('layout', 'NCHW')}"
+    def layout_label(self, config: dict) -> Label:
+        return Label(self.name, config.get('layout', 'NCHW'))
 
     def tolerance(self, task: Task, config: dict) -> float:
         # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md); a
@@ -577,7 +577,7 @@ class AclLibrary(Library):
     def _measure_permute(self, label: str, direction: str, x: np.ndarray, timing: dict) -> dict:
         """The NEPermute the engine runs where a tensor enters ("in") or leaves ("out") the
         NHWC layout; nothing happens for NCHW or for tensors that are not 4-D."""
-        layout = label.split(":", 1)[1]
+        layout = Label(label).form
         if layout != "NHWC" or x.ndim != 4:
             return {"times_us": [[0.0]], "output": x}
         source, target = ("NCHW", "NHWC") if direction == "in" else ("NHWC", "NCHW")
@@ -593,7 +593,7 @@ class AclLibrary(Library):
         tensor's own range in the default activation type (QASYMM8_SIGNED); the other half of the
         round trip is done here, outside the timed work, so the output is the tensor quantized
         and dequantized, which the core checks."""
-        from kselect.core.quant import asymmetric_u8
+        from kselect.core.precision.quant import asymmetric_u8
 
         activations = int8.DEFAULT_ACTIVATIONS
         scale, zero_point = asymmetric_u8(x.min(), x.max())
@@ -618,8 +618,8 @@ class AclLibrary(Library):
         and out, is charged half. Two arrays alternate, so every call writes its input."""
         from onnx import TensorProto, helper
 
-        from kselect.core.measure import time_candidate
-        from kselect.core.model import model_from_proto
+        from kselect.core.measuring.measure import time_candidate
+        from kselect.core.models.model import model_from_proto
         from kselect.plugins.acl import engine
 
         shape = list(x.shape)
@@ -646,7 +646,7 @@ class AclLibrary(Library):
         """Runner configs per conv / fc node: the plan's, or the library defaults. A plan's int8
         entry (task ``T...int8``, config with ``activations`` / ``weights``) carries ``"int8":
         {"activations", "weights"}``, which ``engine.lower`` turns into the node's quantization."""
-        from kselect.core.tasks import extract_tasks, find_ops
+        from kselect.core.models.tasks import extract_tasks, find_ops
 
         device = device or this_device()
         configs = {}

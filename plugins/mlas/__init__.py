@@ -9,7 +9,7 @@ once per plan (``plan_level_dims``).
 
 from __future__ import annotations
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.plugins.mlas.library import MlasLibrary
 
 

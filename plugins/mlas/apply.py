@@ -20,7 +20,7 @@ from pathlib import Path
 
 import onnx
 
-from kselect.core.plan import LIBRARY_DEFAULT, int8_nodes, write_atomically
+from kselect.core.plans.plan import LIBRARY_DEFAULT, int8_nodes, write_atomically
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.mlas.layout import nchwc_block_size
 from kselect.plugins.mlas.library import add_config_entries, session_config_entries, session_options

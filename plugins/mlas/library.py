@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kselect.core.device import Device
-from kselect.core.library import Candidate, Library
-from kselect.core.space import Categorical, Integer, Space
-from kselect.core.tasks import Task
+from kselect.core.contract.labels import Label
+from kselect.core.contract.library import Candidate, Library
+from kselect.core.contract.space import Categorical, Integer, Space
+from kselect.core.measuring.device import Device
+from kselect.core.models.tasks import Task
 
 # ONNX Runtime session config keys (checked against onnxruntime 1.32's own key list).
 SPINNING_KEY = "session.intra_op.allow_spinning"
@@ -96,11 +97,11 @@ class MlasLibrary(Library):
 
         return frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
 
-    def requantized_label(self) -> str:
+    def requantized_label(self) -> Label:
         """Between two int8 ops, ONNX Runtime's transpose optimiser cancels the transposes its
         NHWC int8 convs put around a DequantizeLinear -> float op -> QuantizeLinear, so that
         round trip is a plain DequantizeLinear and QuantizeLinear, measured on the flat tensor."""
-        return "mlas:int8-in-place"
+        return Label(self.name, "int8-in-place")
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -258,7 +259,7 @@ class MlasLibrary(Library):
                 else:
                     unblock = lambda y: from_blocked(y, channels, block)  # noqa: E731
         else:  # a Gemm, ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im) or 1-D Conv, with the epilogue
-            from kselect.core.measure import task_model
+            from kselect.core.measuring.measure import task_model
             from kselect.plugins.ops.conv import as_conv1d
 
             model, epilogue = task_model(task, inputs), []
@@ -273,8 +274,8 @@ class MlasLibrary(Library):
         return OrtCandidate(session, {session.get_inputs()[0].name: x}, unblock)
 
     # -- layouts, for plans that mix libraries ------------------------------------------------
-    def layout_label(self, config: dict) -> str:
-        return f"mlas:{config.get('layout', 'NCHW')}"
+    def layout_label(self, config: dict) -> Label:
+        return Label(self.name, config.get('layout', 'NCHW'))
 
     def input_label(self, task: Task, label: str) -> str:
         """An NCHWc conv with fewer input channels than a block (a model's first conv, on RGB)
@@ -295,12 +296,12 @@ class MlasLibrary(Library):
         from kselect.plugins.mlas.layout import from_blocked, nchwc_feed
         from kselect.plugins.mlas.single_op import reorder_model
 
-        layout = label.split(":", 1)[1]
+        layout = Label(label).form
         if layout == "int8-in-place":  # the "int8" sides of the flat tensor: no transpose (requantized_label)
             flat = self.conversion("mlas:int8", direction, x.reshape(-1))
             return OrtCandidate(flat.session, flat.feeds, lambda y: flat.unblock(y).reshape(x.shape))
         if layout == "int8":  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one, 4-D: and NHWC
-            from kselect.core.quant import asymmetric_u8
+            from kselect.core.precision.quant import asymmetric_u8
             from kselect.plugins.mlas import int8
 
             scale, zero_point = asymmetric_u8(x.min(), x.max())
@@ -365,7 +366,7 @@ def fused_by_mlas(epilogue: list) -> bool:
 
 
 def mlas_activation_params(step: list) -> list[float]:
-    from kselect.core.activations import clamp_range
+    from kselect.core.models.activations import clamp_range
 
     op, _, attrs = step
     if op == "Clip":
@@ -407,7 +408,7 @@ def reordered_output(model, channels: int) -> None:
 def with_epilogue(model, epilogue: list) -> None:
     """Appends the epilogue's nodes to a single-op model: they read its output (NCHW, or
     blocked, where they run blocked as in the whole-model rewrite) and write the model's output."""
-    from kselect.core.activations import onnx_nodes
+    from kselect.core.models.activations import onnx_nodes
 
     graph = model.graph
     output = _divert_output(graph, "op_out")

@@ -65,9 +65,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.core.model import subgraph_inputs
-from kselect.plugins.mlas.layout import (NCHW, NCHWC, conv_nchwc_unsupported, conv_takes_blocked_input,
-                                         norm_layout, pack_conv, round_up)
+from kselect.core.models.model import subgraph_inputs
+from kselect.plugins.mlas.layout import (
+    NCHW,
+    NCHWC,
+    conv_nchwc_unsupported,
+    conv_takes_blocked_input,
+    norm_layout,
+    pack_conv,
+    round_up,
+)
 from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, UNARY_ACTIVATIONS
 
 _POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")

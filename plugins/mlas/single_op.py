@@ -14,9 +14,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.plugins.mlas.layout import (NCHW, NCHWC, conv_nchwc_unsupported, conv_takes_blocked_input,
-                                         nchwc_block_size, norm_layout, pack_conv, round_up)
+from kselect.plugins.mlas.layout import (
+    NCHW,
+    NCHWC,
+    conv_nchwc_unsupported,
+    conv_takes_blocked_input,
+    nchwc_block_size,
+    norm_layout,
+    pack_conv,
+    round_up,
+)
 from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN
+
 
 def conv_output_hw(conv_attrs: Mapping[str, Any], x_hw: Sequence[int], kernel: Sequence[int]) -> tuple[int, int]:
     """Output (H, W) of a 2-D Conv/Pool with ONNX attributes ``conv_attrs``."""

@@ -9,7 +9,7 @@ A plan runs whole models with executor.py.
 
 from __future__ import annotations
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.plugins.onednn.library import OnednnLibrary
 
 

@@ -9,7 +9,7 @@ nChw16c, nhwc, ...); where a consumer reads another format, a reorder step conve
 format, shared by the consumers). The model's inputs and outputs are NCHW numpy arrays.
 
 Fused (the same with and without a plan): the activation epilogue of a conv / fc op
-(core/activations.py), when every step maps to an eltwise post-op (primitives.post_ops), and a
+(core/models/activations.py), when every step maps to an eltwise post-op (primitives.post_ops), and a
 Relu / Clip after an Add, Sub, Mul or Div (a post-op of the binary primitive).
 
 Threads: a conv / fc op runs on its config's thread count (without a plan: all cores, oneDNN's
@@ -25,9 +25,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from kselect.core.device import this_device
 from kselect.core.errors import KselectError, UnsupportedOp
-from kselect.core.tasks import Task, explicit_pads, find_ops
+from kselect.core.measuring.device import this_device
+from kselect.core.models.tasks import Task, explicit_pads, find_ops
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
 

@@ -9,10 +9,11 @@ import subprocess
 
 import numpy as np
 
-from kselect.core.device import Device
-from kselect.core.library import CallCandidate, Candidate, Library
-from kselect.core.space import Categorical, Integer, Space
-from kselect.core.tasks import Task
+from kselect.core.contract.labels import FLAT, Label
+from kselect.core.contract.library import CallCandidate, Candidate, Library
+from kselect.core.contract.space import Categorical, Integer, Space
+from kselect.core.measuring.device import Device
+from kselect.core.models.tasks import Task
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
 
@@ -70,7 +71,7 @@ class ExecutorCandidate(Candidate):
 
 class OnednnLibrary(Library):
     name = "onednn"
-    # Layouts are chosen per op with the reorders between them counted (core/crossplan.py):
+    # Layouts are chosen per op with the reorders between them counted (core/cross_library/plan.py):
     # an op's fastest implementation may write another format than its neighbours read.
     plans_layouts_per_op = True
 
@@ -149,11 +150,11 @@ class OnednnLibrary(Library):
             raise
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        from kselect.core.measure import task_model
-        from kselect.plugins.ops.conv import as_conv1d
-        from kselect.core.model import model_from_proto
-        from kselect.core.plan import Plan
+        from kselect.core.measuring.measure import task_model
+        from kselect.core.models.model import model_from_proto
+        from kselect.core.plans.plan import Plan
         from kselect.plugins.onednn.executor import Executor
+        from kselect.plugins.ops.conv import as_conv1d
 
         model = model_from_proto(task.id, task_model(task, inputs))
         plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[], plan_level={},
@@ -163,9 +164,9 @@ class OnednnLibrary(Library):
         return ExecutorCandidate(executor, task.output_shape)
 
     # -- layouts, for plans that mix libraries ------------------------------------------------
-    def layout_label(self, config: dict) -> str:
+    def layout_label(self, config: dict) -> Label:
         layout = config.get("layout")
-        return f"{self.name}:{prim.LABELS[layout]}" if layout else f"{self.name}:flat"
+        return Label(self.name, prim.LABELS[layout] if layout else FLAT)
 
     def input_label(self, task: Task, label: str) -> str:
         """A conv writing a blocked layout may read a plain one (a first conv on 3 channels reads
@@ -182,7 +183,7 @@ class OnednnLibrary(Library):
         buffer and, for a layout other than NCHW, reorders it into that layout; "out" reorders to
         NCHW where needed and copies the result out to a new array. A tensor that is not 4-D is
         only copied."""
-        layout = label.split(":", 1)[1]
+        layout = Label(label).form
         fmt = next((k for k, v in prim.LABELS.items() if v == layout), None) if x.ndim == 4 else None
         plain = dnnl.Memory(dnnl.plain_desc(x.shape))
         held = dnnl.Memory(dnnl.desc(list(x.shape), fmt)) if fmt not in (None, "nchw") else None

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from kselect.core.tasks import Task
+from kselect.core.models.tasks import Task
 from kselect.plugins.onednn import dnnl
 
 # The 4-D activation formats offered, in the order they are tried; ``LABELS`` is how a plan names them.

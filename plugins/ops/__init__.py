@@ -1,9 +1,9 @@
-"""The op kinds built into kselect (core/opkind.py), registered like a third-party plugin's:
+"""The op kinds built into kselect (core/contract/opkind.py), registered like a third-party plugin's:
 "conv" (Conv, 1-D and 2-D), "deconv" (ConvTranspose) and "fc" (Gemm, MatMul)."""
 
 from __future__ import annotations
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.plugins.ops.conv import ConvKind, DeconvKind
 from kselect.plugins.ops.fc import FullyConnectedKind
 

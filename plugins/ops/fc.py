@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from kselect.core.opkind import OnnxOp, OpKind
-from kselect.core.tasks import Op, constant_float_weights, node_attr, tensor_shape
+from kselect.core.contract.opkind import OnnxOp, OpKind
+from kselect.core.models.tasks import Op, constant_float_weights, node_attr, tensor_shape
 
 
 class FullyConnectedKind(OpKind):

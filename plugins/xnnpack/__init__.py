@@ -9,7 +9,7 @@ the parallel loop (through a pthreadpool shim). A plan runs whole models with ex
 
 from __future__ import annotations
 
-from kselect.core.hookspecs import hookimpl
+from kselect.core.contract.hookspecs import hookimpl
 from kselect.plugins.xnnpack.library import XnnpackLibrary
 
 

@@ -28,11 +28,9 @@ import sys
 
 import numpy as np
 
-from kselect.plugins.xnnpack import kernels
-from kselect.plugins.xnnpack import tileshim
+from kselect.plugins.xnnpack import kernels, tileshim
 from kselect.plugins.xnnpack import ukernels as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa
-
 
 XNN_EXTRA_FLOATS = 16  # XNNPack may read XNN_EXTRA_BYTES (16) past an input's end; 64 bytes kept free
 
@@ -64,11 +62,11 @@ def pool_for(threads: int | None) -> xa.Threadpool | None:
 
 
 def in_measuring_child() -> bool:
-    """True in kselect's measuring child (core/worker.py) or an ukernels.py child, where a crash
+    """True in kselect's measuring child (core/measuring/worker.py) or an ukernels.py child, where a crash
     is contained and recorded as a failed candidate."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    return getattr(spec, "name", "") in ("kselect.core.worker", "kselect.plugins.xnnpack.ukernels") \
+    return getattr(spec, "name", "") in ("kselect.core.measuring.worker", "kselect.plugins.xnnpack.ukernels") \
         or os.environ.get(uk.CHILD_ENV) == "1"
 
 

@@ -24,7 +24,7 @@ conv / deconv / fc runs its configured 8-bit operator (int8.py: variant qc8 / qs
 threads), its weights quantized from the model's float weights (per output channel for qc8, one
 scale otherwise; bias int32 at input scale x weight scale), its input quantized with the
 calibrated range of its input tensor and its output with that of its output tensor (after the
-folded Relu / Clip), as asymmetric uint8 (core/quant.py ``asymmetric_u8``; signed variants take
+folded Relu / Clip), as asymmetric uint8 (core/precision/quant.py ``asymmetric_u8``; signed variants take
 zero point - 128). The ranges are ``plan.extra["precision"]["ranges"]``, onnxruntime.quantization's
 calibration cache. An 8-bit tensor stays 8-bit between two int8 ops (the output's range is the next
 op's input range); between a signed and an unsigned variant it is converted by flipping the top
@@ -54,12 +54,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from kselect.core.calibration import plan_ranges
-from kselect.core.device import this_device
 from kselect.core.errors import KselectError, UnsupportedOp
-from kselect.core.plan import int8_nodes
-from kselect.core.quant import QuantParams, asymmetric_u8, weight_scales_of
-from kselect.core.tasks import Task, explicit_pads, find_ops
+from kselect.core.measuring.device import this_device
+from kselect.core.models.tasks import Task, explicit_pads, find_ops
+from kselect.core.plans.plan import int8_nodes
+from kselect.core.precision.calibration import plan_ranges
+from kselect.core.precision.quant import QuantParams, asymmetric_u8, weight_scales_of
 from kselect.plugins.xnnpack import configured
 from kselect.plugins.xnnpack import xnnpack_api as xa
 

@@ -1,4 +1,4 @@
-"""XNNPack's 8-bit conv and fully connected operators as int8 candidates (core/quant.py).
+"""XNNPack's 8-bit conv and fully connected operators as int8 candidates (core/precision/quant.py).
 
 This snapshot (libxnnpack0 0.0~git20220216, xnnpack.h at ae108ef) has three 8-bit variants:
 
@@ -40,10 +40,10 @@ import math
 
 import numpy as np
 
-from kselect.core.activations import clamp_range
-from kselect.core.device import Device
-from kselect.core.quant import QuantParams, quantize
-from kselect.core.space import Categorical, Integer, Space
+from kselect.core.contract.space import Categorical, Integer, Space
+from kselect.core.measuring.device import Device
+from kselect.core.models.activations import clamp_range
+from kselect.core.precision.quant import QuantParams, quantize
 from kselect.plugins.xnnpack import configured, kernels, tileshim
 from kselect.plugins.xnnpack import ukernels as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa

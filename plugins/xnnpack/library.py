@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kselect.core.device import Device
-from kselect.core.library import CallCandidate, Candidate, Library
-from kselect.core.space import Categorical, Integer, Space
-from kselect.core.tasks import Task
+from kselect.core.contract.labels import Label
+from kselect.core.contract.library import CallCandidate, Candidate, Library
+from kselect.core.contract.space import Categorical, Integer, Space
+from kselect.core.measuring.device import Device
+from kselect.core.models.tasks import Task
 from kselect.plugins.xnnpack import configured, kernels, tileshim
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
@@ -51,8 +52,8 @@ class _Int8Conversion(Candidate):
     default variants use). Only the conversion is timed; ``output()`` is the float result in NCHW."""
 
     def __init__(self, direction: str, x: np.ndarray):
-        from kselect.core.device import this_device
-        from kselect.core.quant import asymmetric_u8
+        from kselect.core.measuring.device import this_device
+        from kselect.core.precision.quant import asymmetric_u8
         from kselect.plugins.xnnpack import int8
 
         self.four_d = x.ndim == 4
@@ -313,10 +314,10 @@ class XnnpackLibrary(Library):
         """An op with its activation, or a 1-D conv, run as the executor runs it in a whole model:
         the clamps fused into the operator, other activations as operators of their own; a 1-D
         conv's [N, C, W] tensors copied into and out of the NHWC operator's height-1 buffers."""
-        from kselect.core.measure import task_model
+        from kselect.core.measuring.measure import task_model
+        from kselect.core.models.model import model_from_proto
+        from kselect.core.plans.plan import Plan
         from kselect.plugins.ops.conv import as_conv1d
-        from kselect.core.model import model_from_proto
-        from kselect.core.plan import Plan
         from kselect.plugins.xnnpack.executor import Executor
 
         model = model_from_proto(f"{task.id}", task_model(task, inputs))
@@ -328,19 +329,19 @@ class XnnpackLibrary(Library):
         return ExecutorCandidate(executor, task.output_shape)
 
     # -- layouts, for plans that mix libraries ------------------------------------------------
-    def layout_label(self, config: dict) -> str:
-        return "xnnpack:NHWC"
+    def layout_label(self, config: dict) -> Label:
+        return Label(self.name, "NHWC")
 
     def flatten_label(self, label: str) -> str:
-        return label  # the executor folds a Flatten of NHWC into the FC weights' column order
+        return Label(label)  # the executor folds a Flatten of NHWC into the FC weights' column order
 
     def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
         """What the executor does at its inputs and outputs (executor.py ``__call__``): a copy
         into NHWC on the way in, a copy back to NCHW on the way out; a plain copy when not 4-D.
-        Between float and int8 ops inside one model (core/mixed.py's labels): ``xnnpack:int8`` is
+        Between float and int8 ops inside one model (core/precision/mixed.py's labels): ``xnnpack:int8`` is
         the executor's quantize ("in") or dequantize ("out") of the NHWC tensor, and the float
         side, ``xnnpack:NCHW``, costs nothing more (the executor never holds NCHW tensors)."""
-        layout = label.split(":", 1)[1]
+        layout = Label(label).form
         if layout == "int8":
             return _Int8Conversion(direction, x)
         if layout == "NCHW":

@@ -1,0 +1,245 @@
+"""The contract between kselect and an inference library.
+
+A library plugin subclasses ``Library`` and registers one instance through the
+``register_libraries`` hook (docs/writing-a-library.md walks through a new one;
+``kselect.core.contract.checks.check_library`` is the suite that says whether it keeps the contract).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kselect.core.contract.labels import INT8, Label
+from kselect.core.contract.space import Space
+from kselect.core.measuring.device import Device
+from kselect.core.models.tasks import Task
+
+
+class Candidate:
+    """One configured kernel for one task, ready to run on fixed input data."""
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def output(self) -> np.ndarray:
+        """The result of the last run, in the task's NCHW / (M, N) layout."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class CallCandidate(Candidate):
+    """A candidate made of two functions: the timed work and how to read its result."""
+
+    def __init__(self, run: Callable[[], None], output: Callable[[], np.ndarray]):
+        self.run = run
+        self.output = output
+
+
+class Library(ABC):
+    """An inference library whose kernels kselect selects among.
+
+    What kselect calls, in order, for ``kselect tune MODEL --library NAME``:
+
+    1. ``availability()`` and ``version()``: is the library here, and which build. Records are
+       keyed by (device, library name, version): a new build is tuned afresh.
+    2. ``prepare_model(model)`` once, then ``supports(task)`` for every task of the model (a
+       task is a group of identical conv / deconv / fc ops, each with the activation after it,
+       core/models/tasks.py). Unsupported tasks run with the library's defaults, or in ONNX Runtime.
+    3. ``space(task, device)``: the configurations to choose among, in the core schema
+       (core/contract/space.py: categorical and integer dims with a role each, conditions, constraints),
+       and ``default_config(task, device)``: the library's own choice, the baseline every
+       speedup is measured against.
+    4. For each config the search proposes, in a measuring child process (core/measuring/worker.py, which
+       builds an instance of the same class): ``measure(task, config, inputs, settings)``. The
+       default builds ``fresh_instances`` candidates with ``prepare`` and times them with the
+       core protocol; the core then checks the output against a float64 reference within
+       ``tolerance(task, config)``. A candidate that crashes, hangs or is wrong is recorded as
+       such and never planned.
+    5. The plan: per task the best config; dims named in ``plan_level_dims`` take one value
+       across the whole model. ``apply(plan, model, out_dir)`` writes what a deployment needs;
+       ``model_runner(model, plan)`` runs the whole model as the plan says (``kselect bench``,
+       ``kselect.load_plan``), with ``plan=None`` the library's defaults. Nodes for which
+       ``runs_op`` is False go to ONNX Runtime in segments of their own.
+
+    To share a plan with other libraries (``--library a,b``) a library also describes the
+    layout each op leaves its output in (``layout_label``, ``"<library>:<layout>"``) and how its
+    runner converts a tensor at a segment boundary (``conversion``, timed in the measuring child
+    by ``measure_conversion``), so the planner can measure and count those costs; a library whose
+    runner is another process sets ``boundary_cost``.
+
+    For mixed precision (``--precision fp32,int8``, core/precision/mixed.py) a library lists ``"int8"`` in
+    ``precisions`` (it measures the int8 twin of a conv / fc task: ``task.precision == "int8"``,
+    candidates quantized as ``inputs["quant"]`` says) and in ``plan_precisions`` once its runner
+    runs a plan's int8 nodes; its ``conversion`` then also times the label ``<name>:int8``
+    (quantize in, dequantize out), and ``int8_passes`` names the untuned ops its runner keeps
+    8-bit between int8 ops.
+
+    Required: ``name``, ``version``, ``supports``, ``space``, ``default_config``,
+    ``model_runner``, and either ``prepare`` or ``measure``. Everything else has a default.
+    """
+
+    name: str = ""
+    emulated: bool = False  # timings are taken under emulation: never real performance
+    fresh_instances: int = 1  # candidates built and timed this many times from scratch
+    plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
+    # Layouts chosen per op with the measured conversions between them counted (core/cross_library/plan.py
+    # on this library alone), rather than each op's fastest config whatever the changes cost.
+    plans_layouts_per_op: bool = False
+    # A tensor passing between this library's runner and another library's costs more than the
+    # layout sides (``conversion``) say: its ``measure`` times the label ``<name>:boundary``
+    # (core/cross_library/conversions.py), counted only where a plan switches libraries.
+    boundary_cost: bool = False
+    # The baseline: this library's default run of a whole model is what every plan is judged
+    # against, and its runner takes every node another library's runner lacks (ONNX Runtime,
+    # i.e. the mlas plugin, which runs any ONNX graph). One registered library declares it.
+    baseline: bool = False
+    # The plan-level dim whose value 1 lets this library's worker threads spin between parallel
+    # loops (0: they sleep). In a plan mixing libraries exactly one library spins
+    # (core/plans/spinning.py); None: the library's workers never spin.
+    spin_dim: str | None = None
+    # A plan with every op at its default config does not run as the library runs a model by
+    # itself (MLAS: kselect's NCHWc rewrite rather than ORT's own transformer): both are verified
+    # end to end, the library's own run as the plan variant marked ``LIBRARY_DEFAULT`` (core/plans/plan.py).
+    default_plan_differs: bool = False
+    # The precisions this library has kernels for (core/precision/quant.py). A library listing "int8" is
+    # offered the int8 twin of each conv and fc task (``Task.precision``) when a tune asks for
+    # int8 (``--precision fp32,int8``); ``supports``, ``space`` and ``default_config`` answer for
+    # it as for any task, and its candidates quantize as ``inputs["quant"]`` says.
+    precisions: tuple[str, ...] = ("fp32",)
+    # The precisions ``model_runner`` runs a whole plan in: a library measuring int8 kernels per op
+    # whose runner has no int8 path yet keeps ("fp32",) here, and int8 tunes refuse it up front.
+    plan_precisions: tuple[str, ...] = ("fp32",)
+    # The op types of untuned nodes (an Add, a pooling, a Concat...) that ``model_runner`` runs on
+    # 8-bit tensors in a plan with int8 ops. An 8-bit tensor passing from one int8 op to another
+    # through any other untuned node is dequantized before it and quantized again after it, and
+    # the planners count both, once per tensor (core/cross_problem.requantized_sides).
+    int8_passes: frozenset[str] = frozenset()
+
+    def requantized_label(self) -> Label:
+        """The conversion label of an 8-bit tensor dequantized before, and quantized again after,
+        an untuned op between two int8 ops (one not in ``int8_passes``). By default
+        ``<name>:int8``, the label of the sides between float and int8 ops. A library whose
+        float / int8 sides also change the layout, where such a round trip stays in the int8
+        ops' own layout, names a label ``conversion`` measures without that change (MLAS:
+        ``mlas:int8-in-place``)."""
+        return Label(self.name, INT8)
+
+    def availability(self) -> tuple[bool, str]:
+        return True, ""
+
+    @abstractmethod
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def prepare_model(self, model) -> None:
+        """Called once before a model's tasks are tuned or shown. A library whose own defaults
+        depend on the graph around an op (not just on the op) records them here."""
+
+    @abstractmethod
+    def supports(self, task: Task) -> bool:
+        raise NotImplementedError
+
+    @abstractmethod
+    def space(self, task: Task, device: Device) -> Space:
+        raise NotImplementedError
+
+    @abstractmethod
+    def default_config(self, task: Task, device: Device) -> dict:
+        raise NotImplementedError
+
+    def tolerance(self, task: Task, config: dict) -> float:
+        """Largest accepted error relative to the reference's largest magnitude."""
+        return 1e-3
+
+    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        """Build a candidate (runs in the measuring child process)."""
+        raise NotImplementedError
+
+    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+        """Time one candidate; returns ``{"times_us": [...], "output": array}``. The default
+        builds ``fresh_instances`` candidates with ``prepare`` and times each with the core
+        protocol; a library that times inside its own runner overrides this."""
+        return self._time_fresh(lambda: self.prepare(task, config, inputs), settings)
+
+    def _time_fresh(self, build: Callable[[], Candidate], settings) -> dict:
+        from kselect.core.measuring.measure import time_candidate
+
+        times, output = [], None
+        for _ in range(self.fresh_instances):
+            candidate = build()
+            try:
+                candidate.run()
+                if output is None:
+                    output = candidate.output()
+                times.append(time_candidate(candidate.run, settings))
+            finally:
+                candidate.close()
+        return {"times_us": times, "output": output}
+
+    # -- layouts, for plans that mix libraries ----------------------------------------------
+    @property
+    def mixes(self) -> bool:
+        """Whether this library can share a plan with others: it measures its conversions
+        (``conversion``), or what crossing its runner's boundary costs (``boundary_cost``)."""
+        return self.boundary_cost or type(self).conversion is not Library.conversion
+
+    def layout_label(self, config: dict) -> Label:
+        """What the neighbouring op must match to take this op's output without a conversion:
+        ``"<library>:<layout>"``."""
+        return Label(self.name, "NCHW")
+
+    def input_label(self, task: Task, label: str) -> str:
+        """The label this task's op reads its data input in when it runs in ``label`` and its
+        producer's label differs (an input already in ``label`` is read as it is); by default
+        ``label`` itself."""
+        return label
+
+    def flatten_label(self, label: str) -> Label:
+        """The label in which this library's runner flattens a 4-D tensor held in ``label``
+        (a Flatten before an FC): ONNX's element order is NCHW's, so by default the tensor is
+        first converted to NCHW; a runner that flattens in place returns ``label``."""
+        return Label(self.name, "NCHW")
+
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
+        """A candidate doing what this library's runner does to a tensor at a segment boundary:
+        ``direction`` "in" takes NCHW ``x`` into the layout ``label`` names, "out" takes it back
+        to NCHW (its input is ``x`` already in that layout, prepared outside the timing). Its
+        ``output()`` is the tensor in NCHW, for checking. None: the runner does nothing there.
+        Labels ending in ":flat" are tensors that are not 4-D. Entering a library includes
+        the cost of calling its runner once more (a segment more)."""
+        raise NotImplementedError(f"{self.name} cannot measure layout conversions")
+
+    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
+        """Time one side of a conversion (``conversion``) in the measuring child, as ``measure``
+        times an op: ``{"times_us": [...], "output": x in NCHW}``; the core checks that the values
+        came through unchanged. The default times the ``conversion`` candidate (nothing to time
+        when it is None); a library that times inside its own runner overrides this."""
+        if self.conversion(label, direction, x) is None:
+            return {"times_us": [[0.0]], "output": x}
+        return self._time_fresh(lambda: self.conversion(label, direction, x), settings)
+
+    # -- plans ----------------------------------------------------------------------------
+    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+        """Write what a deployment needs to run the plan; returns the files written."""
+        return []
+
+    @abstractmethod
+    def model_runner(self, model, plan, in_mixed_plan: bool = False) -> Callable[[dict], list]:
+        """A callable running the whole model: with the library's defaults when ``plan`` is
+        None, else as the plan says. Used by ``kselect bench``. ``in_mixed_plan``: the model is
+        one segment of a plan that mixes libraries (core/plans/runtime.py), so another library's
+        threads run as soon as the callable returns; threads of this library that would spin
+        waiting for more work must stop then, or they hold cores the next segment needs."""
+        raise NotImplementedError
+
+    def runs_op(self, op_type: str) -> bool:
+        """Whether ``model_runner`` can run a node of this ONNX op type. A plan mixing libraries
+        (core/plans/runtime.py) gives an untuned node to the library of the node feeding it only if
+        that library runs it; the default is a library that runs any ONNX graph."""
+        return True

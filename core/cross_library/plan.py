@@ -1,0 +1,112 @@
+"""Plans across libraries: per op, the library and config that minimise the whole model's time,
+layout and library changes included. The steps, one module each:
+
+1. core/cross_library/problem.py: options per tuned node from each library's records, and data edges;
+2. here: re-time the contenders and measure the conversions, switch and sleep costs the problem
+   needs (``plan_across``);
+3. core/cross_library/labelling.py: the cheapest labelling (core/cross_library/planner.py solves it exactly);
+4. core/cross_library/assembly.py: the Plan, with the evidence.
+"""
+
+from __future__ import annotations
+
+from kselect.core.contract.space import config_key
+from kselect.core.cross_library.assembly import build_cross_plan
+from kselect.core.cross_library.problem import Choice, CrossProblem, cross_problem
+from kselect.core.cross_library.switches import measure_sleep_costs, measure_switch_costs
+from kselect.core.measuring.tuning_loop import library_defaults, library_tasks, stored_outcomes
+from kselect.core.measuring.tuning_loop import remeasure as remeasure_configs
+from kselect.core.models.model import Model
+from kselect.core.models.tasks import Task, extract_tasks
+from kselect.core.plans.plan import Plan
+
+REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored record; re-time that one too
+
+
+def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None,
+                remeasure: bool = False, int8_nodes: frozenset = frozenset()) -> Plan:
+    """The cross-library plan from stored records: each library keeps the plan-level settings of
+    its own plan (``single_plans``); conversions not yet stored are measured now. With
+    ``remeasure``, every config the planner chooses among (and each library default) and every
+    conversion it needs is timed again first, so that the choice and the prediction rest on
+    timings from one period, not on records from hours apart. What switching between each pair of
+    natively running libraries costs is measured now (core/cross_library/switches.py) and charged on every edge
+    between them. ``int8_nodes``: ops that may also run in int8, on any library whose plans hold
+    int8 ops and that measured their int8 twins (precision then chosen per op with the library;
+    the accuracy is the caller's to check: core/precision/mixed.py)."""
+    from kselect.core.cross_library.conversions import measure_conversions
+    from kselect.core.precision.quant import INT8_KINDS
+
+    task_lists, defaults, plan_level = {}, {}, {}
+    for name, library in libraries.items():
+        int8 = bool(int8_nodes) and "int8" in library.plan_precisions
+        task_lists[name] = library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",))
+        defaults[name] = library_defaults(task_lists[name], library, device)
+        plan_level[name] = dict(single_plans[name].plan_level)
+    tasks = extract_tasks(model)
+    if int8_nodes:
+        tasks += [t.at_precision("int8") for t in tasks if t.kind in INT8_KINDS and int8_nodes & set(t.nodes)]
+
+    def current() -> tuple[dict, CrossProblem]:
+        records = {name: stored_outcomes(task_lists[name], library, device, db) for name, library in libraries.items()}
+        return records, cross_problem(model, libraries, tasks, records, defaults, plan_level, frozenset(int8_nodes))
+
+    records, problem = current()
+    remeasured: set = set()
+    for _ in range(REMEASURE_ROUNDS if remeasure else 0):
+        contenders = _contenders(problem, libraries, defaults, single_plans, task_lists)
+        wanted = {key: entry for key, entry in contenders.items() if key not in remeasured}
+        if not wanted:
+            break
+        remeasure_configs(list(wanted.values()), defaults, device, db, settings, on_measured)
+        remeasured |= set(wanted)
+        records, problem = current()
+    table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
+    if len(libraries) > 1:
+        native = [name for name, library in libraries.items() if not library.emulated]
+        table.switch_us = measure_switch_costs(native)
+        table.sleep_us = measure_sleep_costs(native)
+    missing: set = set()
+    plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults, missing)
+    if missing:  # reentries of tensors no edge could convert
+        table.times_us.update(measure_conversions(missing, libraries, device, db, settings, on_measured).times_us)
+        plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
+    summary = plan.extra["cross_library"]
+    fp32 = [task for task in tasks if task.precision == "fp32"]
+    summary["default_ops_us"] = {name: _default_ops_us(fp32, records[name], defaults[name]) for name in libraries}
+    if remeasure:
+        summary["remeasured"] = {"configs": len(remeasured), "conversions": len(problem.sides())}
+    return plan
+
+
+def _contenders(problem: CrossProblem, libraries: dict, defaults: dict, single_plans: dict, task_lists: dict) -> dict:
+    """(library, task, config) of every option the planner chooses among, of each library's
+    default for those tasks and of each library's own plan, keyed by (library, task key, config key)."""
+    wanted = {}
+    for options in problem.options.values():
+        for option in options:
+            choice: Choice | None = option.payload
+            if choice is None:
+                continue
+            for config in (choice.record.config, defaults[choice.library][choice.task.key]):
+                wanted[(choice.library, choice.task.key, config_key(config))] = (libraries[choice.library], choice.task, config)
+    for name, plan in single_plans.items():
+        task_of = {task.key: task for task in task_lists[name]}
+        for entry in plan.tasks:
+            if entry["key"] in task_of:
+                wanted[(name, entry["key"], config_key(entry["config"]))] = (libraries[name], task_of[entry["key"]], entry["config"])
+    return wanted
+
+
+def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float | None:
+    """The summed time of every tuned op with the library's own configs (None if one is missing)."""
+    total = 0.0
+    for task in tasks:
+        if task.key not in defaults:
+            return None
+        key = config_key(defaults[task.key])
+        record = next((r for r in records.get(task.key, []) if r.config_key == key and r.result.status == "ok"), None)
+        if record is None:
+            return None
+        total += record.result.median_us * len(task.nodes)
+    return round(total, 3)
