@@ -3,7 +3,7 @@ op at the library's default config timed as kselect's protocol does (the same we
 run after run, so they stay in the last-level cache) and with that cache flushed before every
 timed run (as TVM's ``enable_cpu_cache_flush`` does), summed over the model's ops, beside the
 whole model's latency on the library's defaults (each runner alone in fresh processes,
-core/alone.timed_alone). The planner adds isolated times; if one library's ops lose more to a
+core/whole_model/alone.timed_alone). The planner adds isolated times; if one library's ops lose more to a
 cold cache than another's, the sums favour it wrongly.
 
     .venv/bin/python benchmarks/cache_residency.py [--models resnet18,resnet50,mobilenetv2]

@@ -3,7 +3,7 @@
 For each zoo model, the xgb cost model is trained on this device's records of every task that is
 *not* one of the model's (leave-one-model-out: the model is predicted as if it had never been
 measured; resnet101 shares most tasks with resnet50, and those are left out too), predicts every
-config of the model's tasks, and the plan rule (core/plan.choose) picks the predicted plan. Then,
+config of the model's tasks, and the plan rule (core/plans/plan.choose) picks the predicted plan. Then,
 against measurements on this device:
 
 - per op: |predicted / measured - 1| for the predicted plan's config and for the library default
@@ -12,7 +12,7 @@ against measurements on this device:
 - the plan: the measured op sum of the predicted plan against the measured op sum of the best
   recorded config of each task (what an exhaustive tune picks): what predicting costs;
 - whole model: the predicted plan and the library default each run alone in fresh processes
-  (core/alone.timed_alone, as an app runs them); the predicted op sum against the measured
+  (core/whole_model/alone.timed_alone, as an app runs them); the predicted op sum against the measured
   latency, raw, and calibrated by the median ratio of whole-model latency to measured op sum of
   the *other* models (the ops the cost model does not cover and the data movement between ops).
 

@@ -1,8 +1,7 @@
 """Does a runner's whole-model latency depend on what else its process holds? ONNX Runtime's
 default session timed two ways, alternating round by round so host noise hits both alike:
-alone in a fresh process (core/alone.timed_alone, how `kselect tune` checks plans since stop 17)
-and interleaved with XNNPack's default runner in this one process (core/bench.interleaved, how
-the checks ran before).
+alone in a fresh process (core/whole_model/alone.timed_alone, how `kselect tune` checks plans)
+and interleaved with XNNPack's default runner in this one process (core/whole_model/bench.interleaved).
 
     .venv/bin/python benchmarks/process_context.py [--models resnet50,googlenet] [--rounds 6]
         [--json benchmarks/results/process_context.json]

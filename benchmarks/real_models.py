@@ -2,7 +2,7 @@
 
 1. ``kselect tune MODEL --library mlas``, ``--library xnnpack`` and ``--library all`` (records of
    the first two are reused by the third), each timed (tune wall time) and each exit code kept;
-2. the whole model, each runner alone in fresh processes taking turns (core/alone.timed_alone,
+2. the whole model, each runner alone in fresh processes taking turns (core/whole_model/alone.timed_alone,
    the rounds protocol): ONNX Runtime's default session, XNNPack's default (ONNX Runtime runs what
    XNNPack's runner has not), the MLAS plan, the XNNPack plan, and the plan ``--library all`` kept.
 

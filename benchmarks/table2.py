@@ -7,7 +7,7 @@ variants, let one end-to-end check choose the plan kselect keeps (as `kselect tu
 mlas,xnnpack` does), then report whole-model latencies from a second, fresh run of all runners,
 so the figures are not the ones the choice was made on. Both time every runner as an app runs
 it, alone in a process of its own: ``--rounds`` fresh processes per runner, taking turns, medians
-of all their runs (core/alone.timed_alone). Prints a table, writes JSON (default
+of all their runs (core/whole_model/alone.timed_alone). Prints a table, writes JSON (default
 benchmarks/results/table2.json) and markdown (default docs/table2.md).
 
     .venv/bin/python benchmarks/table2.py [--models resnet18,mobilenetv2] [--budget 6]
@@ -114,7 +114,7 @@ def derive(row: dict) -> dict:
     predicted_ms = (sums["cross"]["total_us"] + rest) / 1000.0
     measured_ms = ms["cross-library plan"]
     rounds = {}
-    if "process_ms" in row:  # measured since stop 17
+    if "process_ms" in row:  # older result files timed the runners in one process: no per-round figures
         rounds = {label: per_round_speedups(row["process_ms"]["onnxruntime default"], values)
                   for label, values in row["process_ms"].items() if label != "onnxruntime default"}
     kept_rounds = rounds.get(row["kept"])
@@ -201,7 +201,7 @@ def _figure(value) -> str:
 
 
 def _sleeping(row: dict) -> str:
-    """What the ops of the libraries that do not spin were charged (rows since stop 20)."""
+    """What the ops of the libraries that do not spin were charged (absent from older result files)."""
     if not row.get("sleep_us"):
         return ""
     costs = ", ".join(f"{name} {us:.0f} us" for name, us in row["sleep_us"].items())
@@ -224,13 +224,11 @@ NOTES = """
 - *kept* is what `kselect tune --library mlas,xnnpack` keeps: each library's plan and the
   cross-library plan's spinning variants, each timed alone in fresh processes, ONNX Runtime's
   default in the same rounds; a plan replaces the default only when the median of its per-round
-  speedups reaches 1.02 and the 87.5% distribution-free lower bound of that median 1.0 (0.98 before stop 38) (a plan
-  still undecided after 4 rounds runs more with the default, up to 10; `core/selection.race_verdict`,
-  since stop 18). Among plans shown faster, one with more library switches, or whose threads sleep
+  speedups reaches 1.02 and the 87.5% distribution-free lower bound of that median 1.0 (a plan
+  still undecided after 4 rounds runs more with the default, up to 10; `core/whole_model/selection.race_verdict`).
+  Among plans shown faster, one with more library switches, or whose threads sleep
   between parallel loops where the others' spin, must beat a calmer one by max(2%, half the spread
-  of its per-round speedups) (`core/selection.choose_result`). Rows measured before stop 18 were
-  chosen on pooled medians (faster than the default by max(2%, half its relative IQR); before stop
-  16 without that margin). The figures above come from a second, fresh run, so *kept* can read
+  of its per-round speedups) (`core/whole_model/selection.choose_result`). The figures above come from a second, fresh run, so *kept* can read
   slower than another column there; *per-round* is the median of the kept runner's per-round
   speedups in that run. When ONNX Runtime's default is kept, it is its own configuration (the MLAS
   plan with every op at the library default: the original model and default session options), and
@@ -252,19 +250,16 @@ NOTES = """
   and its ceiling and prediction are meaningless. Spreads are in the JSON.
 - Each ONNX Runtime segment of a mixed plan gets its residual branches as graph inputs, which
   ORT's own NCHWc transformer left in NCHW (unfused Adds and reorders down to the next
-  downsampling conv); plugins/mlas/README.md describes the fix. Before it, mixed plans read 8-17%
-  slower than predicted (stop 12's run); a resnet50 model cut into 8 ORT sessions read +5.2 ms,
-  +1.1 ms with the fix.
+  downsampling conv); plugins/mlas/README.md describes the fix.
 - Mixing libraries needs exactly one library spinning: ONNX Runtime's and XNNPack's worker
   threads otherwise take the cores from each other between segments, and with none spinning a
   plan's speed depends on the period (wake-up latency).
-- Since stop 17 every whole-model figure (the check that chooses and the reported run) times each
-  runner alone in fresh processes, one per round, runners taking turns (core/alone.timed_alone),
-  as an app runs a plan; before, all runners shared one process, interleaved (rows without
-  `process_ms` in the JSON). Sharing cost ONNX Runtime's default about 1% (resnet50 1.011x,
+- Every whole-model figure (the check that chooses and the reported run) times each
+  runner alone in fresh processes, one per round, runners taking turns (core/whole_model/alone.timed_alone),
+  as an app runs a plan. Sharing one process cost ONNX Runtime's default about 1% (resnet50 1.011x,
   googlenet 1.013x, benchmarks/process_context.py); what makes one run unable to rank plans a few
   percent apart is the host's speed drifting by 20% and more within a minute (the per-round
-  ranges above; docs/table2-epyc-findings.md).
+  ranges above; docs/history/table2-runs.md).
 - *tune s* is the time of this invocation's tuning step: when the records were already stored
   (a rerun on the same database) it is the time of planning and checking only.
   `benchmarks/results/table2_fresh.json` holds a run that tuned everything from scratch.

@@ -54,7 +54,7 @@ def isolated_ops_ms(model, library) -> float:
 
 
 def onnxruntime_profile(model, feeds, runs: int) -> dict:
-    """ONNX Runtime's default session (core/bench's baseline) with profiling on: per op type, the
+    """ONNX Runtime's default session (core/whole_model/bench's baseline) with profiling on: per op type, the
     median over runs of the summed kernel times; ``runs_us``: its own model_run durations."""
     import onnxruntime as ort
 

@@ -9,7 +9,7 @@
 variants and keep the one verified end to end against the library default (core/plans/library_plan.py)
 -> with several libraries: plan per op across them, conversions counted (core/cross_library/plan.py), and
 keep what is shown faster than ONNX Runtime's default session, each alone in fresh processes
-(core/selection.verified_across). Everything the flow learns on the way reaches ``events`` (a
+(core/whole_model/selection.verified_across). Everything the flow learns on the way reaches ``events`` (a
 ``TuneEvents``), which is how the CLI draws its progress bars and tables; the result carries the
 same figures for scripts.
 """
@@ -158,7 +158,7 @@ def tune(model: Model | str, libraries: str | list = "mlas", *, search: str = "x
     ``evaluate(outputs, feeds) -> float``), measured on held-out feeds of ``calibration`` (a
     folder, "samples", or an iterable of feeds; the built-in zoo alone may go without: synthetic
     feeds; pictures become inputs as ``image_preprocess`` says, default the model's own:
-    core/calibration.image_preprocess) (core/precision/mixed.py); the plan stores the front, the metric and
+    core/precision/calibration.image_preprocess) (core/precision/mixed.py); the plan stores the front, the metric and
     the budget."""
     from kselect.core.measuring.tuning_loop import library_tasks, tune_tasks
     from kselect.core.records.fleet import Fleet, tune_id
@@ -314,7 +314,7 @@ def _libraries(libraries) -> list[Library]:
 @dataclass
 class Int8Request:
     calibration: "Calibration"
-    metric: object  # core.accuracy.Metric, or None: chosen from the model's outputs
+    metric: object  # core.precision.accuracy.Metric, or None: chosen from the model's outputs
     metric_name: str | None
     max_drop: float
 
@@ -402,7 +402,7 @@ def _choose_precision(model: Model, library: Library, device: Device, db: Record
                       check_max_rounds: int, events: TuneEvents):
     """The front under the budget (core/precision/mixed.py); with ``verify`` the points within the budget
     (``points_to_time``) are timed alone in fresh processes with the fp32 plan, rounds taking
-    turns; the fastest measured one is kept when the race (core/selection.race_verdict, the rule
+    turns; the fastest measured one is kept when the race (core/whole_model/selection.race_verdict, the rule
     that replaces ONNX Runtime's default) shows it faster than the fp32 plan, rounds going on up
     to ``check_max_rounds`` while undecided; else the fp32 plan."""
     from kselect.core.precision.mixed import search_precision

@@ -92,7 +92,7 @@ def predicted_records(tasks: list[Task], library, device, rows: list[tuple[Task,
                       defaults: dict[str, dict], seed: int = 0, exclude_own: bool = False) -> tuple[dict, dict]:
     """Per task key, one predicted ``Record`` per config of its space (a seeded random subset of
     ``MAX_SCORED`` for larger spaces, the default always in), from a cost model trained on
-    ``rows`` (task, config, time_us); what ``core/plan.choose`` and ``build_plan`` take. Also
+    ``rows`` (task, config, time_us); what ``core/plans/plan.choose`` and ``build_plan`` take. Also
     returns how many training rows each task had of its own."""
     if not rows:
         raise KselectError("no measurements to learn from for this device and library build: tune a model first")

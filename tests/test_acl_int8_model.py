@@ -21,7 +21,8 @@ import kselect
 from kselect.core.cross_library.conversions import conversion_task
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import this_device
-from kselect.core.measuring.measure import INT8_CONVERSION_TOLERANCE, MeasureSettings, measure_in_this_process
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+from kselect.plugins.ops.convert import INT8_CONVERSION_TOLERANCE
 from kselect.core.models.model import load_model
 from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.plan import Plan, load_plan_file, plan_node, plan_task

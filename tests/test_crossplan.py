@@ -98,7 +98,7 @@ def test_remeasuring_replaces_stale_records_before_planning(tuned):
     expected = tuned["plan"].extra["cross_library"]["single_library"]["xnnpack"]["ops_us"]
     assert before > 30 * expected  # the stale records, as the planner would have used them
     assert summary["single_library"]["xnnpack"]["ops_us"] != before  # the planner used the re-timed ones
-    # a re-timing far slower than the rest of the batch is taken again (core/tune.remeasure)
+    # a re-timing far slower than the rest of the batch is taken again (core/measuring/tuning_loop.remeasure)
     assert 0 < summary["remeasured"]["configs"] <= sum(kind != "convert" for kind in measured)
     assert summary["remeasured"]["conversions"] == sum(kind == "convert" for kind in measured) > 0
     now = {(r.task, r.config_key): r.result.median_us

@@ -92,7 +92,7 @@ def test_records_of_another_device_are_not_reused(small, tmp_path):
 
 
 def test_a_retiming_far_slower_than_the_rest_is_taken_again(small, tmp_path):
-    """Re-timing before planning (core/tune.remeasure): a stall only ever inflates a timing, so
+    """Re-timing before planning (core/measuring/tuning_loop.remeasure): a stall only ever inflates a timing, so
     one that grew far more than the others is taken again and the fastest take kept. Here one
     stored record is made 5x too fast, so its honest re-timing looks like a stall."""
     import dataclasses

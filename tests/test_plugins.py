@@ -124,7 +124,7 @@ def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model_path)
     found = plugins_json(env)
     assert found["maxpool"]["kind"] == "op kinds" and found["maxpool"]["provides"] == ["maxpool"]
-    assert found["ops"]["provides"] == ["conv", "deconv", "fc"]
+    assert found["ops"]["provides"] == ["conv", "deconv", "fc", "convert"]
 
     script = textwrap.dedent(f'''
         import json, numpy as np, onnxruntime as ort

@@ -402,7 +402,7 @@ def test_search_efficiency_gives_the_same_figures_with_backends_in_parallel(tmp_
 
 
 def test_the_tuning_loop_runs_on_a_replay_runner_and_hands_every_result_to_its_callbacks(table, tmp_path):
-    """core.tune.tune on a ReplayWorker (the recorded MLAS table) instead of kernels: every result
+    """core.measuring.tuning_loop.tune on a ReplayWorker (the recorded MLAS table) instead of kernels: every result
     reaches the measure callbacks, none is written to the database when the callbacks do not
     store, and the configs measured are those run_searcher replays (one search loop for both)."""
     from kselect.core.measuring.device import this_device

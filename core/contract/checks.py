@@ -27,8 +27,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from kselect.core.contract.labels import Label
 from kselect.core.contract.library import Library
+from kselect.core.contract.space import ROLES
 from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.precision.quant import PRECISIONS
 
 QUICK = MeasureSettings(timeout_s=300, min_time_s=0.005, min_repeats=3, max_time_s=0.5)
 TOLERANCE = 1e-3  # largest output error, relative to the output's largest magnitude, against ONNX Runtime
@@ -156,10 +159,20 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
         version = library.version()
         _require(isinstance(version, str) and version.strip(), "version() names the build (records are keyed by it)")
         _require(version == library.version(), "version() is stable within a process")
-        _require(isinstance(library.emulated, bool), "emulated is a bool")
-        _require(all(isinstance(d, str) for d in library.plan_level_dims), "plan_level_dims are dim names")
-        _require(library.spin_dim is None or library.spin_dim in library.plan_level_dims,
-                 f"spin_dim {library.spin_dim!r} is a plan-level dim (one library spins per plan)")
+        capabilities = library.capabilities()
+        _require(isinstance(capabilities.emulated, bool), "emulated is a bool")
+        _require(isinstance(capabilities.fresh_instances, int) and capabilities.fresh_instances >= 1,
+                 "fresh_instances is a count of at least 1")
+        _require(all(isinstance(d, str) for d in capabilities.plan_level_dims), "plan_level_dims are dim names")
+        _require(capabilities.spin_dim is None or capabilities.spin_dim in capabilities.plan_level_dims,
+                 f"spin_dim {capabilities.spin_dim!r} is a plan-level dim (one library spins per plan)")
+        _require("fp32" in capabilities.precisions and set(capabilities.precisions) <= set(PRECISIONS),
+                 f"precisions {capabilities.precisions} hold fp32 and only {sorted(PRECISIONS)}")
+        _require(set(capabilities.plan_precisions) <= set(capabilities.precisions),
+                 "plan_precisions are precisions the library measures")
+        _require(all(isinstance(op, str) for op in capabilities.int8_passes), "int8_passes are ONNX op types")
+        for flag in ("plans_layouts_per_op", "boundary_cost", "baseline", "default_plan_differs"):
+            _require(isinstance(getattr(capabilities, flag), bool), f"{flag} is a bool")
 
     def supports_a_conv():
         _require(any(t.kind == "conv" for t in s.tasks), f"{library.name} supports none of the contract model's convs "
@@ -171,8 +184,11 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
             _require(len(space) >= 1, f"{task.id}: the space is empty")
             default = space.normalise(library.default_config(task, s.device))
             _require(default in space, f"{task.id}: default_config {default} is not a config of its space")
+            _require(isinstance(library.layout_label(default), Label),
+                     f"{task.id}: layout_label returns a Label (core/contract/labels.py)")
             for dim in space.dims:
-                _require(bool(getattr(dim, "role", "")), f"{task.id}: dim {dim.name!r} has no role")
+                _require(getattr(dim, "role", "") in ROLES,
+                         f"{task.id}: dim {dim.name!r} has role {getattr(dim, 'role', '')!r}, not one of {ROLES}")
             _require(space.normalise(library.default_config(task, s.device)) == default,
                      f"{task.id}: default_config changes between calls")
 

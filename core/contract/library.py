@@ -1,13 +1,24 @@
-"""The contract between kselect and an inference library.
+"""The contract between kselect and an inference library, in three roles and a description.
 
-A library plugin subclasses ``Library`` and registers one instance through the
-``register_libraries`` hook (docs/writing-a-library.md walks through a new one;
-``kselect.core.contract.checks.check_library`` is the suite that says whether it keeps the contract).
+- ``KernelSource``: supplies and measures kernels: which tasks it takes, their configuration
+  space, its own default config, and how one candidate is built and timed.
+- ``WholeModelRunner``: runs a whole model as a plan says (or with its own defaults) and writes
+  what a deployment needs.
+- ``TensorCrossing``: how tensors cross between this library and others, precisions and
+  layouts: the label an op leaves its output in, and the conversions its runner makes.
+- ``Capabilities``: what the library can do, as a frozen value (``Library.capabilities()``):
+  precisions, plan-level dims, emulation...
+
+``Library`` is the three roles together: a library plugin subclasses it and registers one
+instance through the ``register_libraries`` hook (docs/writing-a-library.md walks through every
+member; ``kselect.core.contract.checks.check_library`` is the suite that says whether a library
+keeps the contract).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +52,178 @@ class CallCandidate(Candidate):
         self.output = output
 
 
-class Library(ABC):
+class KernelSource(ABC):
+    """Role: supplies and measures kernels. Called, in order, for ``kselect tune MODEL``:
+    ``availability()`` and ``version()`` (records are keyed by device, library name and version:
+    a new build is tuned afresh); ``prepare_model(model)`` once; ``supports(task)`` for every task
+    (a group of identical conv / deconv / fc ops with the activation after each,
+    core/models/tasks.py); ``space(task, device)`` and ``default_config(task, device)`` (the
+    library's own choice, the baseline every speedup is measured against); then, in a measuring
+    child process (core/measuring/worker.py), ``measure(task, config, inputs, settings)`` for each
+    config the search proposes, checked against a float64 reference within
+    ``tolerance(task, config)``."""
+
+    def availability(self) -> tuple[bool, str]:
+        return True, ""
+
+    @abstractmethod
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def prepare_model(self, model) -> None:
+        """Called once before a model's tasks are tuned or shown. A library whose own defaults
+        depend on the graph around an op (not just on the op) records them here."""
+
+    @abstractmethod
+    def supports(self, task: Task) -> bool:
+        raise NotImplementedError
+
+    @abstractmethod
+    def space(self, task: Task, device: Device) -> Space:
+        raise NotImplementedError
+
+    @abstractmethod
+    def default_config(self, task: Task, device: Device) -> dict:
+        raise NotImplementedError
+
+    def tolerance(self, task: Task, config: dict) -> float:
+        """Largest accepted error relative to the reference's largest magnitude."""
+        return 1e-3
+
+    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        """Build a candidate (runs in the measuring child process)."""
+        raise NotImplementedError
+
+    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+        """Time one candidate; returns ``{"times_us": [...], "output": array}``. The default
+        builds ``fresh_instances`` candidates with ``prepare`` and times each with the core
+        protocol; a library that times inside its own runner overrides this."""
+        return self._time_fresh(lambda: self.prepare(task, config, inputs), settings)
+
+    def _time_fresh(self, build: Callable[[], Candidate], settings) -> dict:
+        from kselect.core.measuring.measure import time_candidate
+
+        times, output = [], None
+        for _ in range(self.fresh_instances):
+            candidate = build()
+            try:
+                candidate.run()
+                if output is None:
+                    output = candidate.output()
+                times.append(time_candidate(candidate.run, settings))
+            finally:
+                candidate.close()
+        return {"times_us": times, "output": output}
+
+
+
+class WholeModelRunner(ABC):
+    """Role: runs a whole model and applies a plan (``kselect bench``, ``kselect.load_plan``,
+    ``kselect plan apply``). Nodes for which ``runs_op`` is False go to the baseline library
+    (ONNX Runtime) in segments of their own (core/plans/runtime.py)."""
+
+    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+        """Write what a deployment needs to run the plan; returns the files written."""
+        return []
+
+    @abstractmethod
+    def model_runner(self, model, plan, in_mixed_plan: bool = False) -> Callable[[dict], list]:
+        """A callable running the whole model: with the library's defaults when ``plan`` is
+        None, else as the plan says. Used by ``kselect bench``. ``in_mixed_plan``: the model is
+        one segment of a plan that mixes libraries (core/plans/runtime.py), so another library's
+        threads run as soon as the callable returns; threads of this library that would spin
+        waiting for more work must stop then, or they hold cores the next segment needs."""
+        raise NotImplementedError
+
+    def runs_op(self, op_type: str) -> bool:
+        """Whether ``model_runner`` can run a node of this ONNX op type. A plan mixing libraries
+        (core/plans/runtime.py) gives an untuned node to the library of the node feeding it only if
+        that library runs it; the default is a library that runs any ONNX graph."""
+        return True
+
+
+class TensorCrossing:
+    """Role: how tensors cross between this library and others, between precisions and between
+    layouts, for plans that mix them (core/cross_library/). An op leaves its output in a form
+    named by a ``Label`` (core/contract/labels.py); where the next op reads another label, the
+    runners convert the tensor at the boundary, and ``conversion`` / ``measure_conversion`` time
+    what that costs, like a kernel (the "convert" op kind, plugins/ops/convert.py)."""
+
+    @property
+    def mixes(self) -> bool:
+        """Whether this library can share a plan with others: it measures its conversions
+        (``conversion``), or what crossing its runner's boundary costs (``boundary_cost``)."""
+        return self.boundary_cost or type(self).conversion is not Library.conversion
+
+    def layout_label(self, config: dict) -> Label:
+        """What the neighbouring op must match to take this op's output without a conversion:
+        ``"<library>:<layout>"``."""
+        return Label(self.name, "NCHW")
+
+    def input_label(self, task: Task, label: str) -> str:
+        """The label this task's op reads its data input in when it runs in ``label`` and its
+        producer's label differs (an input already in ``label`` is read as it is); by default
+        ``label`` itself."""
+        return label
+
+    def flatten_label(self, label: str) -> Label:
+        """The label in which this library's runner flattens a 4-D tensor held in ``label``
+        (a Flatten before an FC): ONNX's element order is NCHW's, so by default the tensor is
+        first converted to NCHW; a runner that flattens in place returns ``label``."""
+        return Label(self.name, "NCHW")
+
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
+        """A candidate doing what this library's runner does to a tensor at a segment boundary:
+        ``direction`` "in" takes NCHW ``x`` into the layout ``label`` names, "out" takes it back
+        to NCHW (its input is ``x`` already in that layout, prepared outside the timing). Its
+        ``output()`` is the tensor in NCHW, for checking. None: the runner does nothing there.
+        Labels ending in ":flat" are tensors that are not 4-D. Entering a library includes
+        the cost of calling its runner once more (a segment more)."""
+        raise NotImplementedError(f"{self.name} cannot measure layout conversions")
+
+    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
+        """Time one side of a conversion (``conversion``) in the measuring child, as ``measure``
+        times an op: ``{"times_us": [...], "output": x in NCHW}``; the core checks that the values
+        came through unchanged. The default times the ``conversion`` candidate (nothing to time
+        when it is None); a library that times inside its own runner overrides this."""
+        if self.conversion(label, direction, x) is None:
+            return {"times_us": [[0.0]], "output": x}
+        return self._time_fresh(lambda: self.conversion(label, direction, x), settings)
+
+    def requantized_label(self) -> Label:
+        """The conversion label of an 8-bit tensor dequantized before, and quantized again after,
+        an untuned op between two int8 ops (one not in ``int8_passes``). By default
+        ``<name>:int8``, the label of the sides between float and int8 ops. A library whose
+        float / int8 sides also change the layout, where such a round trip stays in the int8
+        ops' own layout, names a label ``conversion`` measures without that change (MLAS:
+        ``mlas:int8-in-place``)."""
+        return Label(self.name, INT8)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a library can do, fixed once it is built: ``Library.capabilities()`` reads it off the
+    library's attributes (documented on ``Library``). ``kselect plugins --json`` shows it, and the
+    contract suite checks it is consistent."""
+
+    emulated: bool
+    fresh_instances: int
+    plan_level_dims: tuple[str, ...]
+    plans_layouts_per_op: bool
+    boundary_cost: bool
+    baseline: bool
+    spin_dim: str | None
+    default_plan_differs: bool
+    precisions: tuple[str, ...]
+    plan_precisions: tuple[str, ...]
+    int8_passes: frozenset[str]
+
+    def to_json(self) -> dict:
+        return {name: sorted(value) if isinstance(value, frozenset) else value
+                for name, value in self.__dict__.items()}
+
+
+class Library(KernelSource, WholeModelRunner, TensorCrossing):
     """An inference library whose kernels kselect selects among.
 
     What kselect calls, in order, for ``kselect tune MODEL --library NAME``:
@@ -118,128 +300,10 @@ class Library(ABC):
     # The op types of untuned nodes (an Add, a pooling, a Concat...) that ``model_runner`` runs on
     # 8-bit tensors in a plan with int8 ops. An 8-bit tensor passing from one int8 op to another
     # through any other untuned node is dequantized before it and quantized again after it, and
-    # the planners count both, once per tensor (core/cross_problem.requantized_sides).
+    # the planners count both, once per tensor (core/cross_library/problem.requantized_sides).
     int8_passes: frozenset[str] = frozenset()
 
-    def requantized_label(self) -> Label:
-        """The conversion label of an 8-bit tensor dequantized before, and quantized again after,
-        an untuned op between two int8 ops (one not in ``int8_passes``). By default
-        ``<name>:int8``, the label of the sides between float and int8 ops. A library whose
-        float / int8 sides also change the layout, where such a round trip stays in the int8
-        ops' own layout, names a label ``conversion`` measures without that change (MLAS:
-        ``mlas:int8-in-place``)."""
-        return Label(self.name, INT8)
 
-    def availability(self) -> tuple[bool, str]:
-        return True, ""
-
-    @abstractmethod
-    def version(self) -> str:
-        raise NotImplementedError
-
-    def prepare_model(self, model) -> None:
-        """Called once before a model's tasks are tuned or shown. A library whose own defaults
-        depend on the graph around an op (not just on the op) records them here."""
-
-    @abstractmethod
-    def supports(self, task: Task) -> bool:
-        raise NotImplementedError
-
-    @abstractmethod
-    def space(self, task: Task, device: Device) -> Space:
-        raise NotImplementedError
-
-    @abstractmethod
-    def default_config(self, task: Task, device: Device) -> dict:
-        raise NotImplementedError
-
-    def tolerance(self, task: Task, config: dict) -> float:
-        """Largest accepted error relative to the reference's largest magnitude."""
-        return 1e-3
-
-    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        """Build a candidate (runs in the measuring child process)."""
-        raise NotImplementedError
-
-    def measure(self, task: Task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
-        """Time one candidate; returns ``{"times_us": [...], "output": array}``. The default
-        builds ``fresh_instances`` candidates with ``prepare`` and times each with the core
-        protocol; a library that times inside its own runner overrides this."""
-        return self._time_fresh(lambda: self.prepare(task, config, inputs), settings)
-
-    def _time_fresh(self, build: Callable[[], Candidate], settings) -> dict:
-        from kselect.core.measuring.measure import time_candidate
-
-        times, output = [], None
-        for _ in range(self.fresh_instances):
-            candidate = build()
-            try:
-                candidate.run()
-                if output is None:
-                    output = candidate.output()
-                times.append(time_candidate(candidate.run, settings))
-            finally:
-                candidate.close()
-        return {"times_us": times, "output": output}
-
-    # -- layouts, for plans that mix libraries ----------------------------------------------
-    @property
-    def mixes(self) -> bool:
-        """Whether this library can share a plan with others: it measures its conversions
-        (``conversion``), or what crossing its runner's boundary costs (``boundary_cost``)."""
-        return self.boundary_cost or type(self).conversion is not Library.conversion
-
-    def layout_label(self, config: dict) -> Label:
-        """What the neighbouring op must match to take this op's output without a conversion:
-        ``"<library>:<layout>"``."""
-        return Label(self.name, "NCHW")
-
-    def input_label(self, task: Task, label: str) -> str:
-        """The label this task's op reads its data input in when it runs in ``label`` and its
-        producer's label differs (an input already in ``label`` is read as it is); by default
-        ``label`` itself."""
-        return label
-
-    def flatten_label(self, label: str) -> Label:
-        """The label in which this library's runner flattens a 4-D tensor held in ``label``
-        (a Flatten before an FC): ONNX's element order is NCHW's, so by default the tensor is
-        first converted to NCHW; a runner that flattens in place returns ``label``."""
-        return Label(self.name, "NCHW")
-
-    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
-        """A candidate doing what this library's runner does to a tensor at a segment boundary:
-        ``direction`` "in" takes NCHW ``x`` into the layout ``label`` names, "out" takes it back
-        to NCHW (its input is ``x`` already in that layout, prepared outside the timing). Its
-        ``output()`` is the tensor in NCHW, for checking. None: the runner does nothing there.
-        Labels ending in ":flat" are tensors that are not 4-D. Entering a library includes
-        the cost of calling its runner once more (a segment more)."""
-        raise NotImplementedError(f"{self.name} cannot measure layout conversions")
-
-    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
-        """Time one side of a conversion (``conversion``) in the measuring child, as ``measure``
-        times an op: ``{"times_us": [...], "output": x in NCHW}``; the core checks that the values
-        came through unchanged. The default times the ``conversion`` candidate (nothing to time
-        when it is None); a library that times inside its own runner overrides this."""
-        if self.conversion(label, direction, x) is None:
-            return {"times_us": [[0.0]], "output": x}
-        return self._time_fresh(lambda: self.conversion(label, direction, x), settings)
-
-    # -- plans ----------------------------------------------------------------------------
-    def apply(self, plan, model, out_dir: Path) -> list[Path]:
-        """Write what a deployment needs to run the plan; returns the files written."""
-        return []
-
-    @abstractmethod
-    def model_runner(self, model, plan, in_mixed_plan: bool = False) -> Callable[[dict], list]:
-        """A callable running the whole model: with the library's defaults when ``plan`` is
-        None, else as the plan says. Used by ``kselect bench``. ``in_mixed_plan``: the model is
-        one segment of a plan that mixes libraries (core/plans/runtime.py), so another library's
-        threads run as soon as the callable returns; threads of this library that would spin
-        waiting for more work must stop then, or they hold cores the next segment needs."""
-        raise NotImplementedError
-
-    def runs_op(self, op_type: str) -> bool:
-        """Whether ``model_runner`` can run a node of this ONNX op type. A plan mixing libraries
-        (core/plans/runtime.py) gives an untuned node to the library of the node feeding it only if
-        that library runs it; the default is a library that runs any ONNX graph."""
-        return True
+    def capabilities(self) -> Capabilities:
+        """This library's capabilities as one frozen value."""
+        return Capabilities(**{name: getattr(self, name) for name in Capabilities.__dataclass_fields__})

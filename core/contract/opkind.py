@@ -19,7 +19,7 @@ from kselect.core.errors import KselectError
 
 class OnnxOp(NamedTuple):
     """A task's op as one ONNX node reading "x", "w" (and "b") and the shapes and weights of the
-    one-op model around it (``core.measure.task_model``)."""
+    one-op model around it (``core.measuring.measure.task_model``)."""
     node: onnx.NodeProto
     input_shape: list[int]
     output_shape: list[int]
@@ -33,7 +33,7 @@ class OpKind(ABC):
     What kselect calls, in order:
 
     1. ``read(model, node)`` for every node whose ``op_type`` is in ``onnx_ops``, in graph order:
-       the ``core.tasks.Op`` (shapes in the kind's canonical form, attributes as JSON, whether it
+       the ``core.models.tasks.Op`` (shapes in the kind's canonical form, attributes as JSON, whether it
        has a bias; core adds the activation after it), or a one-line reason why the node is left
        untuned, which ``kselect tasks`` shows. Ops with equal signatures share one task.
     2. ``macs(op)`` and ``describe(task)``: for listings (``kselect tasks``, plans).
@@ -41,8 +41,11 @@ class OpKind(ABC):
        layouts (``x``, ``w`` and ``b`` when the op has a bias), and ``reference(task, inputs)``,
        the output in float64 before the activation (core applies it), which every candidate's
        output is compared with (``Library.tolerance``).
-    4. ``onnx_op(task, inputs, output)``: the op as one ONNX node, for libraries whose runner
-       takes graphs (``core.measure.task_model``).
+    4. ``measure(library, task, config, inputs, settings)``: how a library times one candidate
+       of the kind (by default its ``Library.measure``), and ``tolerance(task)``: the error every
+       library's candidates are held to, or None to let each library say (``Library.tolerance``).
+    5. ``onnx_op(task, inputs, output)``: the op as one ONNX node, for libraries whose runner
+       takes graphs (``core.measuring.measure.task_model``).
     """
 
     name: str = ""  # the task kind, stored in records and plans: never rename one
@@ -68,6 +71,15 @@ class OpKind(ABC):
     def describe(self, task) -> str:
         """The attributes in a few characters (``k3x3 s2 p1``); empty by default."""
         return ""
+
+    def tolerance(self, task) -> float | None:
+        """The largest accepted error relative to the reference's largest magnitude for every
+        library, or None (the default): the library's own ``Library.tolerance``."""
+        return None
+
+    def measure(self, library, task, config: dict, inputs: dict[str, np.ndarray], settings) -> dict:
+        """Times one candidate in the measuring child: ``{"times_us": [...], "output": array}``."""
+        return library.measure(task, config, inputs, settings)
 
 
 def op_kinds() -> dict[str, OpKind]:

@@ -176,6 +176,7 @@ class PluginInfo:
     version: str
     status: str
     provides: list[str]
+    capabilities: dict | None = None  # a library's ``Library.capabilities()``, when it is available
 
 
 def _distribution_version(module) -> str:
@@ -201,7 +202,8 @@ def plugin_infos() -> list[PluginInfo]:
                 version = lib.version() if ok else ""
                 status = ("available" + (" (emulated)" if lib.emulated else "") + (f": {reason}" if reason else "")
                           if ok else f"unavailable: {reason}")
-                infos.append(PluginInfo(name, "library", version, status, [lib.name]))
+                infos.append(PluginInfo(name, "library", version, status, [lib.name],
+                                        lib.capabilities().to_json() if ok else None))
         elif found_searchers:
             infos.append(PluginInfo(name, "search", _distribution_version(plugin), "available", [n for n, _ in found_searchers]))
         elif found_metrics:

@@ -15,7 +15,7 @@ library's runner lacks goes out to ONNX Runtime and back (a fallback segment, co
 Both are charged on the labelling as a whole (``CrossProblem.reentries``). An int8 tensor's
 quantize or dequantize is done once however many ops read the tensor
 (``CrossProblem.conversions_us``): the solver gets a producer's edges as one cost over it and its
-readers (core/planner.SharedEdges) where an int8 label could make them share one.
+readers (core/cross_library/planner.SharedEdges) where an int8 label could make them share one.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _without(settings: dict, names) -> dict:
 class Choice:  # an option's payload
     library: str
     task: Task
-    record: object  # core.records.Record
+    record: object  # core.records.store.Record
     emulated: bool
     default_us: float | None = None  # the library's own config for this task
     samples: int | None = None  # configs measured for this task on this library

@@ -5,7 +5,7 @@ Measured per ordered pair of libraries (A, B) on a chain of identical small conv
 alternate between A and B, each with its library's default config, run as a plan would
 (``load_plan``): for each segment of B, its time right after A's segment minus its time right after
 itself, the two taken in the same rounds. Each spinning variant of that plan is measured
-(core/spinning.spinning_variants, the end-to-end check keeps the best one), and a pair's cost is
+(core/plans/spinning.spinning_variants, the end-to-end check keeps the best one), and a pair's cost is
 its cost in the variant with the smaller total. The planner adds it to every edge whose ends run
 in different libraries; a tensor read by several nodes of the next segment is then charged more
 than once, a bound the planner errs on the safe side of (fewer switches).
@@ -81,7 +81,7 @@ def chain_model(channels: int, size: int, convs: int) -> Model:
 
 
 def segment_entry_us(runner, feeds: dict, rounds: int = ROUNDS) -> list[float]:
-    """Per segment of a plan runner (``core.runtime.PlanRunner``): the median of its time in
+    """Per segment of a plan runner (``core.plans.runtime.PlanRunner``): the median of its time in
     sequence minus its time right after itself, in microseconds (the first segment: 0)."""
     segments, runners = runner.segments, runner.runners
     in_sequence = [[] for _ in segments]

@@ -17,18 +17,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from kselect.core.contract.labels import is_int8_label
 from kselect.core.contract.opkind import op_kind
 from kselect.core.errors import one_line
 from kselect.core.models import activations
 from kselect.core.models.tasks import Task
 from kselect.core.precision.quant import int8_tolerance, quant_params
-
-# A conversion moves values, it never computes: anything beyond float rounding noise is wrong.
-CONVERSION_TOLERANCE = 1e-6
-# Into or out of int8 (the label "<library>:int8") a tensor is rounded to its uint8 grid: at most
-# half a step of its range, i.e. 1/255 of its largest magnitude.
-INT8_CONVERSION_TOLERANCE = 1.01 / 255
 
 
 @dataclass
@@ -41,7 +34,7 @@ class MeasureSettings:
     stable_within: float = 0.03  # median of the first half vs the second half
     timeout_s: float = 120.0  # per candidate, in the child
     # what a candidate may allocate beyond what the measuring child holds before building it
-    # (core/worker.memory_cap); None: three quarters of the memory available when the child starts
+    # (core/measuring/worker.memory_cap); None: three quarters of the memory available when the child starts
     candidate_memory_mb: int | None = None
 
 
@@ -50,14 +43,10 @@ def task_inputs(task: Task) -> dict[str, np.ndarray]:
     """Seeded random data in the task's canonical layouts (its op kind's ``inputs``: conv x NCHW,
     w OIHW; fc x (M, K), w (N, K)), the same in every process."""
     rng = np.random.default_rng(int(task.key, 16) % (2**32))
-    if task.kind == "convert":  # a layout conversion: the tensor alone
-        return {"x": rng.standard_normal(task.input_shape, dtype=np.float32)}
     return op_kind(task.kind).inputs(task, rng)
 
 
 def reference_output(task: Task, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    if task.kind == "convert":  # a conversion changes the layout, never the values
-        return inputs["x"].astype(np.float64)
     y = op_kind(task.kind).reference(task, inputs)
     return activations.reference(task.epilogue, y)
 
@@ -154,21 +143,15 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     inputs, reference, int8_allowed = cache[task.key]
     try:
         with limits():
-            if task.kind == "convert":  # one side of a layout conversion (core/cross_library/conversions.py)
-                measured = library.measure_conversion(task.attrs["label"], task.attrs["direction"], inputs["x"],
-                                                      settings)
-            else:
-                measured = library.measure(task, config, inputs, settings)
+            measured = op_kind(task.kind).measure(library, task, config, inputs, settings)
     except MemoryError:
         return Result("failed", reason="out of memory: the candidate allocated past its memory cap")
     except Exception as exc:
         return Result("failed", reason=one_line(exc)[:300])
     error = relative_error(measured["output"], reference)
     summary = summarise(measured["times_us"])
-    if task.kind == "convert":
-
-        tolerance = INT8_CONVERSION_TOLERANCE if is_int8_label(task.attrs["label"]) else CONVERSION_TOLERANCE
-    else:
+    tolerance = op_kind(task.kind).tolerance(task)
+    if tolerance is None:
         tolerance = int8_allowed if int8_allowed is not None else library.tolerance(task, config)
     if not error <= tolerance:
         return Result("invalid", error=error, reason=f"output differs from reference: error {error:.2e} > {tolerance:.0e}", **summary)

@@ -20,7 +20,7 @@ from kselect.core.whole_model.selection import verified_plan
 
 def library_plan_variants(model: Model, library: Library, device: Device, db: RecordDB, tasks: list[Task],
                           outcomes: list[TaskOutcome], settings: MeasureSettings | None = None) -> list:
-    """[(name, plan)], most tuned first (core/plan.plan_variants). For a library that plans
+    """[(name, plan)], most tuned first (core/plans/plan.plan_variants). For a library that plans
     layouts per op the tuned plan comes from core/cross_library/plan.py, with the layout changes it
     implies measured now (``settings``) unless stored."""
     records = stored_outcomes(tasks, library, device, db)

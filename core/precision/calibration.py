@@ -10,7 +10,7 @@
   std), or, with one channel, as grayscale in [0, 1] (``GRAYSCALE``).
 
 ``--calibration samples`` takes, for a real model, the pinned sample pictures
-(core/realmodels.SAMPLE_PICTURES) preprocessed as its package does: pictures, but not the
+(core/models/realmodels.SAMPLE_PICTURES) preprocessed as its package does: pictures, but not the
 model's own data, and every output says so. From Python, any iterable of feeds (dicts of input
 name -> array) does.
 

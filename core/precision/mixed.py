@@ -23,7 +23,7 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    one if it is shown faster than the fp32 plan.
 5. With several libraries, the plan across them (made per op in fp32) also races with each
    library's chosen int8 ops put in (``with_int8_ops``), and planned again with those ops free to
-   run in int8 on any library or in fp32, per op (core/crossplan.plan_across ``int8_nodes``),
+   run in int8 on any library or in fp32, per op (core/cross_library/plan.plan_across ``int8_nodes``),
    each once its metric on the held-out feeds is measured within the budget (``score_plan``).
 
 A plan's int8 ops are entries of their int8 tasks (``Task.precision``); ``plan.extra["precision"]``
@@ -198,7 +198,7 @@ def score_plan(model: Model, plan: Plan, calibration: Calibration, metric: Metri
 
 def _library_outputs(library: Library, model: Model, plan: Plan | None, feeds: list) -> list:
     """The model's outputs on ``feeds``, run by the library (its defaults when ``plan`` is None)
-    with the ops it lacks in ONNX Runtime segments, as its plans run (core/runtime.library_runner)."""
+    with the ops it lacks in ONNX Runtime segments, as its plans run (core/plans/runtime.library_runner)."""
     from kselect.core.plans.runtime import library_runner
 
     runner = library_runner(library, model, plan)
@@ -249,7 +249,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                      int8_tasks: list[Task], calibration: Calibration, metric: Metric | None, metric_name: str | None,
                      max_drop: float, on_step: Callable[[str], None] | None = None) -> PrecisionSearch:
     """Steps 1-3 of the module docstring; returns the front and the chosen point's plan. ``metric``
-    None: the default for the model's outputs (core/accuracy.default_metric).
+    None: the default for the model's outputs (core/precision/accuracy.default_metric).
 
     The plan-level settings that change the arithmetic (``precision_defaults``: per-tensor
     weights, int8 activations) are not chosen on speed alone: the front is searched at the

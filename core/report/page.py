@@ -32,7 +32,7 @@ def write_report(plan: Plan | str | Path, db: str | Path | None = None, output: 
                  model: Model | None = None) -> Path:
     """Writes the report of ``plan`` (a Plan or a plan file) to ``output`` (default: beside the
     plan file, ``NAME.report.html``) and returns its path. Tuning curves come from ``db`` (a
-    record database path or URL; default ``core.records.DEFAULT_DB``); a database that is missing
+    record database path or URL; default ``core.records.store.DEFAULT_DB``); a database that is missing
     or holds no records of the plan is said so on the page. With ``model`` the plan is checked
     against it and the page names each node's ONNX op."""
     plan_path = None if isinstance(plan, Plan) else Path(plan)

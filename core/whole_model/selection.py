@@ -133,7 +133,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     more rounds, up to ``max_rounds``) may replace the baseline; among those, the fastest by
     median per-round speedup is kept, or a plan with fewer segments within a margin of it
     (``choose_result``). If none is shown faster, ``fallback`` (the baseline's own configuration,
-    core/library_plan.onnxruntime_default_plan) is kept, or without one the fastest candidate.
+    core/plans/library_plan.onnxruntime_default_plan) is kept, or without one the fastest candidate.
     ``min_speedup`` replaces that test by a fixed median speedup to reach, in ``rounds`` rounds. A
     cross-library plan runs through core/plans/runtime.py. A candidate whose process fails, crashes or
     hangs is reported with its reason and not kept."""

@@ -1,4 +1,4 @@
-"""The whole-model engine's Python half: an ONNX model (shape-inferred, see ``core.model``) becomes
+"""The whole-model engine's Python half: an ONNX model (shape-inferred, see ``core.models.model``) becomes
 the graph description the runner's ``model_load`` action executes with ACL functions
 (PROTOCOL.md, "Whole models"), and ``AclModelRunner`` runs it for ``kselect bench``.
 

@@ -44,7 +44,7 @@ def layouts_are_onnxruntimes(model, plan) -> bool:
 def keeps_original_model(model, plan) -> bool:
     """Whether the plan runs on the original model, ORT laying it out itself: a plan with int8
     nodes (the quantizer's QDQ model), the library-default plan (ORT's default session is what it
-    means, whatever kselect's rewrite would block; core/plan.plan_variants), or one whose layouts
+    means, whatever kselect's rewrite would block; core/plans/plan.plan_variants), or one whose layouts
     are ORT's own (``layouts_are_onnxruntimes``). The library-default mark holds while every node
     keeps its default config: a plan edited by hand is written as it says."""
     return (bool(int8_nodes(plan)) or (plan.extra.get(LIBRARY_DEFAULT, False) and _at_defaults(plan))

@@ -166,7 +166,7 @@ class Executor:
     @staticmethod
     def _epilogue_nodes(nodes, index: int, count: int) -> list[int]:
         """The indices of the ``count`` epilogue steps after node ``index``: the nodes that read
-        the op's output or an earlier step's, in graph order (as core/activations.find_epilogue
+        the op's output or an earlier step's, in graph order (as core/models/activations.find_epilogue
         takes them)."""
         refs, taken = {nodes[index].output[0]}, []
         for j in range(index + 1, len(nodes)):
