@@ -10,14 +10,17 @@ On x86_64 everything runs under qemu (``emulated``): the model is the tests' sma
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_kselect, small_cnn
-from onnx import TensorProto, helper, numpy_helper
+from graphs import small_cnn
+from helpers import kselect_json
+from onnx import helper, numpy_helper
 
 import kselect
+from kselect.core.contract.labels import Label
 from kselect.core.cross_library.conversions import conversion_task
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import this_device
@@ -218,11 +221,9 @@ def test_int8_entries_acl_cannot_run_are_refused(acl, setup, tmp_path):
     name rather than run in float."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-                               helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "s.onnx")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
+    graphs.saved(graphs.model(nodes, [w], (1, 3, 8, 8), output_shapes=[[1, 8, 8, 8]]), tmp_path / "s.onnx")
     model = load_model(str(tmp_path / "s.onnx"))
     task = extract_tasks(model)[0]
     entry = {"task": task.at_precision("int8").id, "library": "acl",
@@ -245,12 +246,13 @@ def test_a_mixed_precision_tune_with_acl_ends_with_a_plan_bench_and_load_plan_ru
     for i, feed in enumerate(calibration_feeds(8, seed=3)):
         np.savez(folder / f"feed{i}.npz", **feed)
     plan_path = tmp_path / "small.plan.json"
-    tuned = run_kselect("tune", setup.path, "--library", "acl", "--precision", "fp32,int8", "--calibration", folder,
-                        "--metric", "cosine", "--max-accuracy-drop", "0.05", "--budget", "2", "--min-time", "0.01",
-                        "--no-verify", "--db", tmp_path / "r.db", "-o", plan_path)
-    assert tuned.returncode == 0, tuned.stderr
-    assert "ops int8" in tuned.stdout and "EMULATED" in tuned.stdout  # the layouts summary counts the int8 ops
+    tuned = kselect_json("tune", setup.path, "--library", "acl", "--precision", "fp32,int8", "--calibration", folder,
+                         "--metric", "cosine", "--max-accuracy-drop", "0.05", "--budget", "2", "--min-time", "0.01",
+                         "--no-verify", "--db", tmp_path / "r.db", "-o", plan_path)
+    assert tuned["libraries"][0]["emulated"]
     plan = load_plan_file(plan_path)
+    assert "cross_library" in plan.extra  # layouts planned per op, int8 ones among them
+    assert any(Label(entry["label"]).is_int8 for entry in plan.nodes.values())
     precision = plan.extra["precision"]
     assert [p["name"] for p in precision["front"]][:2] == ["fp32", "int8"]
     assert precision["front"][1]["int8_ops"] and "failed" not in precision["front"][1]
@@ -262,6 +264,5 @@ def test_a_mixed_precision_tune_with_acl_ends_with_a_plan_bench_and_load_plan_ru
     finally:
         runner.close()
     assert relative(output, setup.reference[0]) <= INT8_TOLERANCE
-    bench = run_kselect("bench", setup.path, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "1")
-    assert bench.returncode == 0, bench.stderr
-    assert "EMULATED" in bench.stdout
+    bench = kselect_json("bench", setup.path, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "1")
+    assert bench["emulated"] and bench["library"] == "acl"

@@ -11,12 +11,14 @@ import json
 import random
 from types import SimpleNamespace
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_kselect, small_cnn
-from onnx import TensorProto, helper, numpy_helper
+from graphs import small_cnn
+from helpers import kselect_json, run_kselect
+from onnx import helper, numpy_helper
 
 from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
@@ -40,9 +42,7 @@ def ort_outputs(model, feeds):
 
 
 def saved(tmp_path, proto, name="m.onnx"):
-    path = tmp_path / name
-    onnx.save(proto, path)
-    return load_model(str(path))
+    return load_model(str(graphs.saved(proto, tmp_path / name)))
 
 
 def zoo_at(tmp_path, name: str, size: int):
@@ -110,10 +110,8 @@ def test_gemm_nhwc_output_padded_by_a_later_consumer_gets_a_private_tensor(acl, 
     w2 = (rng.standard_normal((8, 16, 3, 3)) * 0.1).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="pw", kernel_shape=[1, 1]),
              helper.make_node("Conv", ["a", "w2"], ["y"], name="direct", kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    model = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]
+    model = saved(tmp_path, graphs.model(nodes, inits, (1, 8, 12, 12)))
     plan = SimpleNamespace(nodes={
         "pw": {"config": {"method": "GEMM", "layout": "NHWC", "threads": 1}},
         "direct": {"config": {"method": "DIRECT", "layout": "NHWC", "threads": 1}}})
@@ -158,9 +156,7 @@ def test_zoo_models_reduced_input_random_plans_match_onnxruntime(acl, tmp_path, 
 def test_unsupported_ops_are_refused_by_name(acl, tmp_path):
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("Mul", ["r", "r"], ["y"], name="square")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    model = saved(tmp_path, graphs.model(nodes, [], (1, 4, 6, 6)))
     with pytest.raises(KselectError, match="Mul node 'square'"):
         acl.model_runner(model, None)
 
@@ -181,16 +177,15 @@ def test_cli_tune_and_bench_under_emulation(acl, tmp_path):
     model_path = tmp_path / "small.onnx"
     onnx.save(small_cnn(), model_path)
     plan_path, db = tmp_path / "small.acl.plan.json", tmp_path / "records.db"
-    tuned = run_kselect("tune", model_path, "--library", "acl", "--budget", "3", "--min-time", "0.005", "--db", db,
-                        "-o", plan_path, "--no-verify")
-    assert tuned.returncode == 0, tuned.stderr
-    assert "acl: default vs best per task" in tuned.stdout and "speedup" in tuned.stdout
-    if acl.emulated:
-        assert "EMULATED" in tuned.stdout
+    tuned = kselect_json("tune", model_path, "--library", "acl", "--budget", "3", "--min-time", "0.005", "--db", db,
+                         "-o", plan_path, "--no-verify")
+    (tuning,) = tuned["libraries"]
+    assert tuning["library"] == "acl" and tuning["emulated"] == acl.emulated
+    assert tuning["tasks"] and all(t["default_us"] > 0 and t["best_us"] > 0 for t in tuning["tasks"])  # default vs best
     plan = load_plan_file(plan_path)
     assert plan.emulated == acl.emulated and plan.libraries == {"acl": acl.version()}
     assert all(t["emulated"] == acl.emulated for t in plan.tasks) and plan.plan_level == {}
-    assert "layouts planned per op" in tuned.stdout
+    assert plan.extra["cross_library"]["predicted"]["total_us"] > 0  # layouts planned per op
     # layouts per op, a measured NEPermute wherever a conv takes a tensor of the other layout
     labels = {node: entry["label"] for node, entry in plan.nodes.items()}
     assert set(labels.values()) <= {"acl:NCHW", "acl:NHWC"}
@@ -215,14 +210,9 @@ def test_cli_tune_and_bench_under_emulation(acl, tmp_path):
     records = RecordDB(db).records(this_device().fingerprint, "acl/convert", acl.version())
     assert records and all(r.emulated == acl.emulated and r.result.status == "ok" for r in records)
     assert any(r.result.median_us > 0 for r in records)  # NHWC sides are real NEPermute runs
-    out = tmp_path / "bench.json"
-    benched = run_kselect("bench", model_path, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "1", "--json", out)
-    assert benched.returncode == 0, benched.stderr
-    result = json.loads(out.read_text())
+    result = kselect_json("bench", model_path, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "1")
     assert result["library"] == "acl" and result["emulated"] == acl.emulated
     assert result["max_relative_output_error"] < 1e-3
-    if acl.emulated:
-        assert "EMULATED" in benched.stdout
 
 
 def test_an_op_acl_does_not_tune_between_tuned_ones_runs_with_acls_own_choice(acl, tmp_path):
@@ -237,10 +227,7 @@ def test_an_op_acl_does_not_tune_between_tuned_ones_runs_with_acls_own_choice(ac
              helper.make_node("ConvTranspose", ["r", "wt"], ["d"], name="deconv", strides=[2, 2]),
              helper.make_node("Relu", ["d"], ["e"], name="relu2"),
              helper.make_node("Conv", ["e", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model_path = tmp_path / "deconv.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model_path)
+    model_path = graphs.saved(graphs.model(nodes, inits, (1, 3, 16, 16)), tmp_path / "deconv.onnx")
     plan_path = tmp_path / "deconv.acl.plan.json"
     tuned = run_kselect("tune", model_path, "--library", "acl", "--budget", "1", "--min-time", "0.005",
                         "--db", tmp_path / "records.db", "-o", plan_path, "--no-verify")

@@ -4,9 +4,10 @@ cannot), and the whole-model runners compute what ONNX Runtime does."""
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
@@ -30,11 +31,8 @@ def _conv_then(activation_nodes, extra_inits=(), channels=16, opset=17, extra_ou
     w = (RNG.standard_normal((channels, 8, 3, 3)) * 0.2).astype(np.float32)
     b = (RNG.standard_normal(channels) * 0.1).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]), *activation_nodes]
-    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", *extra_outputs)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
-                              outputs, [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), *extra_inits])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-    return model_from_proto("act", proto)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), *extra_inits]
+    return model_from_proto("act", graphs.model(nodes, inits, (1, 8, 12, 12), outputs=("y", *extra_outputs), opset=opset))
 
 
 PATTERNS = {

@@ -11,7 +11,8 @@ import sys
 
 import onnx
 import pytest
-from conftest import run_kselect, small_cnn
+from graphs import small_cnn
+from helpers import run_kselect
 
 QUICK = ("--budget", "2", "--min-time", "0.01", "--min-repeats", "3", "--no-verify")
 

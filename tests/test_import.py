@@ -3,11 +3,12 @@ every library's whole-model runner runs it with outputs matching ONNX Runtime's.
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import onnx
 import pytest
-from conftest import run_kselect
-from onnx import TensorProto, helper, numpy_helper
+from helpers import run_kselect
+from onnx import helper, numpy_helper
 
 from kselect.core.contract import plugins
 from kselect.core.models.model import load_model, model_from_proto
@@ -23,15 +24,11 @@ def _weights(*shape) -> np.ndarray:
 
 
 def _model(nodes, inits, input_shape=(1, 3, 16, 16), opset=13, input_name="x") -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "quirk", [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(input_shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    return graphs.model(nodes, inits, input_shape, opset=opset, name="quirk", input_name=input_name)
 
 
 def _save(tmp_path, proto, name="quirk.onnx"):
-    path = tmp_path / name
-    onnx.save(proto, path)
-    return path
+    return graphs.saved(proto, tmp_path / name)
 
 
 def _matches_onnxruntime(model, libraries=("xnnpack",)) -> dict:

@@ -6,11 +6,13 @@ import itertools
 import json
 from pathlib import Path
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_kselect, small_cnn
+from graphs import small_cnn
+from helpers import kselect_json, run_kselect
 
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
@@ -274,12 +276,11 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
 def test_kselect_tune_with_int8_stores_the_front_metric_and_budget_in_the_plan(tmp_path, small_model_path):
     folder = _feeds_folder(tmp_path / "calibration", 16)
     plan_path = tmp_path / "small.plan.json"
-    result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration",
+    tuned = kselect_json("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration",
                          folder, "--max-accuracy-drop", "0.02", "--metric", "cosine", "--budget", "3", "--min-time",
                          "0.02", "--no-verify", "--db", tmp_path / "r.db", "-o", plan_path)
-    assert result.returncode == 0, result.stderr
-    assert "precision front" in result.stdout
     precision = json.loads(plan_path.read_text())["extra"]["precision"]
+    assert tuned["libraries"][0]["precision"] == {k: v for k, v in precision.items() if k != "ranges"}  # the front
     assert precision["metric"] == "cosine" and precision["max_drop"] == 0.02
     assert precision["calibration"] == {"source": str(folder), "synthetic": False, "sample_pictures": False,
                                         "caveat": "", "method": "minmax", "preprocess": None,
@@ -536,17 +537,15 @@ def test_an_opset_8_model_whose_weights_are_not_graph_inputs_quantizes(tmp_path)
     """Exporters of the opset-8 era (waifu2x's) keep weights as initializers only; onnx's version
     converter calls them undefined unless they are graph inputs too. The QDQ model comes out at
     opset 13 with only the model's own input, and runs close to the float model."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.core.precision.calibration import quantize_qdq
 
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1)],
-        "opset8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], initializer=[weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1)]
+    model = graphs.model(nodes, [weight], (1, 3, 16, 16), output_shapes=[[1, 8, 16, 16]], opset=8, name="opset8",
+                         ir_version=3)
     feeds = [{"x": rng.random((1, 3, 16, 16), dtype=np.float32)} for _ in range(4)]
     quantize_qdq(model, tmp_path / "qdq.onnx", feeds)
 
@@ -571,7 +570,7 @@ def _output_cosines(model: onnx.ModelProto, exported: onnx.ModelProto, feed: dic
 
 def _chain_with_float_and_int8_ops_between():
     """x -> conv a -> Tanh -> conv b -> MaxPool -> conv c -> y, on an 8 x 16 x 16 map."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.core.models.model import model_from_proto
 
@@ -583,9 +582,7 @@ def _chain_with_float_and_int8_ops_between():
              helper.make_node("MaxPool", ["tb"], ["tp"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Conv", ["tp", "wc"], ["y"], name="c", **conv)]
     weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], weights)
-    return model_from_proto("chain", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return model_from_proto("chain", graphs.model(nodes, weights, (1, 8, 16, 16), output_shapes=[[1, 8, 8, 8]]))
 
 
 def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quantize(tmp_path):
@@ -635,7 +632,7 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
     MLAS plan dequantizes a's output once and quantizes the Tanh's output once for both readers,
     so the planners' total pays each once, not once per edge; and an int8 tensor two fp32 ops
     read is dequantized once."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.core.contract import plugins
     from kselect.core.cross_library.conversions import GRAPH_LABEL, ConversionTable
@@ -654,9 +651,7 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
              helper.make_node("Add", ["tb", "tc"], ["y"], name="add")]
     weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
     shape = (1, 8, 16, 16)
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], weights)
-    model = model_from_proto("fanout", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = model_from_proto("fanout", graphs.model(nodes, weights, shape, output_shapes=[list(shape)]))
     mlas = plugins.libraries()["mlas"]
 
     by_precision = {node: {"fp32": Option("mlas:NCHW", 10.0), "int8": Option("mlas:int8", 5.0)} for node in "abc"}
@@ -725,7 +720,7 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
     waifu2x-cunet 30 ms: docs/mixed-precision-benchmark.md), while v's Sigmoid, which no int8 op
     reads, stays float. The ConvTransposes keep their float weights (``float_ops_kept_float``). The
     export is accurate to the quantization of its tensors."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
@@ -744,10 +739,8 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
              helper.make_node("Sigmoid", ["tv"], ["z"], name="sigmoid")]
     weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
     weights += [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 2, 2)).astype(np.float32), f"w{n}") for n in "uv"]
-    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 8, 16, 16]) for name in ("y", "z")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
-                              outputs, weights)
-    model = model_from_proto("upsample", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = model_from_proto("upsample", graphs.model(nodes, weights, (1, 8, 8, 8), outputs=("y", "z"),
+                                                      output_shapes=[[1, 8, 16, 16]] * 2))
 
     quantized = nodes_to_quantize(model, {"a", "b", "c"})
     assert set(quantized) == {"a", "b", "c", "leaky", "add"}, quantized
@@ -771,7 +764,7 @@ def test_the_ops_after_a_conv_sent_back_to_float_run_in_int8_where_int8_ops_take
     and the Add between b and the int8 conv c run in 8 bits (float, they sat between ORT's NHWC
     int8 convs behind transposes: u2netp), while the Sigmoid only an output reads stays float.
     Only b reads a DequantizeLinear in ONNX Runtime's graph, and b runs in float."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
@@ -787,10 +780,7 @@ def test_the_ops_after_a_conv_sent_back_to_float_run_in_int8_where_int8_ops_take
              helper.make_node("Sigmoid", ["tb"], ["z"], name="sigmoid")]
     weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
     shape = [1, 8, 16, 16]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in "yz"],
-                              weights)
-    model = model_from_proto("backed_off", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = model_from_proto("backed_off", graphs.model(nodes, weights, shape, outputs=("y", "z"), output_shapes=[shape] * 2))
 
     quantized = nodes_to_quantize(model, {"a", "c"})
     assert set(quantized) == {"a", "c", "relu", "add"}, quantized
@@ -813,7 +803,7 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     a per-channel DequantizeLinear of the same values, so b runs in float as the plan says and
     the outputs are those of the quantized model; the per-tensor DequantizeLinear b read is gone
     (ONNX Runtime runs a node nothing reads: waifu2x-upconv7 lost 2.5 ms to one)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
@@ -824,9 +814,7 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     nodes = [helper.make_node("Conv", [x, f"w{n}"], [y], name=n, **conv)
              for n, x, y in (("a", "x", "ta"), ("b", "ta", "tb"), ("c", "tb", "y"))]
     weights = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), f"w{n}") for n in "abc"]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], weights)
-    model = model_from_proto("chain", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = model_from_proto("chain", graphs.model(nodes, weights, (1, 8, 16, 16), output_shapes=[[1, 8, 16, 16]]))
     quantized = nodes_to_quantize(model, {"a", "c"})
     assert "b" not in quantized
     feeds = [{"x": rng.normal(0, 1, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_kselect
+from helpers import kselect_json, run_kselect
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
@@ -163,21 +163,23 @@ def test_a_killed_tune_resumes_without_remeasuring(small_model_path, tmp_path):
 
 @pytest.fixture(scope="module")
 def tuned_small(tmp_path_factory):
-    from conftest import small_cnn
+    from graphs import small_cnn
 
     folder = tmp_path_factory.mktemp("tuned")
     model_path = folder / "small.onnx"
     onnx.save(small_cnn(), model_path)
     plan_path = folder / "small.plan.json"
-    result = run_kselect("tune", model_path, "--library", "mlas", "--budget", "8", "--min-time", "0.02",
+    tuned = kselect_json("tune", model_path, "--library", "mlas", "--budget", "8", "--min-time", "0.02",
                          "--db", folder / "records.db", "-o", plan_path)
-    assert result.returncode == 0, result.stderr
-    return model_path, plan_path, result.stdout
+    return model_path, plan_path, tuned
 
 
-def test_tune_prints_a_table_and_writes_plan_and_artifacts(tuned_small):
-    model_path, plan_path, stdout = tuned_small
-    assert "default vs best per task" in stdout and "speedup" in stdout
+def test_tune_reports_default_and_best_per_task_and_writes_plan_and_artifacts(tuned_small):
+    model_path, plan_path, tuned = tuned_small
+    (tuning,) = tuned["libraries"]
+    assert tuning["library"] == "mlas" and not tuning["emulated"]
+    assert tuning["tasks"] and all(t["default_us"] > 0 and t["best_us"] > 0 for t in tuning["tasks"])
+    assert tuned["plan_file"] == str(plan_path)
     plan = load_plan_file(plan_path)
     model = load_model(str(model_path))
     assert plan.model["fingerprint"] == model.fingerprint()
@@ -189,8 +191,8 @@ def test_tune_prints_a_table_and_writes_plan_and_artifacts(tuned_small):
     # Session-wide settings may cost one op a little to win overall; the sum never loses.
     assert sum(t["time_us"] * len(t["nodes"]) for t in plan.tasks) <= sum(t["default_us"] * len(t["nodes"]) for t in plan.tasks)
     assert (plan_path.parent / "small.kselect.onnx").exists()
-    shown = run_kselect("plan", "show", plan_path)
-    assert shown.returncode == 0 and "T01" in shown.stdout and "speedup" in shown.stdout
+    shown = kselect_json("plan", "show", plan_path)
+    assert shown["tasks"][0]["id"] == "T01" and all(t["speedup"] > 0 for t in shown["tasks"])
 
 
 def test_plan_round_trip(tuned_small, tmp_path):
@@ -234,8 +236,10 @@ def test_a_plan_for_another_device_or_model_is_refused(tuned_small, tmp_path):
     foreign.write_text(json.dumps(data))
     refused = run_kselect("bench", model_path, "--plan", foreign)
     assert refused.returncode == 2 and "another device" in refused.stderr and "--force" in refused.stderr
-    forced = run_kselect("bench", model_path, "--plan", foreign, "--force", "--rounds", "2", "--runs-per-round", "2")
-    assert forced.returncode == 0 and "warning" in forced.stdout
+    forced = run_kselect("bench", model_path, "--plan", foreign, "--force", "--rounds", "2", "--runs-per-round", "2",
+                         "--json")
+    assert forced.returncode == 0 and json.loads(forced.stdout)["plan_ms"] > 0
+    assert "warning (--force)" in forced.stderr and "another device" in forced.stderr
     other_model = run_kselect("bench", "resnet18", "--plan", plan_path)
     assert other_model.returncode == 2 and "the plan is for model" in other_model.stderr
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from kselect.plugins.mlas.layout import conv_takes_blocked_input, from_blocked, nchwc_block_size, nchwc_feed, to_blocked
 from kselect.plugins.mlas.ort_session import (
@@ -77,11 +78,7 @@ class G:
         return self.node("Conv", ins, name=name, **attrs)
 
     def model(self, x_shape, outputs, opset=17):
-        graph = helper.make_graph(
-            self.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-            [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        m = onnx.shape_inference.infer_shapes(m)
+        m = onnx.shape_inference.infer_shapes(graphs.model(self.nodes, self.inits, x_shape, outputs=outputs, opset=opset))
         onnx.checker.check_model(m)
         return m
 

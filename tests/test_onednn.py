@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from importlib import metadata
 
+import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import run_kselect, small_cnn
-from onnx import TensorProto, helper, numpy_helper
+from graphs import small_cnn
+from helpers import kselect_json, run_kselect
+from onnx import helper, numpy_helper
 
 from kselect.core.contract import plugins
 from kselect.core.errors import UnsupportedOp
@@ -65,10 +67,8 @@ def test_registered_through_the_entry_point_and_available(onednn):
     ok, status = onednn.availability()
     assert ok and "omp_set_num_threads" in status
     assert "2.6" in onednn.version() or "oneDNN 2." in onednn.version()
-    listed = run_kselect("plugins")
-    assert listed.returncode == 0, listed.stderr
-    rows = [line for line in listed.stdout.splitlines() if line.startswith("│ onednn ")]
-    assert rows and "available" in rows[0] and "unavailable" not in rows[0]
+    listed = {p["name"]: p for p in kselect_json("plugins")}
+    assert listed["onednn"]["status"].startswith("available") and listed["onednn"]["kind"] == "library"
 
 
 @pytest.mark.parametrize("task", SHAPES, ids=lambda t: t.id)
@@ -266,10 +266,8 @@ def _ops_model(extra_nodes=(), extra_inits=()):
     initializers = [numpy_helper.from_array(np.asarray(v, np.float32), k)
                     for k, v in {**inits, **dict(extra_inits)}.items()]
     initializers.append(numpy_helper.from_array(np.array([1, 8, 45], np.int64), "shape3"))
-    graph = helper.make_graph(nodes, "ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 23, 19])],
-                              [helper.make_tensor_value_info(extra_nodes[-1].output[0] if extra_nodes else "y",
-                                                             TensorProto.FLOAT, None)], initializers)
-    return model_from_proto("ops", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    output = extra_nodes[-1].output[0] if extra_nodes else "y"
+    return model_from_proto("ops", graphs.model(nodes, initializers, (1, 3, 23, 19), outputs=[output], name="ops"))
 
 
 def test_the_executor_runs_every_op_type_like_onnx_runtime(onednn):
@@ -352,10 +350,11 @@ def test_a_plan_with_other_implementations_layouts_and_threads_runs_correctly(on
 # -- the CLI end to end -------------------------------------------------------------------------
 def test_tune_and_bench_on_the_cli(small_model_path, tmp_path):
     plan_path, bench_path = tmp_path / "small.onednn.plan.json", tmp_path / "bench.json"
-    tuned = run_kselect("tune", small_model_path, "--library", "onednn", "--budget", "3", "--min-time", "0.01",
-                        "--no-verify", "--db", tmp_path / "records.db", "-o", plan_path)
-    assert tuned.returncode == 0, tuned.stderr
-    assert "onednn: default vs" in tuned.stdout
+    tuned = kselect_json("tune", small_model_path, "--library", "onednn", "--budget", "3", "--min-time", "0.01",
+                         "--no-verify", "--db", tmp_path / "records.db", "-o", plan_path)
+    (tuning,) = tuned["libraries"]
+    assert tuning["library"] == "onednn"
+    assert tuning["tasks"] and all(t["default_us"] > 0 and t["best_us"] > 0 for t in tuning["tasks"])  # default vs best
     plan = json.loads(plan_path.read_text())
     assert set(plan["libraries"]) == {"onednn"} and len(plan["nodes"]) == 7
     benched = run_kselect("bench", small_model_path, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "3",

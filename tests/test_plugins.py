@@ -4,10 +4,10 @@ loaded like the built-ins; KSELECT_PLUGINS restricts what loads; ``kselect plugi
 import json
 import textwrap
 
+import graphs
 import numpy as np
-import onnx
-from conftest import run_kselect
-from onnx import TensorProto, helper, numpy_helper
+from helpers import run_kselect
+from onnx import helper, numpy_helper
 
 PLUGIN = textwrap.dedent('''
     from kselect.core.contract.hookspecs import hookimpl
@@ -116,12 +116,9 @@ def test_a_plugin_registers_an_op_kind_and_kselect_finds_measures_and_checks_its
     env = install_plugin(tmp_path, "maxpool", OP_KIND_PLUGIN)
     model_path = tmp_path / "conv_pool.onnx"
     weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("MaxPool", ["c"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2])], "conv_pool",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weights])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model_path)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
+    graphs.saved(graphs.model(nodes, [weights], (1, 3, 16, 16), name="conv_pool"), model_path)
     found = plugins_json(env)
     assert found["maxpool"]["kind"] == "op kinds" and found["maxpool"]["provides"] == ["maxpool"]
     assert found["ops"]["provides"] == ["conv", "deconv", "fc", "convert"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import run_kselect
+from helpers import run_kselect
 
 from kselect.core.errors import KselectError
 from kselect.core.measuring.measure import MeasureSettings, Result

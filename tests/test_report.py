@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import run_kselect, small_cnn
+from graphs import small_cnn
+from helpers import run_kselect
 from PIL import Image
 
 import kselect

@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 
+import graphs
 import numpy as np
 import onnx
 import pytest
-from conftest import small_cnn
-from onnx import TensorProto, helper, numpy_helper
+from graphs import small_cnn
+from onnx import helper, numpy_helper
 
 import kselect
 from kselect.core.contract import plugins
@@ -174,10 +175,8 @@ def test_a_node_fed_only_by_graph_inputs_goes_with_the_first_tuned_node_after_it
     nodes = [helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Conv", ["p", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              helper.make_node("Erf", ["c"], ["y"], name="erf")]  # not an XNNPack executor op
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w")])
-    model = model_from_proto("g", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w")]
+    model = model_from_proto("g", graphs.model(nodes, weights, (1, 8, 16, 16)))
     plan = make_plan(model, {"conv": "xnnpack"})
     runner = load_plan(plan, model)
     try:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import small_cnn
+from graphs import small_cnn
 
 from kselect.core.errors import KselectError
 from kselect.core.models.model import load_model

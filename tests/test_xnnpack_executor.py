@@ -7,12 +7,13 @@ from __future__ import annotations
 import random
 import time
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import small_cnn
-from onnx import TensorProto, helper, numpy_helper
+from graphs import small_cnn
+from onnx import helper, numpy_helper
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
@@ -37,12 +38,8 @@ class _Plan:
 
 
 def _model(tmp_path, nodes, inits, input_shape, name="m"):
-    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    return load_model(str(path))
+    initializers = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()]
+    return load_model(str(graphs.saved(graphs.model(nodes, initializers, input_shape, name=name), tmp_path / f"{name}.onnx")))
 
 
 def _run(model, plan=None, x=None):

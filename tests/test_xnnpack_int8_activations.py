@@ -6,11 +6,12 @@ conv in int8, its activations in 8 bits too, against ONNX Runtime."""
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from test_xnnpack_int8 import assert_matches_float_reference, variant_config
 
 from kselect.core.contract.opkind import op_kind
@@ -175,9 +176,7 @@ def _silu_model(seed: int = 0) -> onnx.ModelProto:
               helper.make_node("Mul", ["s2", b], ["m2"], name="mul2")]
     c = conv("conv3", "m2", 16, 8, 1)
     nodes.append(helper.make_node("Sigmoid", [c], ["y"], name="sig3"))
-    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 10])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 10, 10])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return graphs.model(nodes, inits, (1, 8, 10, 10), output_shapes=[[1, 8, 10, 10]], opset=13, name="silu")
 
 
 def _plans(model, library, ranges, variant: str | None = None,

@@ -7,9 +7,10 @@ tensors kept 8-bit, close to the float model."""
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from test_xnnpack_int8_activations import _plans
 
 from kselect.core.contract import plugins
@@ -102,12 +103,9 @@ def upsampler(path) -> None:
                               pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["d"], ["r2"], name="relu2"),
              helper.make_node("Conv", ["r2", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "upsampler",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    path.write_bytes(model.SerializeToString())
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    graphs.saved(graphs.model(nodes, inits, (1, 3, 16, 16), output_shapes=[[1, 3, 32, 32]], opset=13, name="upsampler"),
+                 path)
 
 
 def test_a_model_runs_its_convtranspose_in_int8_between_int8_convs(tmp_path):

@@ -8,10 +8,11 @@ the conv / fc ones."""
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from test_xnnpack_int8 import variant_config
 from test_xnnpack_int8_model import output_step
 
@@ -70,10 +71,8 @@ class Graph:
         return f"{name}.out"
 
     def model(self, name, x_shape, y, y_shape):
-        graph = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                                  [helper.make_tensor_value_info(y, TensorProto.FLOAT, y_shape)], self.inits)
-        return model_from_proto(name, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
-                                                        ir_version=8))
+        return model_from_proto(name, graphs.model(self.nodes, self.inits, x_shape, outputs=[y], output_shapes=[y_shape],
+                                                   opset=13, name=name))
 
 
 def maxpool_model():

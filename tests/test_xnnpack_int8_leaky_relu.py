@@ -6,11 +6,12 @@ conv in int8, its LeakyRelus in 8 bits too, against ONNX Runtime's QDQ model of 
 
 from __future__ import annotations
 
+import graphs
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from test_xnnpack_int8_activations import _plans, conv_task, fc_task, tolerance
 
 from kselect.core.measuring.device import this_device
@@ -118,9 +119,8 @@ def _leaky_model(seed: int = 0) -> onnx.ModelProto:
     b = conv("conv2", "l1", 16, 16)
     nodes.append(helper.make_node("LeakyRelu", [b], ["l2"], name="leaky2", alpha=0.1))
     conv("conv3", "l2", 16, 3)
-    graph = helper.make_graph(nodes, "leaky", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
-                              [helper.make_tensor_value_info("conv3.out", TensorProto.FLOAT, [1, 3, 12, 12])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return graphs.model(nodes, inits, (1, 3, 12, 12), outputs=["conv3.out"], output_shapes=[[1, 3, 12, 12]], opset=13,
+                        name="leaky")
 
 
 OUTPUT_STEPS = 4

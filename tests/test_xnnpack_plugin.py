@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import run_kselect
+from helpers import kselect_json, run_kselect
 
 from kselect.core.contract import plugins
 from kselect.core.contract.space import Categorical, Integer, Space
@@ -307,10 +307,11 @@ print("DIMS", [d.name for d in lib.space(t, this_device()).dims])
 # -- tune and bench through the CLI ---------------------------------------------------------------
 def test_tune_and_bench_on_the_cli(small_model_path, tmp_path):
     plan_path, bench_path = tmp_path / "small.xnnpack.plan.json", tmp_path / "bench.json"
-    tuned = run_kselect("tune", small_model_path, "--library", "xnnpack", "--budget", "5", "--min-time", "0.01",
-                        "--db", tmp_path / "records.db", "-o", plan_path)
-    assert tuned.returncode == 0, tuned.stderr
-    assert "xnnpack: default vs" in tuned.stdout and "speedup" in tuned.stdout
+    tuned = kselect_json("tune", small_model_path, "--library", "xnnpack", "--budget", "5", "--min-time", "0.01",
+                         "--db", tmp_path / "records.db", "-o", plan_path)
+    (tuning,) = tuned["libraries"]
+    assert tuning["library"] == "xnnpack"
+    assert tuning["tasks"] and all(t["default_us"] > 0 and t["best_us"] > 0 for t in tuning["tasks"])  # default vs best
     assert plan_path.exists()
     plan = json.loads(plan_path.read_text())
     assert set(plan["libraries"]) == {"xnnpack"} and set(plan["plan_level"]) <= {"spinning"}

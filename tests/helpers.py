@@ -1,0 +1,26 @@
+"""Running the ``kselect`` command as a user does, and reading the JSON it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_kselect(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """Runs the installed ``kselect`` command as a user would."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kselect.cli.main", *map(str, args)], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def kselect_json(*args, env=None, timeout=600):
+    """Runs ``kselect ARGS --json``, which must succeed, and returns the JSON document it prints
+    (stdout holds it alone; progress and warnings go to stderr)."""
+    result = run_kselect(*args, "--json", env=env, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
