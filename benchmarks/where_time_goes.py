@@ -89,11 +89,12 @@ def onnxruntime_profile(model, feeds, runs: int) -> dict:
 
 def xnnpack_profile(model, feeds, runs: int) -> dict:
     from kselect.plugins.xnnpack.executor import Executor
+    from kselect.plugins.xnnpack.profiling import profile
 
     executor = Executor(plugins.get_library("xnnpack"), model, None)
     try:
         warm(executor, feeds)
-        profiled = executor.profile(feeds, runs)
+        profiled = profile(executor, feeds, runs)
     finally:
         executor.close()
     by_type: dict[str, float] = {}

@@ -16,6 +16,7 @@ from kselect.core.measuring.device import Device
 from kselect.core.models.tasks import Task
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
+from kselect.plugins.onednn.executor import BUILDERS
 
 
 class PrimitiveCandidate(Candidate):
@@ -232,9 +233,7 @@ class OnednnLibrary(Library):
         return Executor(self, model, plan)
 
     def runs_op(self, op_type: str) -> bool:
-        from kselect.plugins.onednn.executor import Executor
-
-        return hasattr(Executor, f"_op_{op_type}")
+        return op_type in BUILDERS
 
 
 DEBIAN_NAME = "libdnnl2"

@@ -47,7 +47,7 @@ from kselect.core.precision.quant import QuantParams, quantize
 from kselect.plugins.xnnpack import configured, kernels, tileshim
 from kselect.plugins.xnnpack import ukernels as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa
-from kselect.plugins.xnnpack.library import XnnCandidate
+from kselect.plugins.xnnpack.candidate import XnnCandidate
 
 VARIANTS = xa.INT8_VARIANTS  # ("qc8", "qs8", "qu8")
 QU8_KERNEL_ZERO_POINT = 128  # symmetric int8 weights q stored as q + 128

@@ -16,33 +16,10 @@ from kselect.core.measuring.device import Device
 from kselect.core.models.tasks import Task
 from kselect.plugins.xnnpack import configured, kernels, tileshim
 from kselect.plugins.xnnpack import xnnpack_api as xa
+from kselect.plugins.xnnpack.builders import BUILDERS
+from kselect.plugins.xnnpack.candidate import XnnCandidate
 
 TILE_QUANTUM = 16  # tile_n values are multiples of 16: a multiple of every nr of this build (16, 8, 2)
-
-
-class XnnCandidate(Candidate):
-    def __init__(self, built: configured.Built, nhwc: bool, flags: int = 0):
-        self.built = built
-        self.nhwc = nhwc
-        self.flags = flags
-        shim = tileshim.shim()
-        if shim is not None:
-            shim.set_flags(flags)  # the pool's worker behaviour while this candidate runs
-        self.run = built.run  # no extra Python frame in the timed call
-
-    def output(self) -> np.ndarray:
-        y = getattr(self.built, "y_nchw", None)
-        if y is not None:
-            return y.copy()
-        if self.nhwc:
-            return np.ascontiguousarray(self.built.y.transpose(0, 3, 1, 2))
-        return self.built.y.copy()
-
-    def close(self) -> None:
-        self.built.close()
-        shim = tileshim.shim()
-        if shim is not None:
-            shim.set_flags(0)
 
 
 class _Int8Conversion(Candidate):
@@ -370,6 +347,4 @@ class XnnpackLibrary(Library):
         return Executor(self, model, plan, release_at_end=in_mixed_plan)
 
     def runs_op(self, op_type: str) -> bool:
-        from kselect.plugins.xnnpack.executor import Executor
-
-        return hasattr(Executor, f"_op_{op_type}")
+        return op_type in BUILDERS
