@@ -82,7 +82,7 @@ class ExecutorCandidate(Candidate):
 
 @functools.lru_cache(maxsize=None)
 def _loaded_file_sha256() -> str:
-    from kselect.plugins.xnnpack import ukernels as uk
+    from kselect.plugins.xnnpack import ukernel_table as uk
 
     try:
         path, _ = uk._loaded_path_and_base()
