@@ -17,7 +17,7 @@ PREPACKING_KEY = "session.disable_prepacking"
 def session_options(config: dict, keep_nchwc_transformer: bool = False):
     """ONNX Runtime session options for a (plan-level or op) config; keys a config lacks keep
     ONNX Runtime's defaults."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -1,11 +1,12 @@
 """How the XNNPack executor builds each ONNX op: ``BUILDERS``, op type -> builder, is the one
 table the executor builds from and ``XnnpackLibrary.runs_op`` reads (an op type not in it is not
-run by XNNPack). A builder ``(executor, node, index, output name, clamp)`` creates the op's
-XNNPack operators on the executor's buffers (executor.py) and sets them up; ``clamp`` is the
-(low, high) of a Relu / Clip folded into it (graph_prep.py). The int8 variants of Conv /
-ConvTranspose / Gemm / MatMul (a plan's int8 nodes), of Add, MaxPool, GlobalAveragePool,
-ReduceMean and Flatten (between int8 ops), and of the Sigmoid, Mul and LeakyRelu after an int8
-node are taken by the same builders, which hand them to int8_builders.py.
+run by XNNPack). A builder ``(ex, node, i, out_name, act)`` creates the op's XNNPack operators
+on the buffers of the executor ``ex`` (executor.py) and sets them up: ``i`` is the node's index,
+``out_name`` the tensor it writes (that of a Relu / Clip folded into it) and ``act`` the
+(low, high) output range of that Relu / Clip (graph_prep.py). The int8 variants go through the
+same builders: a plan's int8 Conv / ConvTranspose / Gemm / MatMul, the Sigmoid, Mul and LeakyRelu
+after one, and an Add, GlobalAveragePool or ReduceMean of 8-bit tensors are built in
+int8_builders.py; the 8-bit MaxPool and the Flatten of an 8-bit tensor (a view) here.
 """
 
 from __future__ import annotations
@@ -448,9 +449,7 @@ def _flatten_to_2d(ex, node, i, out_name, x: Tensor, y_shape):
     if h * w == 1:
         _view(ex, out_name, x, y_shape, i)
         return
-    users = [nd for nd in ex.model.proto.graph.node if out_name in nd.input]
-    if users and all(nd.op_type in ("Gemm", "MatMul") and nd.input[0] == out_name for nd in users) \
-            and out_name not in ex.graph_outputs:
+    if ex.graph.folds_into_fc(out_name):  # the FC weights' columns are permuted instead (_fc)
         _view(ex, out_name, x, y_shape, i, (c, h, w))
         return
     x = ex.as_float(x, i)

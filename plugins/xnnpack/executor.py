@@ -37,8 +37,8 @@ the max pooling on its input's grid (it takes no quantization; ``grids``), as do
 8-bit tensor (a view). A float consumer (any other op, or one of these the 8-bit operator cannot
 take) gets an 8-bit tensor dequantized once (``xnn_create_convert_nc_q*8_f32``), and a float tensor
 read by int8 ops is quantized once per signedness (``xnn_create_convert_nc_f32_q*8``). The plan's
-int8 nodes are still only its conv / deconv / fc ones. A plan with no int8 nodes builds exactly what it built
-before. An int8 node whose activation is a Sigmoid, a SiLU or a LeakyRelu (its
+int8 nodes are only its conv / deconv / fc ones. A plan with no int8 nodes builds no 8-bit
+operator. An int8 node whose activation is a Sigmoid, a SiLU or a LeakyRelu (its
 task's epilogue, int8.activation_after) runs it in 8 bits too, as its int8 twin was measured: the
 node writes its output tensor's grid (the pre-activation range), the Sigmoid node is XNNPack's
 8-bit sigmoid (output on its fixed grid, scale 1/256), the SiLU's Mul node the 8-bit multiply
