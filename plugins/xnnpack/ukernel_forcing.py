@@ -29,17 +29,18 @@ _THIS_MODULE = "kselect.plugins.xnnpack.ukernel_forcing"  # run_candidate's chil
 
 
 class forced_kernels:
-    """Context manager: rewrite ``xnn_params.f32.gemm`` and/or one ``f32.dwconv`` entry, restore
-    on exit.  Operators created inside keep the forced kernel for their lifetime.
+    """Context manager: rewrite ``family``'s (f32, qc8, qs8 or qu8) gemm entry of ``xnn_params``
+    and / or its dwconv entry of the choice's primary tile, restore on exit. Operators created
+    inside keep the forced kernel for their lifetime.
 
-    Refused outside a child started by :func:`run_candidate` unless ``allow_in_process=True``.
+    Refused outside a child of ``ukernel_probes.run_child`` unless ``allow_in_process=True``.
     """
 
     def __init__(self, gemm: GemmChoice | None = None, dwconv: DwconvChoice | None = None,
                  *, allow_in_process: bool = False, family: str = "f32"):
         if os.environ.get(CHILD_ENV) != "1" and not allow_in_process:
             raise OverrideRefused("micro-kernel overrides run only in a child process "
-                                  "(run_candidate), or pass allow_in_process=True")
+                                  "(ukernel_probes.run_child), or pass allow_in_process=True")
         if family not in ("f32",) + INT8_FAMILIES:
             raise ValueError(f"no table entries for {family!r}")
         self.gemm, self.dwconv, self.family = gemm, dwconv, family
