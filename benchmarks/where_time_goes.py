@@ -1,6 +1,6 @@
 """Where a whole model's time goes, per library, measured in place: ONNX Runtime's default session
 with its own profiler (per node kernel times) and XNNPack's executor at its defaults with every
-step timed on its own (``Executor.profile``), grouped by op type, beside the sum of the tuned ops
+step timed on its own (plugins/xnnpack/profiling.py), grouped by op type, beside the sum of the tuned ops
 timed in isolation (kselect's protocol, as the planner adds them). The difference between a
 library's whole model and its isolated op sum is the "rest" that table2's prediction calibrates;
 this shows which ops and which overheads it is made of.
@@ -89,11 +89,12 @@ def onnxruntime_profile(model, feeds, runs: int) -> dict:
 
 def xnnpack_profile(model, feeds, runs: int) -> dict:
     from kselect.plugins.xnnpack.executor import Executor
+    from kselect.plugins.xnnpack.profiling import profile
 
     executor = Executor(plugins.get_library("xnnpack"), model, None)
     try:
         warm(executor, feeds)
-        profiled = executor.profile(feeds, runs)
+        profiled = profile(executor, feeds, runs)
     finally:
         executor.close()
     by_type: dict[str, float] = {}

@@ -36,6 +36,7 @@ from kselect.core.plans.library_plan import library_plan_variants
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.bench import bench_in_process, compare_outputs, random_feeds
 from kselect.core.whole_model.selection import verified_plan
+from kselect.plugins.xnnpack.profiling import dispatch_overhead_us
 
 console = Console()
 
@@ -70,7 +71,7 @@ def run_model(name: str, library, db: RecordDB, options: TuneOptions, rounds: in
     reference = _ort_outputs(model, feeds)
     error_plan = compare_outputs(reference, plan_runner(feeds))
     error_default = compare_outputs(reference, default_runner(feeds))
-    overhead = plan_runner.dispatch_overhead_us()
+    overhead = dispatch_overhead_us(plan_runner)
     wins = []  # from the tuned plan (the final plan keeps them only if the tuned variant won end to end)
     for entry in variants[0][1].tasks:
         changes = _changes(entry)

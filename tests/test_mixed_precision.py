@@ -117,7 +117,7 @@ def test_an_int8_conv_on_mlas_is_timed_in_nhwc_as_inside_a_whole_int8_model(tmp_
     from kselect.core.measuring.measure import reference_output, task_inputs
     from kselect.core.precision.quant import quant_params
     from kselect.plugins.mlas import int8
-    from kselect.plugins.mlas.library import session_options
+    from kselect.plugins.mlas.session_config import session_options
 
     library, task = MlasLibrary(), _conv_task(epilogue, group)
     inputs = task_inputs(task)

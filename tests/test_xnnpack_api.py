@@ -331,34 +331,34 @@ def test_concatenate(shapes, axis, pool):
         np.testing.assert_array_equal(out, np.concatenate(xs, axis=axis))
 
 
-# ------------------------------------------------------------------ micro-kernel override prototype
+# ------------------------------------------------------------------ micro-kernel override
 
-from kselect.plugins.xnnpack import ukernels as uk  # noqa: E402
+from kselect.plugins.xnnpack import ukernel_catalog, ukernel_forcing, ukernel_probes, ukernel_table  # noqa: E402
 
-_UK_OK, _UK_REASON = uk.availability() if _OK else (False, _REASON)
+_UK_OK, _UK_REASON = ukernel_table.availability() if _OK else (False, _REASON)
 uk_only = pytest.mark.skipif(not _UK_OK, reason=f"micro-kernel override unavailable: {_UK_REASON}")
 
 
 @uk_only
 def test_ukernels_table_located_and_consistent():
-    b = uk.verify_build()
+    b = ukernel_table.verify_build()
     assert b.params_addr - b.base == 0xE89A0
-    snap = uk.snapshot(b)
+    snap = ukernel_table.snapshot(b)
     # XNNPack's own pick for the CPU: 7x16 avx512f, else 5x16 fma3 (4x16s4 on Zen 1), else avx
-    isa = uk._tier_isa("default", uk._proc_flags())
+    isa = ukernel_catalog.tier_isa("default", ukernel_probes.cpu_flags())
     assert snap["gemm"]["names"]["igemm"].startswith("xnn_f32_igemm_minmax_ukernel_")
     assert snap["gemm"]["names"]["igemm"].split("__")[1].split("_")[0] == isa
     assert [d["primary_tile"] for d in snap["dwconv"]] == [3, 4, 9, 25]
 
 
 def test_ukernels_refused_in_process():
-    with pytest.raises(uk.OverrideRefused):
-        uk.forced_kernels(None, None)
+    with pytest.raises(ukernel_table.OverrideRefused):
+        ukernel_forcing.forced_kernels(None, None)
 
 
 @uk_only
 def test_ukernels_forced_in_child_match_numpy():
-    cat = uk.catalog()
+    cat = ukernel_catalog.catalog()
     names = {c.id for kind in cat.values() for c in kind}
     for n in ("xnn_f32_igemm_minmax_ukernel_5x16__fma3_broadcast",
               "xnn_f32_igemm_minmax_ukernel_4x16s4__fma3_broadcast",
@@ -367,11 +367,11 @@ def test_ukernels_forced_in_child_match_numpy():
         assert n in names
     pick = {c.id: c for kind in cat.values() for c in kind}
     conv = {"op": "conv", "cin": 16, "cout": 24, "k": 3, "pad": 1, "stride": 2, "h": 15, "w": 13}
-    r = uk.run_candidate(conv, pick["xnn_f32_igemm_minmax_ukernel_4x16s4__fma3_broadcast"], reps=2)
+    r = ukernel_forcing.run_candidate(conv, pick["xnn_f32_igemm_minmax_ukernel_4x16s4__fma3_broadcast"], reps=2)
     assert r["ok"], r
     assert "xnn_f32_igemm_minmax_ukernel_4x16s4__fma3_broadcast" in r["kernels_in_operator"]
     dw = {"op": "conv", "cin": 24, "cout": 24, "k": 3, "pad": 1, "groups": 24, "h": 9, "w": 9}
-    r = uk.run_candidate(dw, pick["xnn_f32_dwconv_minmax_ukernel_up8x9__sse"], threads=2, reps=2)
+    r = ukernel_forcing.run_candidate(dw, pick["xnn_f32_dwconv_minmax_ukernel_up8x9__sse"], threads=2, reps=2)
     assert r["ok"] and r["kernels_in_operator"] == ["xnn_f32_dwconv_minmax_ukernel_up8x9__sse"], r
 
 

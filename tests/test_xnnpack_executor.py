@@ -20,6 +20,7 @@ from kselect.core.measuring.device import this_device
 from kselect.core.models.model import load_model
 from kselect.core.models.tasks import extract_tasks
 from kselect.plugins.ops.conv import conv_reference
+from kselect.plugins.xnnpack import profiling
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.executor import Executor
 from kselect.plugins.xnnpack.library import XnnpackLibrary
@@ -273,7 +274,7 @@ def test_python_side_overhead_is_small_against_resnet18_latency():
             start = time.perf_counter()
             run(feeds)
             samples.append((time.perf_counter() - start) * 1e6)
-        overhead = run.dispatch_overhead_us(repeats=50)
+        overhead = profiling.dispatch_overhead_us(run, repeats=50)
         assert overhead["native_calls"] >= 20
         assert overhead["dispatch_us"] / overhead["native_calls"] < 20  # microseconds per operator call
         assert overhead["dispatch_us"] < 0.03 * min(samples)
@@ -282,14 +283,14 @@ def test_python_side_overhead_is_small_against_resnet18_latency():
 
 
 def test_a_profile_times_every_node_in_place_and_adds_up_to_the_run():
-    """Executor.profile (benchmarks/where_time_goes.py): each node that runs XNNPack steps gets an
+    """profiling.profile (benchmarks/where_time_goes.py): each node that runs XNNPack steps gets an
     in-place time under its op type, and those times, with the layout conversions at the edges,
     fit within the whole run's time."""
     model = load_model("resnet18", ["input=1,3,64,64"])
     run = XnnpackLibrary().model_runner(model, None)
     try:
         feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 64, 64), dtype=np.float32)}
-        profile = run.profile(feeds, runs=5)
+        profile = profiling.profile(run, feeds, runs=5)
         op_types = {node.name: node.op_type for node in model.proto.graph.node}
         convs = [name for name, kind in op_types.items() if kind == "Conv"]
         assert set(convs) <= set(profile["nodes"])

@@ -20,7 +20,7 @@ from kselect.core.models.model import load_model
 from kselect.core.models.tasks import Task, task_key
 from kselect.core.precision.quant import int8_tolerance, quant_params
 from kselect.plugins.xnnpack import configured, int8, kernels
-from kselect.plugins.xnnpack import ukernels as uk
+from kselect.plugins.xnnpack import ukernel_table
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
 
@@ -201,7 +201,7 @@ def test_every_8bit_kernel_runs_correctly(lib):
 @needs_override
 def test_override_reaches_the_operator_and_is_undone(lib):
     task = OPS["dense3x3"]
-    before = ctypes.string_at(ctypes.addressof(uk.verify_build().table.qs8.gemm), ctypes.sizeof(uk.GemmParams))
+    before = ctypes.string_at(ctypes.addressof(ukernel_table.verify_build().table.qs8.gemm), ctypes.sizeof(ukernel_table.GemmParams))
     other = [n for n in int8.kernel_options(task, "qs8") if n != kernels.int8_default_kernel("qs8", "igemm", 99)]
     assert other
     config = dict(variant_config(lib, task, "qs8"), ukernel=other[-1])
@@ -211,7 +211,7 @@ def test_override_reaches_the_operator_and_is_undone(lib):
         assert kernels.int8_default_kernel("qs8", "igemm", 99) not in built.notes["kernels"]
     finally:
         built.close()
-    after = ctypes.string_at(ctypes.addressof(uk.verify_build().table.qs8.gemm), ctypes.sizeof(uk.GemmParams))
+    after = ctypes.string_at(ctypes.addressof(ukernel_table.verify_build().table.qs8.gemm), ctypes.sizeof(ukernel_table.GemmParams))
     assert before == after
     with pytest.raises(configured.ConfigError):  # a kernel of another family than the variant
         int8.build(task, dict(config, variant="qc8"), _inputs(task))

@@ -156,7 +156,7 @@ def operators_of(runner, node: str) -> list:
     """The operators the executor runs for ``node``, in order."""
     by_handle = {op.handle: op for op in runner._ops if hasattr(op, "handle")}
     return [by_handle.get(a) for (fn, a, _), (name, _) in zip(runner.steps, runner.step_nodes)
-            if name == node and fn is runner._run]
+            if name == node and fn is runner.run_operator]
 
 
 def dequantized(runner) -> list:
@@ -260,7 +260,7 @@ def test_residual_add_of_int8_branches_runs_in_8_bits(variant, relu):
         out = "add.relu.out" if relu else "add.out"
         for tensor in ("conv_a.out", "conv_b.out", out):
             assert runner.tensors[tensor].array is None, f"{tensor} was dequantized"
-        scale, zero_point = runner._calibrated(out)
+        scale, zero_point = runner.calibrated(out)
         signed = variant != "qu8"
         assert next(iter(runner.tensors[out].q)) == (signed, scale, zero_point)
         assert len(dequantized(runner)) == 1  # the model's output
@@ -304,7 +304,7 @@ def test_global_average_pool_after_int8_conv_runs_in_8_bits(variant, head):
         for tensor in read:
             assert runner.tensors[tensor].array is None, f"{tensor} was dequantized"
         signed = variant != "qu8"
-        assert next(iter(runner.tensors["pool.out"].q)) == (signed, *runner._calibrated("pool.out"))
+        assert next(iter(runner.tensors["pool.out"].q)) == (signed, *runner.calibrated("pool.out"))
         assert [op.target for op in runner._ops if isinstance(op, xa.QuantizeConvert)] == \
             [xa.int8_dtype(variant), np.float32]
         check_outputs(s, runner, variant)

@@ -23,7 +23,7 @@ from kselect.core.models.model import load_model
 from kselect.core.models.tasks import Task, extract_tasks, task_key
 from kselect.core.plans.plan import build_plan
 from kselect.core.records.store import RecordDB
-from kselect.plugins.xnnpack import configured, kernels, tileshim, ukernels
+from kselect.plugins.xnnpack import configured, kernels, tileshim, ukernel_probes
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
 
@@ -105,7 +105,7 @@ def test_spaces_offer_the_kernels_of_each_family_and_defaults_are_xnnpacks_own()
         elif label == "dwconv":
             assert default["ukernel"] == table["dwconv"][9]
             # one 3x3 kernel per x86 ISA the CPU has: sse, avx, fma3 and avx512f
-            isas = 1 + sum(flag in ukernels._proc_flags() for flag in ("avx", "fma", "avx512f"))
+            isas = 1 + sum(flag in ukernel_probes.cpu_flags() for flag in ("avx", "fma", "avx512f"))
             assert all("x9__" in n for n in names) and len(names) == isas
         else:  # a single-row fully connected op runs XNNPack's mr=1 kernel
             assert default["ukernel"] == table["gemm"]["gemm1"]
@@ -160,7 +160,7 @@ def test_every_listed_micro_kernel_gives_a_correct_result():
     jobs += [(fc_one_row, {"ukernel": n, "threads": 2}) for n in kernels.kernel_names("gemm")]
     jobs += [(igemm_task, {"ukernel": kernels.short(c.name), "threads": 1}) for c in cat["igemm"]]
     jobs += [(dw_tasks[c.primary_tile], {"ukernel": kernels.short(c.name), "threads": 1}) for c in cat["dwconv"]]
-    flags = ukernels._proc_flags()
+    flags = ukernel_probes.cpu_flags()
     isas = {"sse"} | {isa for isa, flag in (("avx", "avx"), ("fma3", "fma"), ("avx512f", "avx512f")) if flag in flags}
     for family in ("gemm", "igemm"):  # kernels of every ISA the CPU has, each with an mr=1 variant
         assert {c.name.split("__")[1].split("_")[0] for c in cat[family]} == isas
@@ -262,8 +262,8 @@ def _in_subprocess(code: str, env: dict | None = None) -> str:
 
 def test_unknown_build_falls_back_to_the_public_api():
     code = """
-from kselect.plugins.xnnpack import ukernels as uk
-uk.KNOWN_BUILDS.clear()  # as if the installed build were another one
+from kselect.plugins.xnnpack import ukernel_table
+ukernel_table.KNOWN_BUILDS.clear()  # as if the installed build were another one
 from kselect.plugins.xnnpack.library import XnnpackLibrary
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import measure_in_this_process, MeasureSettings

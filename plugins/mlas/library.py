@@ -6,21 +6,26 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import Candidate, Library
 from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.measuring.device import Device
+from kselect.core.measuring.measure import task_model
+from kselect.core.models.activations import clamp_range, onnx_nodes
 from kselect.core.models.tasks import Task
-
-# ONNX Runtime session config keys (checked against onnxruntime 1.32's own key list).
-SPINNING_KEY = "session.intra_op.allow_spinning"
-FORCE_SPINNING_STOP_KEY = "session.force_spinning_stop"
-DEPTHWISE_SLIDING_KEY = "mlas.nchwc_depthwise_sliding"
-POINTWISE_BATCH_KEY = "mlas.nchwc_pointwise_conv_max_input_channel_batch"
-PREPACKING_KEY = "session.disable_prepacking"
-DISABLE_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
-NCHWC_TRANSFORMER = "NchwcTransformer"
+from kselect.core.precision.quant import asymmetric_u8
+from kselect.plugins.mlas import int8
+from kselect.plugins.mlas.apply import default_session, plan_session, write_optimized_model
+from kselect.plugins.mlas.int8 import ACTIVATION_TYPES, WEIGHT_GRANULARITY, has_int8_form
+from kselect.plugins.mlas.layout import (conv_nchwc_unsupported, conv_takes_blocked_input, from_blocked,
+                                         nchwc_block_size, nchwc_feed)
+from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, ort_nchwc_convs
+from kselect.plugins.mlas.session_config import FORCE_SPINNING_STOP_KEY, session_options
+from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
+from kselect.plugins.ops.conv import as_conv1d
 
 # MLAS's default batch is 128 input channels ("default": the key left unset).
 POINTWISE_BATCHES = ("default", 32, 64, 256, 512)
@@ -38,41 +43,6 @@ class OrtCandidate(Candidate):
 
     def output(self) -> np.ndarray:
         return self.unblock(self.result)
-
-
-def session_options(config: dict, keep_nchwc_transformer: bool = False):
-    """ONNX Runtime session options for a (plan-level or op) config; keys a config lacks keep
-    ONNX Runtime's defaults."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    add_config_entries(options, session_config_entries(config, keep_nchwc_transformer))
-    if "threads" in config:
-        options.intra_op_num_threads = int(config["threads"])
-    return options
-
-
-def add_config_entries(options, entries: dict[str, str] | None):
-    for key, value in (entries or {}).items():
-        options.add_session_config_entry(key, value)
-    return options
-
-
-def session_config_entries(config: dict, keep_nchwc_transformer: bool = False) -> dict[str, str]:
-    entries = {}
-    if not keep_nchwc_transformer:  # kselect decides each node's layout itself
-        entries[DISABLE_OPTIMIZERS_KEY] = NCHWC_TRANSFORMER
-    if "spinning" in config:
-        entries[SPINNING_KEY] = str(int(config["spinning"]))
-    if "depthwise_sliding" in config:
-        entries[DEPTHWISE_SLIDING_KEY] = str(int(config["depthwise_sliding"]))
-    if config.get("pointwise_batch", "default") != "default":
-        entries[POINTWISE_BATCH_KEY] = str(config["pointwise_batch"])
-    if "prepacking" in config:
-        entries[PREPACKING_KEY] = "0" if config["prepacking"] else "1"
-    return entries
 
 
 class MlasLibrary(Library):
@@ -93,7 +63,7 @@ class MlasLibrary(Library):
         """The op types onnxruntime.quantization's quantize_static quantizes by default (its
         registries), which ONNX Runtime then runs on 8-bit tensors; int8.nodes_to_quantize hands it
         the untuned nodes whose data inputs all come from int8 ops."""
-        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry  # heavy: not imported with the plugin
 
         return frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
 
@@ -105,7 +75,7 @@ class MlasLibrary(Library):
 
     def availability(self) -> tuple[bool, str]:
         try:
-            import onnxruntime as ort
+            import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
         except ImportError as exc:
             return False, f"onnxruntime is not installed ({exc}): pip install onnxruntime"
         if "CPUExecutionProvider" not in ort.get_available_providers():
@@ -121,14 +91,10 @@ class MlasLibrary(Library):
         self.int8_channels_last: dict[tuple, bool] = {}
 
     def prepare_model(self, model) -> None:
-        from kselect.plugins.mlas.ort_session import ort_nchwc_convs
-
         self.ort_nchwc_nodes = ort_nchwc_convs(model.proto)
 
     def supports(self, task: Task) -> bool:
         if task.precision == "int8":  # any activation (int8.single_op_model)
-            from kselect.plugins.mlas.int8 import has_int8_form
-
             return has_int8_form(task)
         return task.kind in ("conv", "deconv", "fc")
 
@@ -137,14 +103,10 @@ class MlasLibrary(Library):
         return 1e-4
 
     def _block(self) -> int:
-        from kselect.plugins.mlas.layout import nchwc_block_size
-
         return nchwc_block_size()
 
     def nchwc_possible(self, task: Task) -> bool:
         """Whether kselect can write this conv as an NCHWc node (a 2-D conv only, as in ORT)."""
-        from kselect.plugins.mlas.layout import conv_nchwc_unsupported
-
         return not task.conv1d and conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
 
     def ort_converts(self, task: Task) -> bool:
@@ -171,8 +133,6 @@ class MlasLibrary(Library):
     def space(self, task: Task, device: Device) -> Space:
         space = Space()
         if task.precision == "int8":
-            from kselect.plugins.mlas.int8 import ACTIVATION_TYPES, WEIGHT_GRANULARITY
-
             space.add(Categorical("activations", ACTIVATION_TYPES, role="precision"))
             space.add(Categorical("weights", WEIGHT_GRANULARITY, role="precision"))
             space.add(Integer("threads", 1, device.cores))
@@ -211,11 +171,9 @@ class MlasLibrary(Library):
         return config
 
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        import onnxruntime as ort
+        import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
 
         if task.precision == "int8":
-            from kselect.plugins.mlas import int8
-
             params, activations = inputs["quant"], config["activations"]
             model = int8.single_op_model(task, inputs, config)
             feed = int8.quantize_activation(inputs["x"], params.x_scale, params.x_zero_point, activations)
@@ -231,9 +189,6 @@ class MlasLibrary(Library):
                                            providers=["CPUExecutionProvider"])
             return OrtCandidate(session, {"x_q": feed}, lambda y: int8.dequantize_activation(
                 y.transpose(int8.TO_NCHW) if nhwc else y, params.y_scale, params.y_zero_point, activations))
-
-        from kselect.plugins.mlas.layout import conv_takes_blocked_input, from_blocked, nchwc_feed
-        from kselect.plugins.mlas.single_op import single_conv_model
 
         epilogue = task.epilogue
         if task.kind == "conv" and not task.conv1d:
@@ -259,9 +214,6 @@ class MlasLibrary(Library):
                 else:
                     unblock = lambda y: from_blocked(y, channels, block)  # noqa: E731
         else:  # a Gemm, ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im) or 1-D Conv, with the epilogue
-            from kselect.core.measuring.measure import task_model
-            from kselect.plugins.ops.conv import as_conv1d
-
             model, epilogue = task_model(task, inputs), []
             x, unblock = inputs["x"], (lambda y: y)
             if task.conv1d:
@@ -280,8 +232,6 @@ class MlasLibrary(Library):
     def input_label(self, task: Task, label: str) -> str:
         """An NCHWc conv with fewer input channels than a block (a model's first conv, on RGB)
         reads NCHW directly, as measured: entering it costs no ReorderInput."""
-        from kselect.plugins.mlas.layout import conv_takes_blocked_input
-
         if (label == "mlas:NCHWc" and task.kind == "conv"
                 and not conv_takes_blocked_input(task.input_shape[1], task.attrs["group"], self._block())):
             return "mlas:NCHW"
@@ -290,20 +240,13 @@ class MlasLibrary(Library):
     def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
         """Entering ONNX Runtime costs a session call, plus a
         ReorderInput into NCHWc; leaving NCHWc costs a ReorderOutput; leaving NCHW costs nothing."""
-        import onnxruntime as ort
-        from onnx import TensorProto, helper
-
-        from kselect.plugins.mlas.layout import from_blocked, nchwc_feed
-        from kselect.plugins.mlas.single_op import reorder_model
+        import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
 
         layout = Label(label).form
         if layout == "int8-in-place":  # the "int8" sides of the flat tensor: no transpose (requantized_label)
             flat = self.conversion("mlas:int8", direction, x.reshape(-1))
             return OrtCandidate(flat.session, flat.feeds, lambda y: flat.unblock(y).reshape(x.shape))
         if layout == "int8":  # a QuantizeLinear into an int8 op, a DequantizeLinear out of one, 4-D: and NHWC
-            from kselect.core.precision.quant import asymmetric_u8
-            from kselect.plugins.mlas import int8
-
             scale, zero_point = asymmetric_u8(x.min(), x.max())
             model = int8.boundary_model(x.shape, direction, scale, zero_point)
             nhwc = x.ndim == 4  # int8 tensors are NHWC (boundary_model)
@@ -335,13 +278,9 @@ class MlasLibrary(Library):
 
     # -- plans ----------------------------------------------------------------------------
     def apply(self, plan, model, out_dir: Path) -> list[Path]:
-        from kselect.plugins.mlas.apply import write_optimized_model
-
         return write_optimized_model(plan, model, Path(out_dir))
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
-        from kselect.plugins.mlas.apply import default_session, plan_session
-
         # Its threads stop spinning at the end of each run: 197 -> 112 ms on resnet101 with two
         # XNNPack ops (MLAS plan alone: 103 ms), since the next segment gets both cores at once.
         stop = {FORCE_SPINNING_STOP_KEY: "1"} if in_mixed_plan else {}
@@ -366,8 +305,6 @@ def fused_by_mlas(epilogue: list) -> bool:
 
 
 def mlas_activation_params(step: list) -> list[float]:
-    from kselect.core.models.activations import clamp_range
-
     op, _, attrs = step
     if op == "Clip":
         low, high = clamp_range([step])
@@ -393,11 +330,6 @@ def _divert_output(graph, name: str) -> str:
 
 def reordered_output(model, channels: int) -> None:
     """Makes a single NCHWc conv model write NCHW: a ReorderOutput after the conv."""
-    import onnx
-    from onnx import helper
-
-    from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN
-
     graph = model.graph
     output = _divert_output(graph, "blocked_out")
     graph.node.append(helper.make_node("ReorderOutput", ["blocked_out"], [output], name="reorder_out",
@@ -408,8 +340,6 @@ def reordered_output(model, channels: int) -> None:
 def with_epilogue(model, epilogue: list) -> None:
     """Appends the epilogue's nodes to a single-op model: they read its output (NCHW, or
     blocked, where they run blocked as in the whole-model rewrite) and write the model's output."""
-    from kselect.core.models.activations import onnx_nodes
-
     graph = model.graph
     output = _divert_output(graph, "op_out")
     nodes, initializers = onnx_nodes(epilogue, "op_out", output)

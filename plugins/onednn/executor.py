@@ -12,6 +12,9 @@ Fused (the same with and without a plan): the activation epilogue of a conv / fc
 (core/models/activations.py), when every step maps to an eltwise post-op (primitives.post_ops), and a
 Relu / Clip after an Add, Sub, Mul or Div (a post-op of the binary primitive).
 
+Each op is built by the Executor method ``BUILDERS`` (the table at the end) maps its type to;
+``OnednnLibrary.runs_op`` reads the same table.
+
 Threads: a conv / fc op runs on its config's thread count (without a plan: all cores, oneDNN's
 default); every other op on that of the op producing its first input.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -145,11 +149,11 @@ class Executor:
             if i in fused:
                 continue
             out_name = nodes[fused_last[i]].output[0] if i in fused_last else (node.output[0] if node.output else "")
-            handler = getattr(self, f"_op_{node.op_type}", None)
-            if handler is None:
+            builder = BUILDERS.get(node.op_type)
+            if builder is None:
                 raise UnsupportedOp(f"onednn executor: {node.op_type} (node {node.name!r}) is not supported", node.name)
             post = self._activation(nodes[fused_last[i]]) if i in fused_last and node.op_type in BINARY else []
-            handler(node, out_name, post)
+            builder(self, node, out_name, post)
         self.outputs: list[tuple[_Tensor, dnnl.Primitive | None, dnnl.Memory]] = []
         for name in self.graph_outputs:
             if name not in self.tensors:
@@ -261,7 +265,7 @@ class Executor:
                                 "float weights", node.name)
         return task
 
-    def _op_Conv(self, node, out_name, post):
+    def _conv(self, node, out_name, post):
         task = self._task(node)
         x = self._input(node)
         w = self._const(node.input[1])
@@ -285,8 +289,6 @@ class Executor:
                                                                          threads).buffer)
         self._set(out_name, out_shape, output, threads)
 
-    _op_ConvTranspose = _op_Conv
-
     def _built_for(self, task: Task, config: dict, w, b, source: dnnl.Memory, node_name: str) -> prim.Built:
         """The configured primitive reading ``source`` (reordered first into the format its
         implementation reads, where that differs)."""
@@ -297,7 +299,7 @@ class Executor:
         self.impls[node_name] = built.impl
         return built
 
-    def _op_Gemm(self, node, out_name, post):
+    def _gemm(self, node, out_name, post):
         task = self._task(node)
         x = self._input(node)
         w = self._const(node.input[1])
@@ -311,7 +313,7 @@ class Executor:
             b = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (w.shape[0],)))
         self._fc(node, task, x, np.ascontiguousarray(w), b, out_name)
 
-    def _op_MatMul(self, node, out_name, post):
+    def _matmul(self, node, out_name, post):
         task = self._task(node)
         self._fc(node, task, self._input(node), np.ascontiguousarray(self._const(node.input[1]).T), None, out_name)
 
@@ -338,31 +340,31 @@ class Executor:
             source = y
         self._set(out_name, x.shape, y, x.threads)
 
-    def _op_Relu(self, node, out_name, post):
+    def _relu(self, node, out_name, post):
         self._eltwise(node, out_name, [("relu", 0.0, 0.0)])
 
-    def _op_LeakyRelu(self, node, out_name, post):
+    def _leaky_relu(self, node, out_name, post):
         self._eltwise(node, out_name, [("relu", float(_attr(node, "alpha", 0.01)), 0.0)])
 
-    def _op_Clip(self, node, out_name, post):
+    def _clip(self, node, out_name, post):
         chain = self._activation(node)
         if chain is None:
             raise UnsupportedOp(f"onednn executor: Clip {node.name!r} needs constant scalar bounds", node.name)
         self._eltwise(node, out_name, chain)
 
-    def _op_Sigmoid(self, node, out_name, post):
+    def _sigmoid(self, node, out_name, post):
         self._eltwise(node, out_name, [("logistic", 0.0, 0.0)])
 
-    def _op_Tanh(self, node, out_name, post):
+    def _tanh(self, node, out_name, post):
         self._eltwise(node, out_name, [("tanh", 0.0, 0.0)])
 
-    def _op_Elu(self, node, out_name, post):
+    def _elu(self, node, out_name, post):
         self._eltwise(node, out_name, [("elu", float(_attr(node, "alpha", 1.0)), 0.0)])
 
-    def _op_HardSwish(self, node, out_name, post):
+    def _hard_swish(self, node, out_name, post):
         self._eltwise(node, out_name, [("hardswish", 0.0, 0.0)])
 
-    def _op_HardSigmoid(self, node, out_name, post):
+    def _hard_sigmoid(self, node, out_name, post):
         alpha, beta = float(_attr(node, "alpha", 0.2)), float(_attr(node, "beta", 0.5))
         self._eltwise(node, out_name, [("linear", alpha, beta), ("clip_v2", 0.0, 1.0)])
 
@@ -409,11 +411,6 @@ class Executor:
         self._create(node.name, pd, {dnnl.ARG_SRC: a.memory, dnnl.ARG_SRC_1: second, dnnl.ARG_DST: y}, threads)
         self._set(out_name, y_shape, y, threads)
 
-    def _op_Add(self, node, out_name, post):
-        self._binary(node, out_name, post)
-
-    _op_Sub = _op_Mul = _op_Div = _op_Max = _op_Min = _op_Add
-
     # -- pooling ------------------------------------------------------------------------------
     def _pool(self, node, out_name, algorithm: str, kernel, strides, dilations, pads):
         x = self._input(node)
@@ -447,14 +444,14 @@ class Executor:
         dilations = list(_attr(node, "dilations", [1, 1]))
         return kernel, strides, dilations, explicit_pads(node, x.shape, kernel, strides, dilations)
 
-    def _op_MaxPool(self, node, out_name, post):
+    def _max_pool(self, node, out_name, post):
         if len(node.output) > 1 and node.output[1]:
             raise UnsupportedOp(f"onednn executor: MaxPool {node.name!r} with indices is not supported", node.name)
         if _attr(node, "storage_order", 0):
             raise UnsupportedOp(f"onednn executor: MaxPool {node.name!r} with storage_order 1", node.name)
         self._pool(node, out_name, "max", *self._window(node))
 
-    def _op_AveragePool(self, node, out_name, post):
+    def _average_pool(self, node, out_name, post):
         algorithm = "avg_include_padding" if _attr(node, "count_include_pad", 0) else "avg_exclude_padding"
         self._pool(node, out_name, algorithm, *self._window(node))
 
@@ -465,14 +462,14 @@ class Executor:
         window = x.shape[2:]
         self._pool(node, out_name, algorithm, window, [1, 1], [1, 1], [0, 0, 0, 0])
 
-    def _op_GlobalAveragePool(self, node, out_name, post):
+    def _global_average_pool(self, node, out_name, post):
         self._global(node, out_name, "avg_exclude_padding")
 
-    def _op_GlobalMaxPool(self, node, out_name, post):
+    def _global_max_pool(self, node, out_name, post):
         self._global(node, out_name, "max")
 
     # -- data movement --------------------------------------------------------------------------
-    def _op_Concat(self, node, out_name, post):
+    def _concat(self, node, out_name, post):
         xs = [self._input(node, k) for k in range(len(node.input))]
         rank = len(xs[0].shape)
         axis = int(_attr(node, "axis", 1)) % rank
@@ -494,19 +491,17 @@ class Executor:
         plain = self._plain(node.name, x)
         self._set(out_name, y_shape, self._memory(dnnl.plain_desc(y_shape), plain.buffer), x.threads)
 
-    def _op_Flatten(self, node, out_name, post):
+    def _flatten(self, node, out_name, post):
         self._reshaped(node, out_name, self._input(node))
 
-    def _op_Reshape(self, node, out_name, post):
+    def _reshape(self, node, out_name, post):
         self._reshaped(node, out_name, self._input(node))
 
-    def _op_Identity(self, node, out_name, post):
+    def _identity(self, node, out_name, post):
         x = self._input(node)
         self._set(out_name, x.shape, x.memory, x.threads)
 
-    _op_Dropout = _op_Identity
-
-    def _op_Softmax(self, node, out_name, post):
+    def _softmax(self, node, out_name, post):
         x = self._input(node)
         rank = len(x.shape)
         opset = next((o.version for o in self.model.proto.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -566,3 +561,37 @@ class Executor:
             self.close()
         except Exception:
             pass
+
+
+# op type -> builder (an Executor method): the one table the executor builds from and
+# OnednnLibrary.runs_op reads (an op type not in it is not run by oneDNN)
+BUILDERS: dict[str, Callable] = {
+    "Conv": Executor._conv,
+    "ConvTranspose": Executor._conv,  # the task (find_ops) says which primitive it is
+    "Gemm": Executor._gemm,
+    "MatMul": Executor._matmul,
+    "Relu": Executor._relu,
+    "LeakyRelu": Executor._leaky_relu,
+    "Clip": Executor._clip,
+    "Sigmoid": Executor._sigmoid,
+    "Tanh": Executor._tanh,
+    "Elu": Executor._elu,
+    "HardSwish": Executor._hard_swish,
+    "HardSigmoid": Executor._hard_sigmoid,
+    "Add": Executor._binary,
+    "Sub": Executor._binary,
+    "Mul": Executor._binary,
+    "Div": Executor._binary,
+    "Max": Executor._binary,
+    "Min": Executor._binary,
+    "MaxPool": Executor._max_pool,
+    "AveragePool": Executor._average_pool,
+    "GlobalAveragePool": Executor._global_average_pool,
+    "GlobalMaxPool": Executor._global_max_pool,
+    "Concat": Executor._concat,
+    "Flatten": Executor._flatten,
+    "Reshape": Executor._reshape,
+    "Identity": Executor._identity,
+    "Dropout": Executor._identity,
+    "Softmax": Executor._softmax,
+}

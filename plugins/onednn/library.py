@@ -13,9 +13,14 @@ from kselect.core.contract.labels import FLAT, Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
 from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.measuring.device import Device
+from kselect.core.measuring.measure import task_model
+from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import Task
+from kselect.core.plans.plan import Plan
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
+from kselect.plugins.onednn.executor import BUILDERS, Executor
+from kselect.plugins.ops.conv import as_conv1d
 
 
 class PrimitiveCandidate(Candidate):
@@ -150,12 +155,6 @@ class OnednnLibrary(Library):
             raise
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        from kselect.core.measuring.measure import task_model
-        from kselect.core.models.model import model_from_proto
-        from kselect.core.plans.plan import Plan
-        from kselect.plugins.onednn.executor import Executor
-        from kselect.plugins.ops.conv import as_conv1d
-
         model = model_from_proto(task.id, task_model(task, inputs))
         plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[], plan_level={},
                     nodes={"op": {"library": self.name, "config": config}})
@@ -227,14 +226,10 @@ class OnednnLibrary(Library):
 
     # -- plans ------------------------------------------------------------------------------
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
-        from kselect.plugins.onednn.executor import Executor
-
         return Executor(self, model, plan)
 
     def runs_op(self, op_type: str) -> bool:
-        from kselect.plugins.onednn.executor import Executor
-
-        return hasattr(Executor, f"_op_{op_type}")
+        return op_type in BUILDERS
 
 
 DEBIAN_NAME = "libdnnl2"

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 from kselect.plugins.xnnpack import kernels, tileshim
-from kselect.plugins.xnnpack import ukernels as uk
+from kselect.plugins.xnnpack import ukernel_catalog, ukernel_forcing, ukernel_probes, ukernel_table
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
 XNN_EXTRA_FLOATS = 16  # XNNPack may read XNN_EXTRA_BYTES (16) past an input's end; 64 bytes kept free
@@ -62,12 +62,12 @@ def pool_for(threads: int | None) -> xa.Threadpool | None:
 
 
 def in_measuring_child() -> bool:
-    """True in kselect's measuring child (core/measuring/worker.py) or an ukernels.py child, where a crash
-    is contained and recorded as a failed candidate."""
+    """True in kselect's measuring child (core/measuring/worker.py) or a micro-kernel child
+    (ukernel_probes.run_child), where a crash is contained and recorded as a failed candidate."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    return getattr(spec, "name", "") in ("kselect.core.measuring.worker", "kselect.plugins.xnnpack.ukernels") \
-        or os.environ.get(uk.CHILD_ENV) == "1"
+    return getattr(spec, "name", "") == "kselect.core.measuring.worker" \
+        or os.environ.get(ukernel_probes.CHILD_ENV) == "1"
 
 
 # -- the table must be XNNPack's own outside an override -----------------------------------
@@ -75,13 +75,13 @@ _PRISTINE: list[tuple[int, bytes]] | None = None
 
 
 def _table_regions() -> list[tuple[int, int]]:
-    b = uk.verify_build()
+    b = ukernel_table.verify_build()
     t = b.table
     regions = []
-    for family in ("f32",) + uk.INT8_FAMILIES:  # every entry an override (f32 or 8-bit) may rewrite
+    for family in ("f32",) + ukernel_table.INT8_FAMILIES:  # every entry an override (f32 or 8-bit) may rewrite
         entries = getattr(t, family)
-        regions.append((ctypes.addressof(entries.gemm), ctypes.sizeof(uk.GemmParams)))
-        regions += [(ctypes.addressof(e), ctypes.sizeof(uk.DwconvParams)) for e in entries.dwconv]
+        regions.append((ctypes.addressof(entries.gemm), ctypes.sizeof(ukernel_table.GemmParams)))
+        regions += [(ctypes.addressof(e), ctypes.sizeof(ukernel_table.DwconvParams)) for e in entries.dwconv]
     return regions
 
 
@@ -105,10 +105,10 @@ def _forced(choice):
         yield
         return
     check_table_pristine()
-    gemm = choice if isinstance(choice, uk.GemmChoice) else None
-    dwconv = choice if isinstance(choice, uk.DwconvChoice) else None
+    gemm = choice if isinstance(choice, ukernel_catalog.GemmChoice) else None
+    dwconv = choice if isinstance(choice, ukernel_catalog.DwconvChoice) else None
     try:
-        with uk.forced_kernels(gemm, dwconv, allow_in_process=True):
+        with ukernel_forcing.forced_kernels(gemm, dwconv, allow_in_process=True):
             yield
     finally:
         check_table_pristine()
@@ -281,7 +281,7 @@ def build(spec: OpSpec, config: dict, w: np.ndarray, b: np.ndarray | None, x: np
     try:
         name, mr = effective_kernel(spec, config)
         if check_kernels and name is not None and kernels.override_status()[0]:
-            held = [kernels.short(k) for k in uk.kernels_in_operator(op)]
+            held = [kernels.short(k) for k in ukernel_table.kernels_in_operator(op)]
             notes["kernels"] = held
             if name not in held:
                 raise RuntimeError(f"the operator holds {held}, not the configured {name}")

@@ -27,9 +27,9 @@ after it on XNNPack's 8-bit leaky relu, a lookup table from the pre-activation g
 output's; this snapshot has it for qu8 only, so such an op's only variant is qu8. Any other
 activation makes the int8 twin unsupported.
 
-Micro-kernels: the verified table override of ukernels.py rewrites the family's own gemm / dwconv
-entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read in
-child processes (``ukernels.catalog_int8``), at their native MR only.
+Micro-kernels: the verified table override (ukernel_forcing.py) rewrites the family's own gemm /
+dwconv entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read
+in child processes (``ukernel_catalog.catalog_int8``), at their native MR only.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from kselect.core.measuring.device import Device
 from kselect.core.models.activations import clamp_range
 from kselect.core.precision.quant import QuantParams, quantize
 from kselect.plugins.xnnpack import configured, kernels, tileshim
-from kselect.plugins.xnnpack import ukernels as uk
+from kselect.plugins.xnnpack import ukernel_catalog, ukernel_forcing, ukernel_table
 from kselect.plugins.xnnpack import xnnpack_api as xa
-from kselect.plugins.xnnpack.library import XnnCandidate
+from kselect.plugins.xnnpack.candidate import XnnCandidate
 
 VARIANTS = xa.INT8_VARIANTS  # ("qc8", "qs8", "qu8")
 QU8_KERNEL_ZERO_POINT = 128  # symmetric int8 weights q stored as q + 128
@@ -294,10 +294,10 @@ def _forced(choice, family: str):
         yield
         return
     configured.check_table_pristine()
-    gemm = choice if isinstance(choice, uk.GemmChoice) else None
-    dwconv = choice if isinstance(choice, uk.DwconvChoice) else None
+    gemm = choice if isinstance(choice, ukernel_catalog.GemmChoice) else None
+    dwconv = choice if isinstance(choice, ukernel_catalog.DwconvChoice) else None
     try:
-        with uk.forced_kernels(gemm, dwconv, allow_in_process=True, family=family):
+        with ukernel_forcing.forced_kernels(gemm, dwconv, allow_in_process=True, family=family):
             yield
     finally:
         configured.check_table_pristine()
@@ -350,7 +350,7 @@ def create_operator(task, config: dict, w: np.ndarray, b: np.ndarray | None, kq:
     try:
         notes: dict = {"variant": variant}
         if "ukernel" in config:
-            held = [kernels.short(name) for name in uk.kernels_in_operator(op)]
+            held = [kernels.short(name) for name in ukernel_table.kernels_in_operator(op)]
             notes["kernels"] = held
             if config["ukernel"] not in held:
                 raise RuntimeError(f"the operator holds {held}, not the configured {config['ukernel']}")

@@ -1,9 +1,9 @@
 """Which XNNPack micro-kernels an op can be given, what XNNPack picks by itself, and turning a
-config's kernel name back into the override ``ukernels.forced_kernels`` applies.
+config's kernel name back into the override ``ukernel_forcing.forced_kernels`` applies.
 
 Names are XNNPack's own without the ``xnn_`` prefix (``f32_igemm_minmax_ukernel_7x16__avx512f_broadcast``).
-The catalog (``ukernels.catalog``: probes of each ISA tier in child processes, ~3 s) is cached on
-disk per library file (sha256), CPU flags and ``ukernels.py`` version.
+The catalog (``ukernel_catalog.catalog``: probes of each ISA tier in child processes, ~3 s) is
+cached on disk per library file (sha256), CPU flags and the source of the modules it comes from.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from kselect.core.paths import cache_root
-from kselect.plugins.xnnpack import ukernels as uk
+from kselect.plugins.xnnpack import ukernel_catalog, ukernel_probes, ukernel_table
 
 PREFIX = "xnn_"
 DWCONV_TAPS = (3, 4, 9, 25)  # primary tiles of this build's f32 dwconv table (unipass only)
@@ -36,38 +36,41 @@ def full(name: str) -> str:
 def override_status() -> tuple[bool, str]:
     """(True, description) when the installed build is the one the override understands and the
     catalog of kernels could be read; else (False, why)."""
-    ok, why = uk.availability()
+    ok, why = ukernel_table.availability()
     if not ok:
         return False, why
     try:
         cat = catalog()
-    except uk.OverrideRefused as exc:
+    except ukernel_table.OverrideRefused as exc:
         return False, str(exc)
     except Exception as exc:  # the override is optional: say why and keep the public API
         return False, f"catalog failed ({type(exc).__name__}: {exc})"
     counts = ", ".join(f"{len(v)} {k}" for k, v in cat.items())
-    return True, f"micro-kernel override on ({counts} choices; build {uk.verify_build().info['debian_version']})"
+    build = ukernel_table.verify_build().info["debian_version"]
+    return True, f"micro-kernel override on ({counts} choices; build {build})"
 
 
-def _cache_file(build: uk.Build) -> Path:
-    key = hashlib.sha256(json.dumps([build.elf.sha256, sorted(uk._proc_flags()),
-                                     hashlib.sha256(Path(uk.__file__).read_bytes()).hexdigest()]).encode())
+def _cache_file(build: ukernel_table.Build) -> Path:
+    sources = hashlib.sha256(b"".join(Path(module.__file__).read_bytes()
+                                      for module in (ukernel_table, ukernel_probes, ukernel_catalog)))
+    key = hashlib.sha256(json.dumps([build.elf.sha256, sorted(ukernel_probes.cpu_flags()),
+                                     sources.hexdigest()]).encode())
     return cache_root() / "xnnpack" / f"catalog-{key.hexdigest()[:16]}.json"
 
 
 @functools.lru_cache(maxsize=None)
 def catalog() -> dict[str, list]:
-    """``ukernels.catalog()`` through a disk cache (raises ``OverrideRefused``)."""
-    build = uk.verify_build()
+    """``ukernel_catalog.catalog()`` through a disk cache (raises ``OverrideRefused``)."""
+    build = ukernel_table.verify_build()
     path = _cache_file(build)
     try:
         data = json.loads(path.read_text())
-        return {"gemm": [uk.GemmChoice(**c) for c in data["gemm"]],
-                "igemm": [uk.GemmChoice(**c) for c in data["igemm"]],
-                "dwconv": [uk.DwconvChoice(**c) for c in data["dwconv"]]}
+        return {"gemm": [ukernel_catalog.GemmChoice(**c) for c in data["gemm"]],
+                "igemm": [ukernel_catalog.GemmChoice(**c) for c in data["igemm"]],
+                "dwconv": [ukernel_catalog.DwconvChoice(**c) for c in data["dwconv"]]}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    cat = uk.catalog()
+    cat = ukernel_catalog.catalog()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -82,7 +85,7 @@ def catalog() -> dict[str, list]:
 def table_defaults() -> dict:
     """What XNNPack's own initialisation put in the table (this process, no override):
     {"gemm": {gemm, igemm, gemm1, igemm1 names, mr, nr}, "dwconv": {taps: name}}."""
-    snap = uk.snapshot(uk.verify_build())
+    snap = ukernel_table.snapshot(ukernel_table.verify_build())
     g = snap["gemm"]
     names = {slot: short(n) for slot, n in g["names"].items()}
     return {"gemm": {**names, "mr": g["mr"], "nr": g["nr"]},
@@ -126,11 +129,11 @@ def gemm_rows(task) -> int:
 
 
 def native_mr(name: str) -> int:
-    return uk.parse_gemm_name(full(name))["mr"]
+    return ukernel_table.parse_gemm_name(full(name))["mr"]
 
 
 def nr_of(name: str) -> int:
-    return uk.parse_gemm_name(full(name))["nr"]
+    return ukernel_table.parse_gemm_name(full(name))["nr"]
 
 
 def kernel_names(cls: str, taps: int | None = None) -> list[str]:
@@ -168,7 +171,7 @@ def promise(name: str, isa_rank: dict | None = None) -> tuple:
         m = re.search(r"up(\d+)x(\d+)", name)
         size = int(m.group(1)) if m else 0
     else:
-        p = uk.parse_gemm_name(full(name))
+        p = ukernel_table.parse_gemm_name(full(name))
         size = p["mr"] * p["nr"]
     return isa_rank.get(isa, 9), -size, name
 
@@ -200,24 +203,24 @@ INT8_DWCONV_TAPS = (9, 25)  # primary tiles of this build's 8-bit dwconv tables 
 INT8_ISA_RANK = {"avx512skx": 0, "avx2": 1, "xop": 2, "avx": 3, "sse41": 4, "sse2": 5}
 
 
-def _int8_cache_file(build: uk.Build) -> Path:
+def _int8_cache_file(build: ukernel_table.Build) -> Path:
     return _cache_file(build).with_name(_cache_file(build).name.replace("catalog-", "catalog-int8-"))
 
 
 @functools.lru_cache(maxsize=None)
 def int8_catalog() -> dict[str, dict[str, list]]:
-    """``ukernels.catalog_int8()`` through a disk cache (raises ``OverrideRefused``)."""
-    build = uk.verify_build()
+    """``ukernel_catalog.catalog_int8()`` through a disk cache (raises ``OverrideRefused``)."""
+    build = ukernel_table.verify_build()
     path = _int8_cache_file(build)
     try:
         data = json.loads(path.read_text())
-        return {family: {"gemm": [uk.GemmChoice(**c) for c in entries["gemm"]],
-                         "igemm": [uk.GemmChoice(**c) for c in entries["igemm"]],
-                         "dwconv": [uk.DwconvChoice(**c) for c in entries["dwconv"]]}
+        return {family: {"gemm": [ukernel_catalog.GemmChoice(**c) for c in entries["gemm"]],
+                         "igemm": [ukernel_catalog.GemmChoice(**c) for c in entries["igemm"]],
+                         "dwconv": [ukernel_catalog.DwconvChoice(**c) for c in entries["dwconv"]]}
                 for family, entries in data.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    cat = uk.catalog_int8()
+    cat = ukernel_catalog.catalog_int8()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -237,9 +240,9 @@ def int8_override_status() -> tuple[bool, str]:
     if not ok:
         return False, why
     try:
-        uk.check_int8_table()
+        ukernel_table.check_int8_table()
         cat = int8_catalog()
-    except uk.OverrideRefused as exc:
+    except ukernel_table.OverrideRefused as exc:
         return False, str(exc)
     except Exception as exc:
         return False, f"8-bit catalog failed ({type(exc).__name__}: {exc})"
@@ -252,7 +255,7 @@ def int8_table_defaults() -> dict:
     """What XNNPack's initialisation put in the 8-bit entries (this process, no override):
     {family: {"gemm": {gemm, igemm, gemm1, igemm1 names, mr, nr}, "dwconv": {taps: name}}}."""
     out = {}
-    for family, entries in uk.snapshot_int8(uk.verify_build()).items():
+    for family, entries in ukernel_table.snapshot_int8(ukernel_table.verify_build()).items():
         g = entries["gemm"]
         out[family] = {"gemm": {**{slot: short(n) for slot, n in g["names"].items()}, "mr": g["mr"], "nr": g["nr"]},
                        "dwconv": {d["primary_tile"]: short(d["name"]) for d in entries["dwconv"] if d["name"]}}
@@ -306,7 +309,7 @@ def int8_promise(name: str) -> tuple:
 def int8_resolve(cls: str, name: str, taps: int | None = None):
     """The catalog choice for an 8-bit kernel name (its family is in the name)."""
     family = int8_family(name)
-    if family not in uk.INT8_FAMILIES:
+    if family not in ukernel_table.INT8_FAMILIES:
         raise KeyError(f"{name} is not an 8-bit (qc8, qs8, qu8) micro-kernel")
     name = full(name)
     for c in int8_catalog()[family].get(cls, []):

@@ -12,37 +12,21 @@ import numpy as np
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
 from kselect.core.contract.space import Categorical, Integer, Space
-from kselect.core.measuring.device import Device
+from kselect.core.measuring.device import Device, this_device
+from kselect.core.measuring.measure import task_model
+from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import Task
-from kselect.plugins.xnnpack import configured, kernels, tileshim
+from kselect.core.plans.plan import Plan
+from kselect.core.precision.quant import asymmetric_u8
+from kselect.plugins.ops.conv import as_conv1d
+from kselect.plugins.xnnpack import configured, int8, kernels, tileshim
+from kselect.plugins.xnnpack import ukernel_table as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa
+from kselect.plugins.xnnpack.builders import BUILDERS
+from kselect.plugins.xnnpack.candidate import XnnCandidate
+from kselect.plugins.xnnpack.executor import Executor
 
 TILE_QUANTUM = 16  # tile_n values are multiples of 16: a multiple of every nr of this build (16, 8, 2)
-
-
-class XnnCandidate(Candidate):
-    def __init__(self, built: configured.Built, nhwc: bool, flags: int = 0):
-        self.built = built
-        self.nhwc = nhwc
-        self.flags = flags
-        shim = tileshim.shim()
-        if shim is not None:
-            shim.set_flags(flags)  # the pool's worker behaviour while this candidate runs
-        self.run = built.run  # no extra Python frame in the timed call
-
-    def output(self) -> np.ndarray:
-        y = getattr(self.built, "y_nchw", None)
-        if y is not None:
-            return y.copy()
-        if self.nhwc:
-            return np.ascontiguousarray(self.built.y.transpose(0, 3, 1, 2))
-        return self.built.y.copy()
-
-    def close(self) -> None:
-        self.built.close()
-        shim = tileshim.shim()
-        if shim is not None:
-            shim.set_flags(0)
 
 
 class _Int8Conversion(Candidate):
@@ -52,10 +36,6 @@ class _Int8Conversion(Candidate):
     default variants use). Only the conversion is timed; ``output()`` is the float result in NCHW."""
 
     def __init__(self, direction: str, x: np.ndarray):
-        from kselect.core.measuring.device import this_device
-        from kselect.core.precision.quant import asymmetric_u8
-        from kselect.plugins.xnnpack import int8
-
         self.four_d = x.ndim == 4
         nhwc = x.transpose(0, 2, 3, 1) if self.four_d else x
         scale, zero_point = asymmetric_u8(x.min(), x.max())
@@ -105,8 +85,6 @@ class ExecutorCandidate(Candidate):
 
 @functools.lru_cache(maxsize=None)
 def _loaded_file_sha256() -> str:
-    from kselect.plugins.xnnpack import ukernels as uk
-
     try:
         path, _ = uk._loaded_path_and_base()
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -177,8 +155,6 @@ class XnnpackLibrary(Library):
 
     def supports(self, task: Task) -> bool:
         if task.precision != "fp32":
-            from kselect.plugins.xnnpack import int8
-
             return int8.supports(task)
         if not all(self.runs_op(step[0]) for step in task.epilogue):
             return False
@@ -214,8 +190,6 @@ class XnnpackLibrary(Library):
 
     def space(self, task: Task, device: Device) -> Space:
         if task.precision == "int8":
-            from kselect.plugins.xnnpack import int8
-
             return int8.space(task, device)
         spec = configured.OpSpec(task)
         space = Space()
@@ -260,8 +234,6 @@ class XnnpackLibrary(Library):
         (the mr=1 sibling for a single-row GEMM / IGEMM), its own tile, all cores. For an int8
         task: qc8 convs, qs8 fully connected (int8.default_config)."""
         if task.precision == "int8":
-            from kselect.plugins.xnnpack import int8
-
             return int8.default_config(task, device)
         spec = configured.OpSpec(task)
         config: dict = {}
@@ -288,8 +260,6 @@ class XnnpackLibrary(Library):
         if kernels.override_status()[0]:
             configured.check_table_pristine()
         if task.precision == "int8":
-            from kselect.plugins.xnnpack import int8
-
             return int8.prepare(task, config, inputs)
         spec = configured.OpSpec(task)
         if task.epilogue or task.conv1d:
@@ -314,12 +284,6 @@ class XnnpackLibrary(Library):
         """An op with its activation, or a 1-D conv, run as the executor runs it in a whole model:
         the clamps fused into the operator, other activations as operators of their own; a 1-D
         conv's [N, C, W] tensors copied into and out of the NHWC operator's height-1 buffers."""
-        from kselect.core.measuring.measure import task_model
-        from kselect.core.models.model import model_from_proto
-        from kselect.core.plans.plan import Plan
-        from kselect.plugins.ops.conv import as_conv1d
-        from kselect.plugins.xnnpack.executor import Executor
-
         model = model_from_proto(f"{task.id}", task_model(task, inputs))
         plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[],
                     plan_level={"spinning": config.get("spinning", 1)}, nodes={"op": {"config": config}})
@@ -365,11 +329,7 @@ class XnnpackLibrary(Library):
         return []
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
-        from kselect.plugins.xnnpack.executor import Executor
-
         return Executor(self, model, plan, release_at_end=in_mixed_plan)
 
     def runs_op(self, op_type: str) -> bool:
-        from kselect.plugins.xnnpack.executor import Executor
-
-        return hasattr(Executor, f"_op_{op_type}")
+        return op_type in BUILDERS

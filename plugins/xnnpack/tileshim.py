@@ -1,193 +1,56 @@
-"""The pthreadpool shim (tileshim.c): compiled with the system C compiler on first use, loaded
-before XNNPack so that XNNPack's parallel GEMM / IGEMM loops go through it, and verified to be
-in the call path. It lets kselect set the column tile (``tile_n``) of one operator's parallel
-loop: the work split across threads.
+"""The pthreadpool shim (tileshim.c, built and loaded before XNNPack by tileshim_build.py),
+verified to be in XNNPack's call path. It lets kselect set the column tile (``tile_n``) of one
+operator's parallel loop (the work split across threads) and whether the pools' workers spin.
 
 ``KSELECT_XNN_TILESHIM=0`` disables it (the ``tile_n`` dimension then disappears).
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import numpy as np
 
-from kselect.core.paths import cache_root
+from kselect.plugins.xnnpack import tileshim_build
+from kselect.plugins.xnnpack import xnnpack_api as xa
+from kselect.plugins.xnnpack.tileshim_build import Shim, ShimUnavailable
 
-SOURCE = Path(__file__).with_name("tileshim.c")
-ENV_DISABLE = "KSELECT_XNN_TILESHIM"
-
-
-class ShimUnavailable(RuntimeError):
-    pass
-
-
-def cache_dir() -> Path:
-    return cache_root() / "xnnpack"
-
-
-def shim_path() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    return cache_dir() / f"tileshim-{digest}.so"
-
-
-def build() -> Path:
-    """The compiled shim, compiling it first when missing."""
-    target = shim_path()
-    if target.is_file():
-        return target
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not compiler:
-        raise ShimUnavailable("no C compiler (gcc/cc) to build the pthreadpool shim")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        out = subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-ldl"],
-                             capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise ShimUnavailable(f"building the pthreadpool shim failed: {out.stderr.strip()[-300:]}")
-        os.replace(tmp, target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ShimUnavailable(f"building the pthreadpool shim failed: {exc}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
-
-
-class Shim:
-    """The loaded shim's control functions."""
-
-    def __init__(self, cdll: ctypes.CDLL, path: Path):
-        self.path = path
-        self.lib = cdll
-        u64, vp, sz = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
-        cdll.kselect_shim_version.restype = ctypes.c_int
-        cdll.kselect_shim_calls.restype = ctypes.c_ulonglong
-        cdll.kselect_shim_overridden.restype = ctypes.c_ulonglong
-        cdll.kselect_shim_last.argtypes = [ctypes.POINTER(u64)]
-        cdll.kselect_shim_last.restype = None
-        cdll.kselect_shim_reset_last.restype = None
-        cdll.kselect_shim_set.argtypes = [vp, vp, sz, sz, sz, sz, ctypes.c_int]
-        cdll.kselect_shim_set.restype = ctypes.c_int
-        cdll.kselect_shim_remove.argtypes = [vp]
-        cdll.kselect_shim_remove.restype = None
-        cdll.kselect_shim_clear.restype = None
-        cdll.kselect_shim_rules.restype = ctypes.c_int
-        cdll.kselect_shim_set_flags.argtypes = [ctypes.c_uint32]
-        cdll.kselect_shim_set_flags.restype = None
-        cdll.kselect_shim_flags.restype = ctypes.c_uint32
-        self.set_flags = cdll.kselect_shim_set_flags  # direct: called once per inference
-        cdll.kselect_shim_release.argtypes = [vp]
-        cdll.kselect_shim_release.restype = ctypes.c_int
-        self.release = cdll.kselect_shim_release  # (pool handle): its workers sleep instead of spinning
-        self.verified = False
-
-    def calls(self) -> int:
-        return int(self.lib.kselect_shim_calls())
-
-    def overridden(self) -> int:
-        return int(self.lib.kselect_shim_overridden())
-
-    def reset_last(self) -> None:
-        self.lib.kselect_shim_reset_last()
-
-    def last(self) -> dict | None:
-        """The last parallel call with a 2-D tile: dims, task, context, ranges, tiles."""
-        out = (ctypes.c_uint64 * 12)()
-        self.lib.kselect_shim_last(out)
-        dims = int(out[0])
-        if dims == 0:
-            return None
-        return {"dims": dims, "task": int(out[1]), "context": int(out[2]),
-                "range": [int(v) for v in out[3:3 + dims]], "tile": [int(out[9]), int(out[10])],
-                "tile_used": int(out[11])}
-
-    def set_tile(self, call: dict, tile_new: int, swap: bool = False) -> None:
-        """From now on, this operator's parallel call (as recorded in ``call``) runs with column
-        tile ``tile_new``, and with the last two tiled dimensions swapped (columns outer) if
-        ``swap``."""
-        if call["dims"] > 4 and swap:
-            raise ValueError("only 2-D to 4-D tiled loops can be reordered")
-        if self.lib.kselect_shim_set(call["context"], call["task"], call["range"][-1], call["tile"][0],
-                                     call["tile"][1], int(tile_new), int(bool(swap))) != 0:
-            raise RuntimeError("pthreadpool shim rule table is full")
-
-    def remove(self, context: int) -> None:
-        self.lib.kselect_shim_remove(context)
-
-    def clear(self) -> None:
-        self.lib.kselect_shim_clear()
-
-    def rules(self) -> int:
-        return int(self.lib.kselect_shim_rules())
-
-
-_SHIM: Shim | None = None
-_REASON = "not loaded"
-
-
-def preload() -> None:
-    """Build and load the shim (RTLD_GLOBAL); called before libpthreadpool / libXNNPACK are
-    loaded. Never raises: the reason for a missing shim is kept for ``status``."""
-    global _SHIM, _REASON
-    if _SHIM is not None:
-        return
-    if os.environ.get(ENV_DISABLE, "1") == "0":
-        _REASON = f"disabled ({ENV_DISABLE}=0)"
-        return
-    try:
-        path = build()
-        cdll = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        _SHIM = Shim(cdll, path)
-        _REASON = "loaded, not verified"
-    except (ShimUnavailable, OSError) as exc:
-        _REASON = str(exc)
+_VERIFY_FAILURE: str | None = None  # why the loaded shim is not in the call path
 
 
 def verify() -> None:
     """Checks that XNNPack's parallel loops reach the shim (a tiny fully connected op run on the
     calling thread must show up as a recorded 2-D tiled call with its own shapes)."""
-    global _SHIM, _REASON
-    if _SHIM is None or _SHIM.verified:
+    global _VERIFY_FAILURE
+    loaded = tileshim_build.loaded()
+    if loaded is None or loaded.verified or _VERIFY_FAILURE is not None:
         return
-    from kselect.plugins.xnnpack import xnnpack_api as xa
-
     try:
         op = xa.FullyConnected(np.ones((24, 8), np.float32))
         x = np.ones((3, 8), np.float32)
-        before = _SHIM.calls()
-        _SHIM.reset_last()
+        before = loaded.calls()
+        loaded.reset_last()
         op.run(x)
-        last = _SHIM.last()
+        last = loaded.last()
         op.close()
-        if _SHIM.calls() == before or last is None or last["range"][-1] != 24 or last["range"][0] != 3:
+        if loaded.calls() == before or last is None or last["range"][-1] != 24 or last["range"][0] != 3:
             raise ShimUnavailable(f"XNNPack's pthreadpool calls do not reach the shim (last call seen: {last})")
-        _SHIM.verified = True
-        _REASON = f"verified ({_SHIM.path.name})"
+        loaded.verified = True
     except Exception as exc:  # the shim is optional: never take XNNPack down with it
-        _REASON = f"{type(exc).__name__}: {exc}"
-        _SHIM = None
+        _VERIFY_FAILURE = f"{type(exc).__name__}: {exc}"
 
 
 def shim() -> Shim | None:
     """The loaded and verified shim, or None (``status()`` says why)."""
-    from kselect.plugins.xnnpack import xnnpack_api as xa
-
     try:
         xa.lib()
     except xa.XNNPackUnavailable:
         return None
     verify()
-    return _SHIM if _SHIM is not None and _SHIM.verified else None
+    loaded = tileshim_build.loaded()
+    return loaded if loaded is not None and loaded.verified and _VERIFY_FAILURE is None else None
 
 
 def status() -> tuple[bool, str]:
-    return shim() is not None, _REASON
+    verified = shim()
+    if verified is not None:
+        return True, f"verified ({verified.path.name})"
+    return False, _VERIFY_FAILURE or tileshim_build.load_reason()

@@ -29,6 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
+from kselect.plugins.xnnpack import tileshim_build
+
 LIBXNNPACK = "libXNNPACK.so.0"
 LIBPTHREADPOOL = "libpthreadpool.so.0"
 DEBIAN_PACKAGE = "libxnnpack0"
@@ -143,9 +145,7 @@ class _Lib:
     def __init__(self) -> None:
         # kselect's pthreadpool shim (tileshim.c) goes first, so XNNPack's parallel-loop calls
         # bind to it; it forwards to libpthreadpool. Optional: never fails the load.
-        from kselect.plugins.xnnpack import tileshim
-
-        tileshim.preload()
+        tileshim_build.preload()
         try:
             # Load pthreadpool first (global) so XNNPack resolves its PLT calls against it.
             self.pool = ctypes.CDLL(LIBPTHREADPOOL, mode=ctypes.RTLD_GLOBAL)
