@@ -35,7 +35,6 @@ COMPUTE_TYPES = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "
 BETWEEN_TYPES = ("Add", "Multiply", "Reshape", "Squeeze", "Unsqueeze", "Convert")
 # The runtime model's layer types of those ops.
 RUNTIME_TYPES = ("Convolution", "Deconvolution", "FullyConnected", "MatMul")
-PRECISIONS = ("f32", "bf16", "f16")
 STREAMS = 1  # one stream: every core works on the one inference at a time (latency)
 
 

@@ -6,7 +6,7 @@ ran: a hint it ignored is a failed candidate, never a measured one (ir.py)."""
 from __future__ import annotations
 
 import functools
-import math
+import json
 import os
 import platform
 from dataclasses import dataclass
@@ -45,6 +45,8 @@ ARCH_WORDS = {"x86": ("sse42", "avx", "amx", "mlas", "uni"), "arm": ("acl", "kle
 PRECISIONS_ENV = "KSELECT_OPENVINO_PRECISIONS"
 # Significand bits (with the implicit one) of each precision: its unit roundoff is 2^-bits.
 SIGNIFICAND_BITS = {"bf16": 8, "f16": 11}
+# The steepest slope of an activation kselect fuses after an op (HardSwish: 1.5).
+ACTIVATION_SLOPE = 1.5
 # Copies of an op compiled together while finding the hints it takes: at most this many bytes of data.
 PROBE_BYTES = 256 << 20
 
@@ -88,8 +90,6 @@ class Offer:
 
 @functools.lru_cache(maxsize=None)
 def _offer(task_json: str, precision: str) -> Offer | None:
-    import json
-
     from kselect.core.measuring.measure import task_inputs, task_model
 
     task = Task.from_json(json.loads(task_json))
@@ -108,23 +108,19 @@ def _offer(task_json: str, precision: str) -> Offer | None:
     own, hinted = unhinted.impl, []
     for start in range(0, len(names), copies):
         chunk = names[start:start + copies]
-        converted = alone if copies == 1 else ir.ConvertedModel(*_copies(single, len(chunk)))
-        nodes = list(converted.layers)
+        if copies == 1:
+            converted, nodes = alone, ["op"]
+        else:
+            proto, nodes = ir.replicated(single, len(chunk))
+            converted = ir.ConvertedModel(proto, {}, nodes)
         ran = converted.runtime_choices(converted.compile(dict(zip(nodes, map(ir.Hint, chunk))), properties))
         hinted += [name for node, name in zip(nodes, chunk) if (ran[node].impl, ran[node].precision) == (name, precision)]
     return Offer(own, tuple(name for name in hinted if name != own))
 
 
-def _copies(single, count: int) -> tuple:
-    proto, nodes = ir.replicated(single, count)
-    return proto, {}, nodes
-
-
 def offer(task: Task, precision: str) -> Offer | None:
     """Found by compiling the op with each implementation type as its hint, with OpenVINO's own
     thread count; once per task and precision in a process. None: not run in ``precision``."""
-    import json
-
     return _offer(json.dumps(task.to_json(), sort_keys=True), precision)
 
 
@@ -137,9 +133,17 @@ def compile_properties(precision: str, threads: int | None, pinning: bool | None
     return properties
 
 
-def reduction_length(task: Task) -> float:
-    """Products summed into each output value: the op's MACs per output element."""
-    return task.macs / max(1, math.prod(task.output_shape))
+@functools.lru_cache(maxsize=64)
+def _sizes_to_reference(task_json: str) -> float:
+    """The largest sum of product sizes (the op on |x|, |w|, |b|) over the reference's largest
+    magnitude, on the task's seeded data (the same in every process)."""
+    from kselect.core.contract.opkind import op_kind
+    from kselect.core.measuring.measure import reference_output, task_inputs
+
+    task = Task.from_json(json.loads(task_json))
+    inputs = task_inputs(task)
+    sizes = op_kind(task.kind).reference(task, {name: np.abs(value) for name, value in inputs.items()})
+    return float(np.max(np.abs(sizes))) / max(float(np.max(np.abs(reference_output(task, inputs)))), 1e-12)
 
 
 class OpenvinoLibrary(Library):
@@ -199,13 +203,16 @@ class OpenvinoLibrary(Library):
 
     def tolerance(self, task: Task, config: dict) -> float:
         """f32: the core's 1e-3. A reduced precision rounds the op's inputs and weights to its
-        significand (unit roundoff u = 2^-bits): ``2u * sqrt(K) + u`` of the output's magnitude for
-        a sum of K products with rounding errors of random sign, plus the output's own rounding."""
+        significand (unit roundoff u = 2^-bits), so each product is off by at most 2u of its size
+        and a sum by 2u of the sum of its products' sizes; the output is rounded once more (u).
+        Relative to the reference's largest magnitude, with the sums of sizes taken on this task's
+        own seeded data, and the activation after the op scaling an error by its slope."""
         bits = SIGNIFICAND_BITS.get(config.get("precision", "f32"))
         if bits is None:
             return super().tolerance(task, config)
         unit = 2.0 ** -bits
-        return max(super().tolerance(task, config), 2 * unit * math.sqrt(reduction_length(task)) + unit)
+        ratio = _sizes_to_reference(json.dumps(task.to_json(), sort_keys=True))
+        return max(super().tolerance(task, config), ACTIVATION_SLOPE * (2 * unit * ratio + unit))
 
     # -- candidates (in the measuring child) --------------------------------------------------
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
