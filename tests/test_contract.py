@@ -29,7 +29,7 @@ def test_library_keeps_the_contract(check):
 
 
 def test_every_built_in_library_is_checked():
-    assert {"mlas", "xnnpack", "acl"} <= set(LIBRARIES)
+    assert {"mlas", "xnnpack", "acl", "openvino"} <= set(LIBRARIES)
 
 
 def test_a_library_missing_a_required_method_cannot_be_instantiated():

@@ -35,6 +35,7 @@ LIBRARY_PLUGINS = {
     "mlas": "kselect.plugins.mlas",
     "xnnpack": "kselect.plugins.xnnpack",
     "acl": "kselect.plugins.acl",
+    "openvino": "kselect.plugins.openvino",
 }
 
 _pm: pluggy.PluginManager | None = None

@@ -1,0 +1,300 @@
+"""The OpenVINO library plugin: per conv / deconv / fc op, which implementation of OpenVINO's CPU
+plugin runs it (``primitives_priority``) and in which precision; per plan, the thread count and
+whether threads are pinned to cores. Every candidate is what the runtime model shows OpenVINO
+ran: a hint it ignored is a failed candidate, never a measured one (ir.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+from dataclasses import dataclass
+
+import numpy as np
+
+from kselect.core.contract.library import CallCandidate, Candidate, Library
+from kselect.core.contract.space import Categorical, Integer, Space
+from kselect.core.errors import KselectError
+from kselect.core.measuring.device import Device
+from kselect.core.models.tasks import Task
+from kselect.plugins.openvino import ir
+
+PACKAGE = "openvino==2026.4.1"
+# Implementation types the CPU plugin knows (impl_type_to_string in
+# src/plugins/intel_cpu/src/onednn/iml_type_mapper.cpp). Which of them a node takes on this CPU
+# and this OpenVINO is found by compiling the op with each as its hint.
+IMPLEMENTATION_TYPES = (
+    "brgconv_avx512", "brgconv_avx512_1x1", "brgconv_avx512_dw", "brgconv_avx512_amx", "brgconv_avx512_amx_1x1",
+    "brgconv_avx2", "brgconv_avx2_1x1", "brgconv_avx2_dw", "brgconv_avx", "brgconv_avx_1x1", "brgconv_sse42",
+    "brgconv_sse42_1x1", "brgconv_uni", "brgconv_uni_1x1",
+    "jit_avx512", "jit_avx512_1x1", "jit_avx512_dw", "jit_avx512_winograd", "jit_avx512_amx", "jit_avx512_amx_1x1",
+    "jit_avx512_amx_dw", "jit_avx2", "jit_avx2_1x1", "jit_avx2_dw", "jit_avx", "jit_avx_1x1", "jit_avx_dw",
+    "jit_sse42", "jit_sse42_1x1", "jit_sse42_dw", "jit_uni", "jit_uni_1x1", "jit_uni_dw",
+    "brgemm_avx512", "brgemm_avx512_amx", "brgemm_avx2", "brgemm_avx", "brgemm_sse42", "brgemm_uni",
+    "gemm_mlas", "jit_gemm", "gemm_avx512", "gemm_avx2", "gemm_avx", "gemm_sse42", "gemm_blas", "gemm_any",
+    "ref", "ref_any",
+    "acl", "dw_acl", "gemm_acl", "winograd_acl", "jit_asimd", "jit_sve128", "jit_sve256", "jit_sve384",
+    "jit_sve512", "kleidiai", "gemm_kleidiai", "shl", "gemm_shl", "gv", "jit_gv",
+)
+# Words that name another processor family's kernels: not asked for on this one.
+ARCH_WORDS = {"x86": ("sse42", "avx", "amx", "mlas", "uni"), "arm": ("acl", "kleidiai", "asimd", "sve"),
+              "riscv": ("shl", "gv")}
+# Reduced precisions measured besides f32, from KSELECT_OPENVINO_PRECISIONS (e.g. "bf16"): off by
+# default, as kselect's plans are held to fp32 outputs (1e-3) end to end.
+PRECISIONS_ENV = "KSELECT_OPENVINO_PRECISIONS"
+# Significand bits (with the implicit one) of each precision: its unit roundoff is 2^-bits.
+SIGNIFICAND_BITS = {"bf16": 8, "f16": 11}
+# The steepest slope of an activation kselect fuses after an op (HardSwish: 1.5).
+ACTIVATION_SLOPE = 1.5
+# Copies of an op compiled together while finding the hints it takes: at most this many bytes of data.
+PROBE_BYTES = 256 << 20
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i686"):
+        return "x86"
+    return "arm" if machine.startswith(("arm", "aarch64")) else "riscv"
+
+
+def asked_types() -> tuple[str, ...]:
+    """The implementation types worth a hint on this processor family."""
+    foreign = [w for family, words in ARCH_WORDS.items() if family != _arch() for w in words]
+    return tuple(name for name in IMPLEMENTATION_TYPES if not any(word in name for word in foreign))
+
+
+def reduced_precisions() -> tuple[str, ...]:
+    value = os.environ.get(PRECISIONS_ENV, "")
+    wanted = tuple(p.strip() for p in value.split(",") if p.strip() and p.strip() != "f32")
+    unknown = [p for p in wanted if p not in SIGNIFICAND_BITS]
+    if unknown:
+        raise KselectError(f"{PRECISIONS_ENV}={value}: give reduced precisions among {', '.join(SIGNIFICAND_BITS)}")
+    return wanted
+
+
+class IgnoredHint(KselectError):
+    """OpenVINO ran something else than the candidate asked for."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What the CPU plugin does with one op in one precision: the implementation it picks by
+    itself (``own``) and those a ``primitives_priority`` hint makes it take instead (``hinted``).
+    Hinting its own pick is not the same as leaving it be: in f32 a ``brgconv_avx512`` hint is
+    dropped for a conv whose unhinted pick is ``brgconv_avx512``."""
+
+    own: str
+    hinted: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=None)
+def _offer(task_json: str, precision: str) -> Offer | None:
+    from kselect.core.measuring.measure import task_inputs, task_model
+
+    task = Task.from_json(json.loads(task_json))
+    inputs = task_inputs(task)
+    single = task_model(task, inputs)
+    names = asked_types()
+    data_bytes = max(1, sum(v.nbytes for v in inputs.values()))
+    # Copies of a fully connected op compiled together drop each other's hints (a FullyConnected
+    # hinted jit_gemm in bf16 takes it alone, not beside a copy): it is compiled once per hint.
+    copies = 1 if task.kind == "fc" else max(1, min(len(names), PROBE_BYTES // data_bytes))
+    properties = compile_properties(precision, None, None)
+    alone = ir.ConvertedModel(single, {}, ["op"])
+    unhinted = alone.runtime_choices(alone.compile({}, properties))["op"]
+    if unhinted.precision != precision:
+        return None  # the plugin does not run this op in that precision here
+    own, hinted = unhinted.impl, []
+    for start in range(0, len(names), copies):
+        chunk = names[start:start + copies]
+        if copies == 1:
+            converted, nodes = alone, ["op"]
+        else:
+            proto, nodes = ir.replicated(single, len(chunk))
+            converted = ir.ConvertedModel(proto, {}, nodes)
+        ran = converted.runtime_choices(converted.compile(dict(zip(nodes, map(ir.Hint, chunk))), properties))
+        hinted += [name for node, name in zip(nodes, chunk) if (ran[node].impl, ran[node].precision) == (name, precision)]
+    return Offer(own, tuple(name for name in hinted if name != own))
+
+
+def offer(task: Task, precision: str) -> Offer | None:
+    """Found by compiling the op with each implementation type as its hint, with OpenVINO's own
+    thread count; once per task and precision in a process. None: not run in ``precision``."""
+    return _offer(json.dumps(task.to_json(), sort_keys=True), precision)
+
+
+def compile_properties(precision: str, threads: int | None, pinning: bool | None) -> dict:
+    properties = {"INFERENCE_PRECISION_HINT": precision, "NUM_STREAMS": ir.STREAMS}
+    if threads:
+        properties["INFERENCE_NUM_THREADS"] = int(threads)
+    if pinning is not None:
+        properties["ENABLE_CPU_PINNING"] = bool(pinning)
+    return properties
+
+
+@functools.lru_cache(maxsize=64)
+def _sizes_to_reference(task_json: str) -> float:
+    """The largest sum of product sizes (the op on |x|, |w|, |b|) over the reference's largest
+    magnitude, on the task's seeded data (the same in every process)."""
+    from kselect.core.contract.opkind import op_kind
+    from kselect.core.measuring.measure import reference_output, task_inputs
+
+    task = Task.from_json(json.loads(task_json))
+    inputs = task_inputs(task)
+    sizes = op_kind(task.kind).reference(task, {name: np.abs(value) for name, value in inputs.items()})
+    return float(np.max(np.abs(sizes))) / max(float(np.max(np.abs(reference_output(task, inputs)))), 1e-12)
+
+
+class OpenvinoLibrary(Library):
+    name = "openvino"
+    plan_level_dims = ("threads", "pinning")
+
+    # -- identity ---------------------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import openvino  # noqa: F401
+        except ImportError as exc:
+            return False, f"the openvino package does not import ({exc}): pip install {PACKAGE}"
+        try:
+            devices = ir.core().available_devices
+        except Exception as exc:  # a broken install: its plugins do not load
+            return False, f"OpenVINO does not start: {exc}"
+        if "CPU" not in devices:
+            return False, "OpenVINO finds no CPU device"
+        return True, ""
+
+    def version(self) -> str:
+        import openvino as ov
+
+        return f"OpenVINO {ov.get_version()}"
+
+    def supports(self, task: Task) -> bool:
+        if task.kind not in ("conv", "deconv", "fc") or task.precision != "fp32":
+            return False
+        return offer(task, "f32") is not None
+
+    # -- spaces -----------------------------------------------------------------------------
+    def offers(self, task: Task) -> dict[str, Offer]:
+        """Precision -> what the plugin runs the op with in it: f32, and the reduced precisions
+        asked for (KSELECT_OPENVINO_PRECISIONS) that it runs the op in on this CPU."""
+        found = {precision: offer(task, precision) for precision in ("f32", *reduced_precisions())}
+        return {precision: found_offer for precision, found_offer in found.items() if found_offer is not None}
+
+    def space(self, task: Task, device: Device) -> Space:
+        offers = self.offers(task)
+        names = tuple(dict.fromkeys(name for o in offers.values() for name in (o.own, *o.hinted)))
+        space = Space()
+        space.add(Categorical("impl", names, role="algorithm"))
+        space.add(Categorical("precision", tuple(offers), role="knob"))
+        space.add(Categorical("hinted", (False, True), role="knob"))
+        space.constrain("impl is the plugin's own pick (no hint) or one a hint makes it take, in that precision",
+                        lambda c, offers=offers: (c["impl"] in offers[c["precision"]].hinted) if c["hinted"]
+                        else c["impl"] == offers[c["precision"]].own)
+        space.add(Integer("threads", 1, device.cores))
+        space.add(Categorical("pinning", (default_pinning(), not default_pinning()), role="knob"))
+        return space
+
+    def default_config(self, task: Task, device: Device) -> dict:
+        """OpenVINO's own pick for the op in f32, all cores, its own pinning. (Its own precision on
+        a CPU with bf16 is bf16; kselect's baseline is the model run in f32.)"""
+        return {"impl": offer(task, "f32").own, "precision": "f32", "hinted": False, "threads": device.cores,
+                "pinning": default_pinning()}
+
+    def tolerance(self, task: Task, config: dict) -> float:
+        """f32: the core's 1e-3. A reduced precision rounds the op's inputs and weights to its
+        significand (unit roundoff u = 2^-bits), so each product is off by at most 2u of its size
+        and a sum by 2u of the sum of its products' sizes; the output is rounded once more (u).
+        Relative to the reference's largest magnitude, with the sums of sizes taken on this task's
+        own seeded data, and the activation after the op scaling an error by its slope."""
+        bits = SIGNIFICAND_BITS.get(config.get("precision", "f32"))
+        if bits is None:
+            return super().tolerance(task, config)
+        unit = 2.0 ** -bits
+        ratio = _sizes_to_reference(json.dumps(task.to_json(), sort_keys=True))
+        return max(super().tolerance(task, config), ACTIVATION_SLOPE * (2 * unit * ratio + unit))
+
+    # -- candidates (in the measuring child) --------------------------------------------------
+    def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
+        import openvino as ov
+
+        from kselect.core.measuring.measure import task_model
+
+        proto = task_model(task, inputs)
+        converted = ir.ConvertedModel(proto, {}, ["op"])
+        compiled = converted.compile({"op": hint(config)},
+                                     compile_properties(config["precision"], config["threads"], config["pinning"]))
+        ran = converted.runtime_choices(compiled)["op"]
+        if (ran.impl, ran.precision) != (config["impl"], config["precision"]):
+            asked = f"cpu:{config['impl']}" if config["hinted"] else f"its own pick {config['impl']}"
+            raise IgnoredHint(f"OpenVINO did not run {asked} in {config['precision']}: it ran {ran.primitive}")
+        request = compiled.create_infer_request()
+        x_shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
+        request.set_input_tensor(ov.Tensor(np.ascontiguousarray(inputs["x"].reshape(x_shape))))
+        candidate = CallCandidate(request.infer,
+                                  lambda: request.get_output_tensor(0).data.reshape(task.output_shape).copy())
+        candidate.compiled = compiled  # kept alive as long as its request
+        return candidate
+
+    # -- plans ------------------------------------------------------------------------------
+    def apply(self, plan, model, out_dir):
+        from kselect.plugins.openvino.export import write_ir
+
+        return write_ir(plan, model, out_dir)
+
+    def model_runner(self, model, plan, in_mixed_plan: bool = False):
+        return ModelRunner(model, plan)
+
+    def runs_op(self, op_type: str) -> bool:
+        return True  # OpenVINO's ONNX frontend and CPU plugin run every op of the models kselect takes
+
+
+def hint(config: dict, keep_f32: bool = False) -> ir.Hint:
+    return ir.Hint(impl=config["impl"] if config["hinted"] else None, keep_f32=keep_f32)
+
+
+@functools.lru_cache(maxsize=1)
+def default_pinning() -> bool:
+    return bool(ir.core().get_property("CPU", "ENABLE_CPU_PINNING"))
+
+
+def plan_compilation(plan) -> tuple[dict[str, ir.Hint], dict]:
+    """The hints per ONNX node and the compile properties of a plan (None: OpenVINO's defaults in
+    f32). The plan's one reduced precision, if any, is the model's inference precision, and the ops
+    it keeps in f32 are marked ``precise``."""
+    if plan is None:
+        return {}, compile_properties("f32", None, None)
+    configs = {node: entry["config"] for node, entry in plan.nodes.items()}
+    reduced = sorted({c["precision"] for c in configs.values()} - {"f32"})
+    if len(reduced) > 1:
+        raise KselectError(f"the plan runs ops in {' and '.join(reduced)}: OpenVINO compiles a model in one reduced "
+                           f"precision")
+    precision = reduced[0] if reduced else "f32"
+    hints = {node: hint(c, keep_f32=bool(reduced) and c["precision"] == "f32") for node, c in configs.items()}
+    settings = plan.plan_level or next(iter(configs.values()), {})
+    return hints, compile_properties(precision, settings.get("threads"), settings.get("pinning"))
+
+
+class ModelRunner:
+    """The whole model compiled by OpenVINO as the plan says: ``runner(feeds) -> [outputs]`` in the
+    ONNX graph's output order. ``ran``: what each planned node ran with (ir.RuntimeChoice)."""
+
+    def __init__(self, model, plan):
+        nodes = list(plan.nodes) if plan is not None else []
+        self.converted = ir.ConvertedModel(model.proto, model.input_shapes, nodes)
+        self.hints, self.properties = plan_compilation(plan)
+        compiled = self.converted.compile(self.hints, self.properties)
+        self.ran = self.converted.runtime_choices(compiled)
+        self.request = compiled.create_infer_request()
+        by_name = {}
+        for index, output in enumerate(compiled.outputs):
+            for name in output.get_names():
+                by_name[name] = index
+        self.output_indices = [by_name[name] for name in self.converted.output_names]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        self.request.infer({name: np.ascontiguousarray(value) for name, value in feeds.items()})
+        return [self.request.get_output_tensor(index).data.copy() for index in self.output_indices]
+
+    def close(self) -> None:
+        self.request = None
