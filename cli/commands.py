@@ -89,9 +89,22 @@ def _print_json(data) -> None:
 
 
 def _write_json_file(path, data) -> None:
-    """``--json OUT.json``: the result written beside the table."""
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
-    console.print(f"wrote {path}")
+    """``--json OUT.json``: the result written beside the table (its path checked before the work, by
+    ``_json_file``)."""
+    from kselect.core.plans.plan import write_atomically
+
+    write_atomically(Path(path), json.dumps(data, indent=2) + "\n")
+    console.print(f"wrote {escape(str(path))}")
+
+
+def _json_file(args, reads: dict):
+    """``--json OUT.json``: OUT.json checked before the work (core/paths.check_output); None when the
+    JSON goes to stdout or is not asked for."""
+    from kselect.core.paths import check_output
+
+    if args.json in (None, True, "-"):
+        return None
+    return check_output(args.json, "--json", "the JSON", reads, kind="a JSON file")
 
 
 def _shape(shape) -> str:
@@ -330,38 +343,57 @@ class CliTuneEvents:
         _check_table(chosen, results)
 
 
-def cmd_tune(args) -> None:
-    from kselect.core import api
+def tune_config(args):
+    """The ``TuneConfig`` of ``kselect tune``'s options, checked before any file is opened."""
+    from kselect.core.config import TuneConfig
     from kselect.core.measuring.measure import MeasureSettings
 
+    settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
+                               max_time_s=15 * args.min_time)
+    return TuneConfig(search=args.search, budget=args.budget, time_budget_s=args.time_budget, seed=args.seed,
+                      early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
+                      verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
+                      check_max_rounds=args.check_max_rounds, input_shape=tuple(args.input_shape),
+                      precision=args.precision, calibration=args.calibration,
+                      calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
+                      metric=args.metric, lease_s=args.lease)
+
+
+def cmd_tune(args) -> None:
+    from kselect.core import api
+
+    config = tune_config(args)
     libraries = plugins.select_libraries(args.library)  # for the default plan name; api.tune checks the rest
     model = load_model(args.model, args.input_shape)
     names = "+".join(library.name for library in libraries)
-    plan_path = api.check_plan_path(Path(args.output or f"{model.name}.{names}.plan.json"))
-    settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
-                               max_time_s=15 * args.min_time)
-    preprocess = None
+    plan_path = api.check_plan_path(f"{model.name}.{names}.plan.json" if args.output is None else args.output, model,
+                                    config.db)
     if any(v is not None for v in (args.image_channels, args.image_scale, args.image_mean, args.image_std)):
         from kselect.core.precision.calibration import image_preprocess
 
-        preprocess = image_preprocess(model, args.image_channels, args.image_scale, args.image_mean, args.image_std)
-    result = api.tune(model, libraries, search=args.search, budget=args.budget, time_budget_s=args.time_budget,
-                      seed=args.seed, early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
-                      verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
-                      check_max_rounds=args.check_max_rounds, precision=args.precision, calibration=args.calibration,
-                      calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
-                      metric=args.metric, image_preprocess=preprocess, lease_s=args.lease, events=CliTuneEvents())
+        config = config.but(image_preprocess=image_preprocess(model, args.image_channels, args.image_scale,
+                                                              args.image_mean, args.image_std))
+    result = api.tune(model, libraries, config, events=CliTuneEvents())
     artifacts = []
-    if result.plan is None:
-        fleet = result.fleet
-        console.print(f"this worker tuned {len(fleet.tuned_here)} tasks ({len(fleet.taken_over)} taken over from "
-                      "workers that died); the other workers finished after it, so the last of them writes the plan")
-    else:
+    if result.plan is not None:
         artifacts = api.save(result, plan_path)
-        console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+        console.print(f"plan written to {escape(str(plan_path))}" + "".join(f"\n  {escape(str(p))}" for p in artifacts))
     if args.json:
         _print_json({**result.to_json(), "plan_file": str(plan_path) if result.plan else None,
                      "artifacts": [str(p) for p in artifacts]})
+    if result.plan is None:
+        fleet = result.fleet
+        raise KselectError(f"no plan was written to {plan_path}: this tune shares its tasks on {fleet_db(config)} with "
+                           f"{', '.join(fleet.still_working)}, which finished after it and writes the plan to its own "
+                           f"-o (this worker tuned {len(fleet.tuned_here)} tasks, every record is stored); run this "
+                           "command again to write the plan here from the stored records")
+
+
+def fleet_db(config) -> str:
+    from kselect.core.records.store import database_location
+    from kselect.core.records.sql import shown
+
+    return shown(str(database_location(config.db)))
 
 
 def _front_table(library, search, check) -> None:
@@ -522,12 +554,13 @@ def _tune_table(outcomes, plan, library) -> None:
 
 
 def cmd_predict(args) -> None:
-    from kselect.core.records.store import DEFAULT_DB, RecordDB
+    from kselect.core.records.store import RecordDB, database_location
     from kselect.search.predict import predict_model
 
     library = plugins.get_library(args.library)
     model = load_model(args.model, args.input_shape)
-    db = RecordDB(args.db or DEFAULT_DB)
+    json_file = _json_file(args, {"the model": model.source, "the record database": database_location(args.db)})
+    db = RecordDB(database_location(args.db))
     device = this_device()
     with console.status(f"training the cost model on {db.location} and predicting {model.name}"):
         prediction = predict_model(model, library, device, db, seed=args.seed)
@@ -546,8 +579,8 @@ def cmd_predict(args) -> None:
     console.print(f"predicted sum over ops: default {prediction.default_total_us / 1000:.2f} ms, best plan "
                   f"{prediction.total_us / 1000:.2f} ms; learnt from {prediction.training_rows} measurements of "
                   f"{prediction.training_tasks} tasks{label}")
-    if args.json:
-        _write_json_file(args.json, data)
+    if json_file:
+        _write_json_file(json_file, data)
 
 
 # -- plans ----------------------------------------------------------------------------------
@@ -623,11 +656,16 @@ def _force_warning(problem: str) -> None:
 
 
 def cmd_plan_apply(args) -> None:
+    from kselect.core.paths import check_output_folder
+    from kselect.core.plans.plan import artifact_stem
+
     model = load_model(args.model, args.input_shape)
+    output_dir = check_output_folder(args.output_dir, "-o", "the plan's artifacts")
     plan = _checked_plan(args, model)
     note = ("a cross-library plan has no library artifact: the plan JSON is what an app loads "
             "(kselect.load_plan(PLAN, MODEL).run(inputs))")
-    written = [] if plan.cross_library else plugins.get_library(plan.library).apply(plan, model, Path(args.output_dir))
+    written = [] if plan.cross_library else plugins.get_library(plan.library).apply(plan, model, output_dir,
+                                                                                   artifact_stem(args.plan))
     if args.json:
         return _print_json({"plan": str(args.plan), "model": model.name, "libraries": plan.libraries,
                             "written": [str(path) for path in written],
@@ -643,6 +681,7 @@ def cmd_bench(args) -> None:
     from kselect.core.whole_model.alone import CONFIDENCE
 
     model = load_model(args.model, args.input_shape)
+    json_file = _json_file(args, {"the model": model.source, "the plan": args.plan})
     how = "each alone in fresh processes" if args.alone else "interleaved"
     with console.status(f"benchmarking {model.name} with {args.plan} against its baseline, {how}"):
         result = api.bench(model, args.plan, alone=args.alone, rounds=args.rounds, runs_per_round=args.runs_per_round,
@@ -665,8 +704,8 @@ def cmd_bench(args) -> None:
                       f"{result['per_round_speedup']:.3f}x, {CONFIDENCE:.1%} bounds {low:.3f}-{high:.3f}")
     if result["emulated"]:
         console.print(EMULATED_NOTE)
-    if args.json:
-        _write_json_file(args.json, result)
+    if json_file:
+        _write_json_file(json_file, result)
 
 
 # -- report ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -31,7 +32,9 @@ def _number(kind, low, inclusive: bool):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if value != value or value < low or (value == low and not inclusive):
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if value < low or (value == low and not inclusive):
             raise argparse.ArgumentTypeError(f"{text} must be {'at least' if inclusive else 'above'} {low}")
         return value
     return parse

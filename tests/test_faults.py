@@ -271,11 +271,20 @@ def test_two_tunes_on_one_database_take_turns_and_never_measure_a_config_twice(t
     _wait_for_records(db)
     second = subprocess.Popen([*args, "-o", str(tmp_path / "b.plan.json")], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    out_first, _ = first.communicate(timeout=300)
+    out_first, err_first = first.communicate(timeout=300)
     first_done = time.time()
-    out_second, _ = second.communicate(timeout=300)
-    assert first.returncode == 0 and second.returncode == 0
+    out_second, err_second = second.communicate(timeout=300)
     assert "another kselect process is measuring on this device" in out_second
+    # the tune that finished last wrote its plan; the other exits non-zero saying where the plan went
+    # (issue 47, case 4): a user who got exit 0 finds a plan at -o
+    for process, name, stderr in ((first, "a", err_first), (second, "b", err_second)):
+        if process.returncode == 0:
+            assert (tmp_path / f"{name}.plan.json").is_file()
+        else:
+            assert process.returncode == 2 and not (tmp_path / f"{name}.plan.json").exists()
+            assert f"no plan was written to {tmp_path / f'{name}.plan.json'}" in stderr.strip().splitlines()[-1]
+            assert "writes the plan to its own -o" in stderr
+    assert sorted((first.returncode, second.returncode)) in ([0, 0], [0, 2])
     with sqlite3.connect(db) as connection:
         configs = connection.execute("SELECT COUNT(DISTINCT task || config) FROM records").fetchone()[0]
         total, last = connection.execute("SELECT COUNT(*), MAX(created) FROM records").fetchone()
@@ -507,3 +516,160 @@ def test_bad_input_is_one_line_and_a_non_zero_exit_before_measuring(tmp_path, sm
     assert len(lines) == 1 and says in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not db.exists()  # nothing measured, nothing stored
+
+
+# -- issue 47: what a hostile user tried -----------------------------------------------------------
+def _one_line_error(result, *fragments, code=2):
+    assert result.returncode == code, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def inputs(tmp_path, small_plan):
+    """A copy of the small model, its xnnpack plan and a record database, in ``tmp_path``."""
+    from kselect.core.records.store import RecordDB
+
+    model, plan = small_plan
+    copies = {"model": tmp_path / "small.onnx", "plan": tmp_path / "small.xnnpack.plan.json", "db": tmp_path / "r.db"}
+    copies["model"].write_bytes(model.read_bytes())
+    copies["plan"].write_bytes(plan.read_bytes())
+    RecordDB(copies["db"]).connection.close()
+    return copies
+
+
+@pytest.mark.parametrize("case", ["tune -o model", "tune -o db", "report -o plan", "report -o db",
+                                  "predict --json model", "bench --json plan"])
+def test_case_01_an_output_that_is_an_input_of_the_same_command_is_refused_and_kept(inputs, case):
+    model, plan, db = inputs["model"], inputs["plan"], inputs["db"]
+    command, option, target = case.split()
+    target = inputs[target]
+    args = {"tune": ("tune", model, "--library", "mlas", "--budget", "1", "--db", db, "-o", target),
+            "report": ("report", plan, "--db", db, "-o", target),
+            "predict": ("predict", model, "--library", "xnnpack", "--db", db, "--json", target),
+            "bench": ("bench", model, "--plan", plan, "--rounds", "1", "--json", target)}[command]
+    before = {name: path.read_bytes() for name, path in inputs.items()}
+    _one_line_error(run_kselect(*args), f"{option} {target} is the", "would destroy it")
+    assert {name: path.read_bytes() for name, path in inputs.items()} == before
+
+
+def test_case_02_artifacts_are_named_after_their_plan_so_two_plans_of_one_model_keep_theirs(tmp_path):
+    import json
+
+    import onnx
+    from conftest import small_cnn
+
+    model = tmp_path / "good.onnx"
+    onnx.save(small_cnn(dynamic=True), model)
+    written = {}
+    for name, size in (("a", 32), ("b", 48)):
+        result = run_kselect("tune", model, "--input-shape", f"input=1,3,{size},{size}", "--library", "mlas",
+                             "--budget", "1", "--min-time", "0.01", "--no-verify", "--db", tmp_path / "r.db",
+                             "-o", tmp_path / f"{name}.plan.json", "--json")
+        assert result.returncode == 0, result.stderr
+        written[name] = json.loads(result.stdout)["artifacts"]
+    assert written["a"] == [str(tmp_path / "a.kselect.onnx"), str(tmp_path / "a.kselect.session.json")]
+    assert written["b"] == [str(tmp_path / "b.kselect.onnx"), str(tmp_path / "b.kselect.session.json")]
+    shapes = {name: onnx.load(str(tmp_path / f"{name}.kselect.onnx")).graph.input[0].type.tensor_type.shape
+              for name in "ab"}
+    assert [d.dim_value for d in shapes["a"].dim] == [1, 3, 32, 32]
+    assert [d.dim_value for d in shapes["b"].dim] == [1, 3, 48, 48]
+    assert not (tmp_path / "good.kselect.onnx").exists()
+
+
+@pytest.mark.parametrize("node", ["fifo", "character device"])
+def test_case_03_an_output_that_is_a_device_node_or_fifo_is_refused_and_left_as_it_is(tmp_path, inputs, node):
+    import stat
+
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "nulldev"
+    if node == "fifo":
+        os.mkfifo(target)
+    else:
+        try:
+            os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    kind = stat.S_IFMT(target.lstat().st_mode)
+    for args in (("tune", inputs["model"], "--library", "mlas", "--db", inputs["db"], "-o", target),
+                 ("report", inputs["plan"], "-o", target),
+                 ("bench", inputs["model"], "--plan", inputs["plan"], "--json", target)):
+        _one_line_error(run_kselect(*args), f"{target} is not a regular file")
+        assert stat.S_IFMT(target.lstat().st_mode) == kind
+
+
+@pytest.mark.parametrize("case", ["bench --json", "predict --json", "plan apply into a file",
+                                  "plan apply into an unwritable place", "report -o"])
+def test_case_13_every_output_path_is_checked_before_the_work(tmp_path, inputs, case):
+    model, plan, db = inputs["model"], inputs["plan"], inputs["db"]
+    unwritable = "/proc/kselect/out.json"
+    args, says = {
+        "bench --json": (("bench", model, "--plan", plan, "--rounds", "50", "--json", unwritable),
+                         f"cannot write the JSON to {unwritable}"),
+        "predict --json": (("predict", model, "--library", "xnnpack", "--db", db, "--json", unwritable),
+                           f"cannot write the JSON to {unwritable}"),
+        "plan apply into a file": (("plan", "apply", plan, model, "-o", db), f"-o {db} is not a folder"),
+        "plan apply into an unwritable place": (("plan", "apply", plan, model, "-o", "/proc/kselect/out"),
+                                                "cannot write the plan's artifacts to /proc/kselect/out"),
+        "report -o": (("report", plan, "-o", "/proc/kselect/r.html"), "cannot write the report to /proc/kselect/r.html"),
+    }[case]
+    started = time.monotonic()
+    _one_line_error(run_kselect(*args), says)
+    assert time.monotonic() - started < 30  # refused up front: 50 rounds of bench were not run first
+
+
+@pytest.mark.parametrize("libraries, options, says", [
+    ("mlas", {"budget": -3}, "--budget -3: must be between 1"),
+    ("mlas", {"budget": 2.5}, "--budget 2.5: give an integer"),
+    ("mlas", {"budget": 0}, "--budget 0: must be between 1"),
+    ("mlas", {"budget": "x"}, "--budget 'x': give an integer"),
+    ("mlas", {"time_budget_s": -1}, "--time-budget -1: must be above 0"),
+    ("mlas", {"time_budget_s": float("nan")}, "--time-budget nan: must be above 0"),
+    (None, {}, "libraries None: give a --library spec"),
+    ("mlas", {"budjet": 3}, "kselect.tune takes no option 'budjet'"),
+])
+def test_case_17_the_python_api_refuses_what_the_cli_refuses_before_measuring(tmp_path, small_model_path, libraries,
+                                                                              options, says):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    db = tmp_path / "records.db"
+    with pytest.raises(KselectError) as refused:
+        kselect.tune(str(small_model_path), libraries, db=db, **options)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+    assert not db.exists()
+    if options and "budjet" not in options:  # the same check behind the config object
+        with pytest.raises(KselectError, match=says.split(":")[0]):
+            kselect.TuneConfig(**options)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--min-time", "1e12"), "--min-time 1000000000000.0: must be above 0 and at most 60"),
+    (("--min-repeats", "1000000000"), "--min-repeats 1000000000: must be between 1 and 100,000"),
+    (("--metric", "foo"), "--metric is for int8"),
+    (("--db", ""), "--db '': give a database file"),
+    (("-o", ""), "-o '': give a file name for the plan"),
+    (("--db", "mysql://host/x"), "give a database file, sqlite:///FILE or a postgresql:// URL"),
+])
+def test_case_18_options_a_tune_cannot_honour_are_refused_in_one_line(tmp_path, small_model_path, extra, says):
+    db_args = () if "--db" in extra else ("--db", tmp_path / "records.db")
+    result = run_kselect("tune", small_model_path, "--library", "mlas", *db_args, *extra, cwd=tmp_path)
+    _one_line_error(result, says)
+    assert list(tmp_path.iterdir()) == [small_model_path]  # nothing written, not even a database
+
+
+def test_case_18_a_sqlite_url_as_db_is_the_file_it_names(tmp_path, small_model_path):
+    import json
+
+    db = tmp_path / "dir" / "x.db"
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--min-time", "0.01",
+                         "--no-verify", "--db", f"sqlite:///{db}", "-o", tmp_path / "p.plan.json", "--json",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert db.is_file() and json.loads(result.stdout)["plan_file"] == str(tmp_path / "p.plan.json")
+    assert not (tmp_path / "sqlite:").exists()

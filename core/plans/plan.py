@@ -269,13 +269,23 @@ def plan_variants(model: Model, device: Device, library, library_version: str, t
     return plans
 
 
+def artifact_stem(plan_path: str | Path) -> str:
+    """What a plan's artifacts are named after: its file's name without ``.plan.json``
+    (``a.plan.json`` -> ``a``, whose MLAS model is ``a.kselect.onnx``), so two plans of one model
+    never share an artifact."""
+    return Path(plan_path).name.removesuffix(".json").removesuffix(".plan")
+
+
 def write_atomically(path: Path, content: str | bytes) -> None:
     """``path`` holds ``content`` or what it held before, never a part (a full disk, a kill): it
-    is written to a file beside it, then renamed over it."""
+    is written to a file beside it, then renamed over it. A path that is not a regular file (a
+    device node, a FIFO, a folder) is refused, never replaced."""
     import os
     import tempfile
 
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise KselectError(f"{path} is not a regular file: kselect does not replace it")
     descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as f:

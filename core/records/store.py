@@ -23,6 +23,24 @@ from kselect.core.records.sql import PostgresConnection, SqliteConnection, is_se
 SCHEMA_VERSION = "1"
 DEFAULT_DB = Path(os.environ.get("KSELECT_DB", "~/.cache/kselect/records.db")).expanduser()
 
+def database_location(location) -> str | Path:
+    """Where ``--db`` points: None is the default database; ``sqlite:///relative.db`` and
+    ``sqlite:////absolute.db`` are the files they name; a postgresql:// URL stays a URL. An empty
+    location or another URL scheme is refused, never taken as a file name."""
+    if location is None:
+        return DEFAULT_DB
+    if isinstance(location, str):
+        if not location.strip():
+            raise KselectError("--db '': give a database file or a postgresql:// URL, or leave --db out for the default")
+        if is_server_url(location):
+            return location
+        if location.startswith("sqlite:///"):
+            return Path(location[len("sqlite:///"):] or ".")
+        if "://" in location:
+            raise KselectError(f"--db {shown(location)}: give a database file, sqlite:///FILE or a postgresql:// URL")
+    return Path(location)
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS devices (fingerprint TEXT PRIMARY KEY, description TEXT NOT NULL);
@@ -117,6 +135,7 @@ class RecordDB:
 
     def __init__(self, location: str | Path = DEFAULT_DB):
         self.read_only = False  # a database on a read-only filesystem: its records are used, none added
+        location = database_location(location)
         if is_server_url(location):
             self.path, self.location = None, shown(location)
             self.connection = PostgresConnection(str(location))

@@ -334,10 +334,10 @@ class MlasLibrary(Library):
         return OrtCandidate(session, {session.get_inputs()[0].name: feed}, unblock)
 
     # -- plans ----------------------------------------------------------------------------
-    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+    def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
         from kselect.plugins.mlas.apply import write_optimized_model
 
-        return write_optimized_model(plan, model, Path(out_dir))
+        return write_optimized_model(plan, model, Path(out_dir), stem or model.name)
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         from kselect.plugins.mlas.apply import default_session, plan_session
