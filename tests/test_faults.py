@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -673,3 +674,84 @@ def test_case_18_a_sqlite_url_as_db_is_the_file_it_names(tmp_path, small_model_p
     assert result.returncode == 0, result.stderr
     assert db.is_file() and json.loads(result.stdout)["plan_file"] == str(tmp_path / "p.plan.json")
     assert not (tmp_path / "sqlite:").exists()
+
+
+@pytest.fixture(scope="module")
+def small_mlas_plan(tmp_path_factory):
+    import onnx
+    from conftest import small_cnn
+
+    folder = tmp_path_factory.mktemp("mlas-plan")
+    model = folder / "small.onnx"
+    onnx.save(small_cnn(), model)
+    plan = folder / "small.mlas.plan.json"
+    result = run_kselect("tune", model, "--library", "mlas", "--budget", "2", "--min-time", "0.01", "--no-verify",
+                         "--db", folder / "records.db", "-o", plan)
+    assert result.returncode == 0, result.stderr
+    return model, plan
+
+
+def _plan_readers(model, plan, out):
+    return {"bench": ("bench", model, "--plan", plan, "--rounds", "1", "--runs-per-round", "1"),
+            "plan apply": ("plan", "apply", plan, model, "-o", out)}
+
+
+@pytest.mark.parametrize("setting, value, says", [
+    ("pointwise_batch", "not-a-number", "plan-level setting pointwise_batch='not-a-number' is not in mlas's space"),
+    ("threads", 999, "plan-level setting threads=999 is not in mlas's space"),
+    ("threads", -1, "plan-level setting threads=-1 is not in mlas's space"),
+    ("spinning", 5, "plan-level setting spinning=5 is not in mlas's space"),
+    ("prepacking", "yes", "plan-level setting prepacking='yes' is not in mlas's space"),
+    ("colour", "blue", "plan-level setting colour='blue' is not one of mlas's"),
+    ("emulated", "false", "'emulated' is \"false\", not true or false"),
+])
+def test_case_05_plan_level_settings_outside_the_space_are_refused_never_abort(tmp_path, small_mlas_plan, setting,
+                                                                               value, says):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    model, plan = small_mlas_plan
+
+    def mutate(data):
+        if setting == "emulated":
+            data["emulated"] = value
+            return
+        data["plan_level"][setting] = value
+        data["library_settings"]["mlas"][setting] = value
+    bad = _mutated(tmp_path, plan, mutate)
+    for name, args in _plan_readers(model, bad, tmp_path / "out").items():
+        _one_line_error(run_kselect(*args), says)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # no session.json written
+    with pytest.raises(KselectError, match=re.escape(says)):
+        kselect.load_plan(bad, str(model))
+
+
+def _nested(tmp_path, depth=200_000):
+    path = tmp_path / "deep.plan.json"
+    path.write_text("[" * depth + "]" * depth)
+    return path
+
+
+@pytest.mark.parametrize("mutation, says", [
+    (lambda d: d.update(tasks="x"), "'tasks' is \"x\", not a list"),
+    (lambda d: d.update(extra=[]), "'extra' is [], not an object"),
+    (lambda d: d.update(model="x"), "'model' is \"x\", not an object"),
+    (lambda d: d["tasks"][0].pop("nodes"), "task 0 lacks the field 'nodes'"),
+    (lambda d: d.update(library_settings="x"), "'library_settings' is \"x\", not an object"),
+    (lambda d: d.update(plan_level=[]), "'plan_level' is [], not an object"),
+    (lambda d: d["library_settings"]["xnnpack"].update(spinning=[1]), "'spinning' is [1], not a single value"),
+    (lambda d: d.update(surprise=1), "unknown field 'surprise'"),
+    (None, "nested too deeply"),
+])
+def test_case_12_a_plan_of_the_wrong_shape_is_one_line_for_every_command_that_reads_it(tmp_path, small_plan,
+                                                                                       mutation, says):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    model, plan = small_plan
+    bad = _nested(tmp_path) if mutation is None else _mutated(tmp_path, plan, mutation)
+    for args in (*_plan_readers(model, bad, tmp_path / "out").values(), ("plan", "show", bad), ("report", bad),
+                 ("plan", "show", bad, "--json")):
+        _one_line_error(run_kselect(*args), f"{bad} is not a valid kselect plan", says)
+    with pytest.raises(KselectError, match="is not a valid kselect plan"):
+        kselect.load_plan(bad, str(model))
