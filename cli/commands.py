@@ -10,11 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table as _RichTable
+from rich.text import Text
 
 from kselect.core.contract import plugins
+from kselect.cli.main import styled
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import this_device
 from kselect.core.models.model import load_model
@@ -27,7 +28,7 @@ def _width(stream):
     return None if stream.isatty() or os.environ.get("COLUMNS") else 10_000
 
 
-console = Console(width=_width(sys.stdout))
+console = Console(width=_width(sys.stdout), markup=False)  # never parses markup: see cli/main.py
 
 
 class Table(_RichTable):
@@ -38,7 +39,7 @@ class Table(_RichTable):
         super().add_column(*args, overflow=overflow, **kwargs)
 
 
-EMULATED_NOTE = "[bold yellow]EMULATED[/]: timed under qemu user-mode emulation; not Arm performance"
+EMULATED_NOTE = styled(("EMULATED", "bold yellow"), ": timed under qemu user-mode emulation; not Arm performance")
 
 _json_stdout = None  # the real stdout while json_output runs
 
@@ -57,7 +58,7 @@ def json_output(args):
     if not json_wanted(args):
         yield
         return
-    saved_console, console = console, Console(file=sys.stderr, width=_width(sys.stderr))
+    saved_console, console = console, Console(file=sys.stderr, width=_width(sys.stderr), markup=False)
     sys.stdout.flush()
     try:
         stdout_fd, stderr_fd = sys.stdout.fileno(), sys.stderr.fileno()
@@ -94,7 +95,7 @@ def _write_json_file(path, data) -> None:
     from kselect.core.plans.plan import write_atomically
 
     write_atomically(Path(path), json.dumps(data, indent=2) + "\n")
-    console.print(f"wrote {escape(str(path))}")
+    console.print(f"wrote {str(path)}")
 
 
 def _json_file(args, reads: dict):
@@ -230,7 +231,7 @@ def cmd_plugins(args) -> None:
         table.add_column(column)
     for info in infos:
         style = "green" if info.status.startswith("available") or info.status == "loaded" else "red"
-        table.add_row(info.name, info.kind, ", ".join(info.provides), info.version, f"[{style}]{info.status}[/]")
+        table.add_row(info.name, info.kind, ", ".join(info.provides), info.version, Text(info.status, style=style))
     console.print(table)
 
 
@@ -239,29 +240,29 @@ class CliTuneEvents:
     """Renders what ``kselect.core.api.tune`` reports: progress bars while a library's tasks are
     tuned, then its table; the cross-library planning and its end-to-end check."""
 
-    COLUMNS = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
+    COLUMNS = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}", markup=False)]
 
     def __init__(self):
         self.progress: Progress | None = None
         self.overall = self.current = None
 
     def working(self, text: str):
-        return console.status(text)
+        return console.status(Text(text))
 
     def waiting_for_lock(self, holder: str) -> None:
-        console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
-                      "that neither times the other's load[/]")
+        console.print(f"another kselect process is measuring on this device ({holder}): waiting for it, so "
+                      "that neither times the other's load", style="yellow")
 
     def cross_int8_scored(self, variant: str, score, drop, max_drop: float, failed: str = "") -> None:
         if failed:
-            console.print(f"[yellow]the {variant} could not be made or run ({failed}): not raced[/]")
+            console.print(f"the {variant} could not be made or run ({failed}): not raced", style="yellow")
             return
         verdict = "races" if drop <= max_drop else "over the budget: not raced"
         console.print(f"the {variant}: metric {score:.4f}, drop {drop:.4f} (budget {max_drop}): {verdict}")
 
     def library_left_out(self, library, why: str) -> None:
-        console.print(f"[yellow]{library.name} is left out of this tune's plans: {why}[/]")
+        console.print(f"{library.name} is left out of this tune's plans: {why}", style="yellow")
 
     # -- one library ----------------------------------------------------------------------
     def library_started(self, model, library, tasks, options, device, db) -> None:
@@ -318,14 +319,15 @@ class CliTuneEvents:
         library, plan = tuning.library, tuning.plan
         for outcome in tuning.outcomes:
             if outcome.default is not None and outcome.default.status != "ok":
-                console.print(f"[yellow]warning:[/] {library.name}'s own config for {outcome.task.id} could not be "
-                              f"measured ({outcome.default.status}: {outcome.default.reason or 'wrong output'}); its "
-                              "speedup is unknown and the next tune measures it again")
+                console.print(styled(("warning:", "yellow"), f" {library.name}'s own config for {outcome.task.id} could "
+                                     f"not be measured ({outcome.default.status}: "
+                                     f"{outcome.default.reason or 'wrong output'}); its speedup is unknown and the next "
+                                     "tune measures it again"))
         if "verified" in plan.extra:
             tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
             if tried[0] != plan.extra["verified"]["chosen"]:
-                console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the "
-                              f"{plan.extra['verified']['chosen']} plan[/]")
+                console.print(f"the {tried[0]} plan lost end to end; keeping the "
+                              f"{plan.extra['verified']['chosen']} plan", style="yellow")
             elif tried[0] == "library default" and plan.extra.get("precision", {}).get("chosen", "fp32") == "fp32":
                 console.print("the best measured configs are the library's own: the plan is the library default")
         _tune_table(tuning.outcomes, plan, library)
@@ -377,7 +379,7 @@ def cmd_tune(args) -> None:
     artifacts = []
     if result.plan is not None:
         artifacts = api.save(result, plan_path)
-        console.print(f"plan written to {escape(str(plan_path))}" + "".join(f"\n  {escape(str(p))}" for p in artifacts))
+        console.print(f"plan written to {str(plan_path)}" + "".join(f"\n  {str(p)}" for p in artifacts))
     if args.json:
         _print_json({**result.to_json(), "plan_file": str(plan_path) if result.plan else None,
                      "artifacts": [str(p) for p in artifacts]})
@@ -401,7 +403,7 @@ def _front_table(library, search, check) -> None:
     precision = search.plan.extra["precision"]
     calibration = precision["calibration"]
     caveat = calibration.get("caveat") or ("SYNTHETIC: random inputs, not data" if calibration["synthetic"] else "")
-    synthetic = escape(f" [calibration and held-out data: {caveat}]") if caveat else ""
+    synthetic = f" [calibration and held-out data: {caveat}]" if caveat else ""
     kept = check["kept"] if check else search.chosen.name
     table = Table(title=f"precision front on {library.name}: {precision['metric']} on {calibration['held_out_feeds']} "
                         f"held-out feeds, budget: drop <= {precision['max_drop']}{synthetic}")
@@ -418,7 +420,7 @@ def _front_table(library, search, check) -> None:
                       f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
     console.print(table)
     if check and "failed" in check:
-        console.print(f"[yellow]the end-to-end check failed ({check['failed']}): keeping the fp32 plan[/]")
+        console.print(f"the end-to-end check failed ({check['failed']}): keeping the fp32 plan", style="yellow")
     elif check:
         console.print(f"{search.chosen.name} against the fp32 plan end to end, each alone in fresh processes: "
                       f"{check['per_round_speedup']:.3f}x per-round median over {check['rounds']} rounds (bounds "
@@ -562,7 +564,7 @@ def cmd_predict(args) -> None:
     json_file = _json_file(args, {"the model": model.source, "the record database": database_location(args.db)})
     db = RecordDB(database_location(args.db))
     device = this_device()
-    with console.status(f"training the cost model on {db.location} and predicting {model.name}"):
+    with console.status(Text(f"training the cost model on {db.location} and predicting {model.name}")):
         prediction = predict_model(model, library, device, db, seed=args.seed)
     data = {**prediction.to_json(), "emulated": library.emulated}
     if json_wanted(args):
@@ -652,7 +654,7 @@ def _checked_plan(args, model):
 
 
 def _force_warning(problem: str) -> None:
-    console.print(f"[yellow]warning (--force):[/] {problem}")
+    console.print(styled(("warning (--force):", "yellow"), f" {problem}"))
 
 
 def cmd_plan_apply(args) -> None:
@@ -683,7 +685,7 @@ def cmd_bench(args) -> None:
     model = load_model(args.model, args.input_shape)
     json_file = _json_file(args, {"the model": model.source, "the plan": args.plan})
     how = "each alone in fresh processes" if args.alone else "interleaved"
-    with console.status(f"benchmarking {model.name} with {args.plan} against its baseline, {how}"):
+    with console.status(Text(f"benchmarking {model.name} with {args.plan} against its baseline, {how}")):
         result = api.bench(model, args.plan, alone=args.alone, rounds=args.rounds, runs_per_round=args.runs_per_round,
                            force=args.force, on_warning=_force_warning)
     if json_wanted(args):

@@ -9,19 +9,28 @@ import signal
 import sys
 
 from rich.console import Console
+from rich.text import Text
 
 from kselect.core.errors import KselectError
 
-console = Console()
-err_console = Console(stderr=True)
+# Nothing kselect prints is parsed as rich markup: names, paths and messages come from models, plans and
+# databases, and a node named "[/x]" must print as it is. kselect's own colours go through ``styled``.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
+
+
+def styled(*parts) -> Text:
+    """The one way kselect prints coloured text: ``parts`` are plain strings, printed as they are, or
+    (string, style) pairs, such as ``styled(("error:", "bold red"), " ", message)``."""
+    return Text.assemble(*parts)
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, with a bad option told in one line (no usage block) and exit code 2."""
 
     def error(self, message: str):
-        err_console.print(f"[bold red]error:[/] {self.prog}: {message} (see {self.prog} --help)", highlight=False,
-                          soft_wrap=True)
+        err_console.print(styled(("error:", "bold red"), f" {self.prog}: {message} (see {self.prog} --help)"),
+                          highlight=False, soft_wrap=True)
         sys.exit(2)
 
 
@@ -245,20 +254,21 @@ def _run(args) -> int:
         with commands.json_output(args):  # under --json, stdout holds the JSON document alone
             return handler(args) or 0
     except KselectError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]: every finished measurement is stored; run the same command to resume")
+        err_console.print(styled(("interrupted", "yellow"), ": every finished measurement is stored; run the same "
+                                 "command to resume"))
         return 130
     except Terminated:
-        err_console.print("[yellow]terminated (SIGTERM)[/]: every finished measurement is stored; run the same command "
-                          "to resume")
+        err_console.print(styled(("terminated (SIGTERM)", "yellow"), ": every finished measurement is stored; run the "
+                                 "same command to resume"))
         return 143
     except Exception as exc:  # a bug: one line by default, the traceback with KSELECT_DEBUG=1
         if os.environ.get("KSELECT_DEBUG"):
             raise
-        err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc} (KSELECT_DEBUG=1 shows the traceback)",
-                          highlight=False, soft_wrap=True)
+        err_console.print(styled(("internal error:", "bold red"), f" {type(exc).__name__}: {exc} (KSELECT_DEBUG=1 shows "
+                                 "the traceback)"), highlight=False, soft_wrap=True)
         return 1
 
 

@@ -755,3 +755,27 @@ def test_case_12_a_plan_of_the_wrong_shape_is_one_line_for_every_command_that_re
         _one_line_error(run_kselect(*args), f"{bad} is not a valid kselect plan", says)
     with pytest.raises(KselectError, match="is not a valid kselect plan"):
         kselect.load_plan(bad, str(model))
+
+
+def test_case_06_names_print_as_they_are_never_as_rich_markup(tmp_path, small_plan):
+    import json
+
+    _one_line_error(run_kselect("tasks", "missing[/b].onnx"), "missing[/b].onnx")
+    _one_line_error(run_kselect("tasks", "m[red]x[/red].onnx"), "m[red]x[/red].onnx")
+    half = _fp16_model(tmp_path / "half.onnx")
+    import onnx
+
+    proto = onnx.load(str(half))
+    proto.graph.node[0].name = "[/x]"
+    onnx.save(proto, half)
+    _one_line_error(run_kselect("tune", half, "--library", "mlas", "--db", tmp_path / "r.db"), "Conv '[/x]'")
+    model, plan = small_plan
+    data = json.loads(plan.read_text())
+    data["nodes"]["[/x]"] = data["nodes"].pop(_first_node(data))
+    bad = tmp_path / "bad.plan.json"
+    bad.write_text(json.dumps(data))
+    _one_line_error(run_kselect("plan", "apply", bad, model, "-o", tmp_path / "out"), "node '[/x]'")
+    data["model"]["name"] = "[red]m[/red] [/x]"
+    bad.write_text(json.dumps(data))
+    shown = run_kselect("plan", "show", bad)
+    assert shown.returncode == 0 and "plan for [red]m[/red] [/x] (" in shown.stdout, shown.stderr
