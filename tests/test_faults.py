@@ -779,3 +779,24 @@ def test_case_06_names_print_as_they_are_never_as_rich_markup(tmp_path, small_pl
     bad.write_text(json.dumps(data))
     shown = run_kselect("plan", "show", bad)
     assert shown.returncode == 0 and "plan for [red]m[/red] [/x] (" in shown.stdout, shown.stderr
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--lease", "inf"), "--lease: inf is not a finite number"),
+    (("--timeout", "inf"), "--timeout: inf is not a finite number"),
+    (("--time-budget", "nan"), "--time-budget: nan is not a finite number"),
+    (("--min-time", "1e999"), "--min-time: 1e999 is not a finite number"),
+    (("--input-shape", "input=1,3,99999999999999999999,16"), "a dim is larger than 2,147,483,647"),
+])
+def test_case_08_numbers_past_what_a_tune_can_take_are_refused_when_parsed(tmp_path, small_model_path, extra, says):
+    db = tmp_path / "records.db"
+    _one_line_error(run_kselect("tune", small_model_path, "--library", "mlas", "--db", db, *extra), says)
+    assert not db.exists()
+
+
+def test_case_14_an_optuna_storage_in_a_missing_folder_is_one_line_before_measuring(tmp_path, small_model_path):
+    db = tmp_path / "records.db"
+    _one_line_error(run_kselect("tune", small_model_path, "--library", "mlas", "--search", "tpe", "--db", db,
+                                "--storage", "sqlite:////nonexistent/optuna.db"),
+                    "--storage sqlite:////nonexistent/optuna.db: folder /nonexistent does not exist")
+    assert not db.exists()

@@ -44,6 +44,9 @@ class Model:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+MAX_DIM = 2**31 - 1  # ONNX Runtime's and the native libraries' dims are 32-bit or 64-bit signed integers
+
+
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
     """``NAME=1,3,640,640`` -> ("NAME", [1, 3, 640, 640])."""
     name, sep, dims = text.partition("=")
@@ -55,6 +58,8 @@ def parse_input_shape(text: str) -> tuple[str, list[int]]:
             raise ValueError
     except ValueError:
         raise KselectError(f"bad --input-shape {text!r}: expected NAME=D1,D2,... with positive integers") from None
+    if any(v > MAX_DIM for v in values):
+        raise KselectError(f"bad --input-shape {text!r}: a dim is larger than {MAX_DIM:,}")
     return name, values
 
 
