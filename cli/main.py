@@ -7,11 +7,12 @@ import math
 import os
 import signal
 import sys
+import warnings
 
 from rich.console import Console
 from rich.text import Text
 
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, KselectWarning
 
 # Nothing kselect prints is parsed as rich markup: names, paths and messages come from models, plans and
 # databases, and a node named "[/x]" must print as it is. kselect's own colours go through ``styled``.
@@ -239,11 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     if previous is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
+    shown_before = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         return _run(args)
     finally:
+        warnings.showwarning = shown_before
         if previous is signal.SIG_DFL:  # a caller embedding main() gets SIGTERM back as it had it
             signal.signal(signal.SIGTERM, previous)
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """kselect's own warnings (a bad record row passed over) as one line on stderr."""
+    if issubclass(category, KselectWarning):
+        err_console.print(styled(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def _run(args) -> int:

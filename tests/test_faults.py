@@ -800,3 +800,71 @@ def test_case_14_an_optuna_storage_in_a_missing_folder_is_one_line_before_measur
                                 "--storage", "sqlite:////nonexistent/optuna.db"),
                     "--storage sqlite:////nonexistent/optuna.db: folder /nonexistent does not exist")
     assert not db.exists()
+
+
+def test_case_09_a_database_another_process_holds_locked_is_said_to_be_locked_not_corrupt(tmp_path, small_model_path):
+    from kselect.core.records.store import RecordDB
+
+    db = tmp_path / "records.db"
+    RecordDB(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--db", db, timeout=120)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    line = _one_line_error(result, f"the record database {db} is locked by another process")
+    assert "corrupt" not in line
+
+
+def _fill(mount):
+    """Fills the filesystem at ``mount`` to the last byte."""
+    descriptor = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(descriptor, b"\0" * 4096)
+    finally:
+        os.close(descriptor)
+
+
+def test_case_10_a_full_disk_is_one_line_naming_the_file(tmp_path, small_model_path):
+    from kselect.core.records.store import RecordDB
+
+    with _tmpfs(tmp_path / "small", "2m") as mount:
+        full_db, plan = mount / "records.db", mount / "small.plan.json"
+        args = ("tune", small_model_path, "--library", "mlas", "--budget", "1", "--min-time", "0.01", "--no-verify")
+        first = run_kselect(*args, "--db", tmp_path / "records.db", "-o", plan)
+        assert first.returncode == 0, first.stderr
+        before = plan.read_bytes()
+        RecordDB(full_db).close()
+        (mount / "small.kselect.onnx").unlink()  # room for the filler, not for another artifact
+        _fill(mount)
+        _one_line_error(run_kselect(*args, "--db", full_db, "-o", tmp_path / "b.plan.json"),
+                        f"cannot write the record database {full_db}", "full")
+        _one_line_error(run_kselect(*args, "--db", tmp_path / "records.db", "-o", plan),
+                        f"cannot write {plan}: No space left on device (what it held before is kept)")
+        assert plan.read_bytes() == before
+
+
+def test_case_11_a_bad_record_row_is_skipped_with_a_warning_naming_it(tmp_path, small_model_path):
+    db, plan = tmp_path / "records.db", tmp_path / "small.plan.json"
+    args = ("tune", small_model_path, "--library", "mlas", "--budget", "2", "--min-time", "0.01", "--no-verify",
+            "--db", db, "-o", plan)
+    assert run_kselect(*args).returncode == 0
+    with sqlite3.connect(db) as connection:
+        ids = [row[0] for row in connection.execute("SELECT id FROM records WHERE status='ok' ORDER BY id")]
+        connection.execute("UPDATE records SET config='not json' WHERE id=?", (ids[0],))
+        connection.execute("UPDATE records SET median_us=-5 WHERE id=?", (ids[1],))
+        connection.execute("UPDATE records SET task_json='{}' WHERE id=?", (ids[2],))
+    warned = {"predict": run_kselect("predict", small_model_path, "--library", "mlas", "--db", db),
+              "report": run_kselect("report", plan, "--db", db, "-o", tmp_path / "r.html"),
+              "tune": run_kselect(*args)}
+    for command, result in warned.items():
+        assert result.returncode == 0, (command, result.stderr)
+        assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+        assert f"warning: record {ids[0]} of {db} is skipped: its config is not JSON" in result.stderr, command
+        assert f"warning: record {ids[1]} of {db} is skipped: its time -5.0 us is not a positive number" in \
+            result.stderr, command
+    assert f"warning: record {ids[2]} of {db} is skipped: its task_json is not a task" in warned["predict"].stderr

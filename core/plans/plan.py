@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from kselect.core.contract.space import config_key
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, OutputError
 from kselect.core.measuring.device import Device
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
@@ -296,6 +296,10 @@ def write_atomically(path: Path, content: str | bytes) -> None:
         os.umask(umask)
         os.chmod(partial, 0o666 & ~umask)
         os.replace(partial, path)
+    except OSError as exc:
+        Path(partial).unlink(missing_ok=True)
+        kept = " (what it held before is kept)" if path.exists() else ""
+        raise OutputError(exc.errno, f"cannot write {path}: {exc.strerror or exc}{kept}") from None
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise

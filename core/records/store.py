@@ -8,14 +8,16 @@ Ctrl-C or kill -9 loses at most the candidate being measured.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sqlite3
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from kselect.core.errors import KselectError, first_line
+from kselect.core.errors import KselectError, KselectWarning, first_line
 from kselect.core.measuring.measure import Result
 from kselect.core.paths import check_can_create
 from kselect.core.records.sql import PostgresConnection, SqliteConnection, is_server_url, shown
@@ -118,13 +120,25 @@ class Record:
     measured_by: str = ""  # the worker that measured it (``OWNER``; "": before kselect kept it)
 
 
-RECORD_COLUMNS = ("task, config, status, median_us, spread, count, error, reason, emulated, is_default, search, created,"
-                  " measured_by")
+RECORD_COLUMNS = ("id, task, config, status, median_us, spread, count, error, reason, emulated, is_default, search,"
+                  " created, measured_by")
 
 
-def _record(row) -> Record:
-    task_key, key, status, median, spread, count, error, reason, emulated, is_default, search, created, by = row
-    return Record(task_key, json.loads(key), key, Result(status, median, spread, count, error, reason), bool(emulated),
+def _record(row, location: str) -> Record | None:
+    """The record of a row, or None (with a warning naming the row) for a row no tune could have
+    written: a config that is not a JSON object, an "ok" time that is not a positive number."""
+    row_id, task_key, key, status, median, spread, count, error, reason, emulated, is_default, search, created, by = row
+    try:
+        config = json.loads(key)
+        if not isinstance(config, dict):
+            raise ValueError("its config is not a JSON object")
+        if status == "ok" and not (isinstance(median, (int, float)) and math.isfinite(median) and median > 0):
+            raise ValueError(f"its time {median!r} us is not a positive number")
+    except ValueError as exc:
+        reason = "its config is not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        warnings.warn(KselectWarning(f"record {row_id} of {location} is skipped: {reason}"), stacklevel=3)
+        return None
+    return Record(task_key, config, key, Result(status, median, spread, count, error, reason), bool(emulated),
                   bool(is_default), search, created, by)
 
 
@@ -290,14 +304,26 @@ class RecordDB:
             query += " AND task=?"
             params.append(task)
         rows = self._query(query + " ORDER BY id", params)
-        return [_record(row) for row in rows]
+        return [record for record in (_record(row, self.location) for row in rows) if record is not None]
 
     def all_records(self, device: str, library: str, version: str) -> list[tuple[dict, Record]]:
         """Every record of this device and library build, each with its task's JSON (for cost
         models that learn across tasks)."""
         rows = self._query(f"SELECT task_json, {RECORD_COLUMNS} FROM records WHERE device=? AND library=?"
                            " AND library_version=? ORDER BY id", (device, library, version))
-        return [(json.loads(row[0]), _record(row[1:])) for row in rows]
+        found = []
+        for row in rows:
+            record = _record(row[1:], self.location)
+            try:
+                task_json = json.loads(row[0])
+            except ValueError:
+                task_json = None
+            if record is not None and (not isinstance(task_json, dict) or "key" not in task_json):
+                warnings.warn(KselectWarning(f"record {row[1]} of {self.location} is skipped: its task_json is not a "
+                                             "task"), stacklevel=2)
+            elif record is not None:
+                found.append((task_json, record))
+        return found
 
     def count(self) -> int:
         return self._query("SELECT COUNT(*) FROM records")[0][0]
