@@ -868,3 +868,32 @@ def test_case_11_a_bad_record_row_is_skipped_with_a_warning_naming_it(tmp_path, 
         assert f"warning: record {ids[1]} of {db} is skipped: its time -5.0 us is not a positive number" in \
             result.stderr, command
     assert f"warning: record {ids[2]} of {db} is skipped: its task_json is not a task" in warned["predict"].stderr
+
+
+def _png_header_only(path, width, height):
+    """A PNG that says it is ``width`` x ``height`` (what Pillow reads before decoding anything)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("case", ["a FIFO named f0.npy", "a decompression bomb"])
+def test_case_07_calibration_input_that_would_hang_or_explode_is_one_line(tmp_path, small_model_path, case):
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    if case == "a FIFO named f0.npy":
+        os.mkfifo(folder / "f0.npy")
+        says = f"--calibration: {folder / 'f0.npy'} is not a regular file"
+    else:
+        _png_header_only(folder / "huge.png", 15000, 15000)
+        says = "--calibration: image huge.png has more than"
+    db = tmp_path / "records.db"
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration",
+                         folder, "--db", db, timeout=120)
+    _one_line_error(result, says)
+    assert not db.exists()
