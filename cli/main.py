@@ -12,7 +12,7 @@ import warnings
 from rich.console import Console
 from rich.text import Text
 
-from kselect.core.errors import KselectError, KselectWarning
+from kselect.core.errors import KselectError, KselectNote, KselectWarning
 
 # Nothing kselect prints is parsed as rich markup: names, paths and messages come from models, plans and
 # databases, and a node named "[/x]" must print as it is. kselect's own colours go through ``styled``.
@@ -254,8 +254,13 @@ _python_showwarning = warnings.showwarning
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    """kselect's own warnings (a bad record row passed over) as one line on stderr."""
-    if issubclass(category, KselectWarning):
+    """kselect's own warnings (a bad record row passed over) as one line on stderr, its notes (a
+    static dim overridden) as one line with the command's output."""
+    if issubclass(category, KselectNote):
+        from kselect.cli import commands
+
+        commands.console.print(styled(("note:", "cyan"), f" {message}"), highlight=False, soft_wrap=True)
+    elif issubclass(category, KselectWarning):
         err_console.print(styled(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)

@@ -22,6 +22,11 @@ class KselectWarning(UserWarning):
     """Something kselect passed over and went on (a bad record row): the CLI shows it as one line."""
 
 
+class KselectNote(UserWarning):
+    """What kselect did differently from what the model says, at the user's word (a static input
+    dim overridden by --input-shape): the CLI shows it as one line with the command's output."""
+
+
 class OutputError(KselectError, OSError):
     """A file kselect writes could not be written (a full disk): one line naming the path and the
     cause. An OSError too, for callers that catch those: ``OutputError(errno, message)``."""

@@ -897,3 +897,50 @@ def test_case_07_calibration_input_that_would_hang_or_explode_is_one_line(tmp_pa
                          folder, "--db", db, timeout=120)
     _one_line_error(result, says)
     assert not db.exists()
+
+
+def _one_conv_model(path, x_shape, w_shape, pads=(0, 0, 0, 0), group=1):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones(w_shape, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=list(pads), group=group)],
+                              "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("case, x_shape, w_shape, group, says", [
+    ("kernel larger than its padded input", [1, 3, 8, 8], [8, 3, 25, 25], 1,
+     "Conv 'conv': its kernel [25, 25] is larger than its padded input [8, 8]"),
+    ("groups that do not divide", [1, 6, 8, 8], [8, 3, 3, 3], 3, "its 8 output channels do not divide into 3 groups"),
+    ("0 output channels", [1, 3, 8, 8], [0, 3, 3, 3], 1, "Conv 'conv' has 0 output channels"),
+])
+def test_case_15_a_conv_no_library_can_run_is_refused_before_measuring(tmp_path, case, x_shape, w_shape, group, says):
+    model = _one_conv_model(tmp_path / "bad.onnx", x_shape, w_shape, group=group)
+    db = tmp_path / "records.db"
+    for args in (("tasks", model), ("tune", model, "--library", "mlas", "--db", db)):
+        result = run_kselect(*args)
+        assert result.returncode != 0 and "Traceback" not in result.stderr and "internal error" not in result.stderr
+        assert says in result.stderr.strip().splitlines()[-1], result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not db.exists()
+
+
+def test_case_16_an_input_shape_against_the_weights_is_refused_and_a_static_dim_overridden_is_said(tmp_path):
+    import json
+
+    model = _one_conv_model(tmp_path / "static.onnx", [1, 3, 16, 16], [8, 3, 3, 3], pads=(1, 1, 1, 1))
+    db = tmp_path / "records.db"
+    _one_line_error(run_kselect("tune", model, "--library", "mlas", "--db", db, "--input-shape", "x=1,4,16,16"),
+                    "Conv 'conv': its input has 4 channels, its weight takes 3")
+    assert not db.exists()
+    result = run_kselect("tasks", model, "--input-shape", "x=2,3,32,32", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["tasks"][0]["input"] == [2, 3, 32, 32]
+    notes = [line for line in result.stderr.splitlines() if line.strip()]
+    assert notes == ["note: --input-shape x=2,3,32,32 overrides the model's static dims 1,3,16,16 (dim 0, 2, 3): "
+                     "kselect tunes the shape given"]
+    plain = run_kselect("tasks", model)  # no override, no note
+    assert plain.returncode == 0 and "note:" not in plain.stdout + plain.stderr

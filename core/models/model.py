@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import onnx
 from onnx import shape_inference
 
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, KselectNote
 from kselect.core.measuring.device import available_memory
 
 
@@ -120,6 +121,13 @@ def load_model(spec: str, input_shapes: list[str] | None = None) -> Model:
             if len(wanted) != len(dims):
                 raise KselectError(
                     f"--input-shape {graph_input.name} has {len(wanted)} dims, the model's input has {len(dims)}")
+            static = [d.dim_value if d.dim_value > 0 else None for d in dims]
+            changed = [i for i, (was, value) in enumerate(zip(static, wanted)) if was is not None and was != value]
+            if changed and graph_input.name not in package_shapes:
+                warnings.warn(KselectNote(
+                    f"--input-shape {graph_input.name}={','.join(map(str, wanted))} overrides the model's static "
+                    f"dims {','.join('N' if d is None else str(d) for d in static)} (dim {', '.join(map(str, changed))}):"
+                    " kselect tunes the shape given"), stacklevel=2)
             for dim, value in zip(dims, wanted):  # static dims may be overridden too (e.g. a smaller image)
                 dim.Clear()
                 dim.dim_value = value
