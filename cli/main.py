@@ -266,6 +266,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
         _python_showwarning(message, category, filename, lineno, file, line)
 
 
+def _after_a_stop(args) -> str:
+    """What a stopped command leaves: a tune resumes from its stored records; the others start over."""
+    if args.command == "tune":
+        return ": every finished measurement is stored; run the same command to resume"
+    return f": kselect {args.command} stopped before it finished; run it again to start over"
+
+
 def _run(args) -> int:
     from kselect.cli import commands
 
@@ -277,12 +284,10 @@ def _run(args) -> int:
         err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        err_console.print(styled(("interrupted", "yellow"), ": every finished measurement is stored; run the same "
-                                 "command to resume"))
+        err_console.print(styled(("interrupted", "yellow"), _after_a_stop(args)))
         return 130
     except Terminated:
-        err_console.print(styled(("terminated (SIGTERM)", "yellow"), ": every finished measurement is stored; run the "
-                                 "same command to resume"))
+        err_console.print(styled(("terminated (SIGTERM)", "yellow"), _after_a_stop(args)))
         return 143
     except Exception as exc:  # a bug: one line by default, the traceback with KSELECT_DEBUG=1
         if os.environ.get("KSELECT_DEBUG"):

@@ -944,3 +944,99 @@ def test_case_16_an_input_shape_against_the_weights_is_refused_and_a_static_dim_
                      "kselect tunes the shape given"]
     plain = run_kselect("tasks", model)  # no override, no note
     assert plain.returncode == 0 and "note:" not in plain.stdout + plain.stderr
+
+
+def _model_with(tmp_path, name, extra_nodes, extra_inputs, extra_inits, ir_version=8):
+    """small_cnn's graph with nodes, inputs and initializers added."""
+    import onnx
+    from conftest import small_cnn
+
+    proto = small_cnn()
+    proto.ir_version = ir_version
+    proto.graph.node.extend(extra_nodes)
+    proto.graph.input.extend(extra_inputs)
+    proto.graph.initializer.extend(extra_inits)
+    path = tmp_path / name
+    onnx.save(proto, path)
+    return path
+
+
+def test_case_19_a_weight_that_is_also_a_graph_input_stays_an_input(tmp_path):
+    import json
+
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    model = _model_with(tmp_path, "fed.onnx",
+                        [helper.make_node("Conv", ["input", "side.w"], ["side"], name="side", pads=[1, 1, 1, 1])],
+                        [helper.make_tensor_value_info("side.w", TensorProto.FLOAT, [4, 3, 3, 3])],
+                        [numpy_helper.from_array(w, "side.w")])
+    proto = __import__("onnx").load(str(model))
+    proto.graph.output.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, None))
+    __import__("onnx").save(proto, model)
+    tasks = json.loads(run_kselect("tasks", model, "--json").stdout)
+    assert {"node": "side", "op": "Conv", "why": "its weight 'side.w' is also a graph input, which a feed may replace: "
+            "no fixed kernel to select"} in tasks["untuned"]
+    plan = tmp_path / "fed.plan.json"
+    result = run_kselect("tune", model, "--library", "mlas", "--budget", "1", "--min-time", "0.01", "--no-verify",
+                         "--db", tmp_path / "r.db", "-o", plan)
+    assert result.returncode == 0, result.stderr
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    fed = {"input": x, "side.w": 2 * w}
+    expected = ort.InferenceSession(str(model)).run(["side"], fed)[0]
+    assert "side.w" in [i.name for i in __import__("onnx").load(str(tmp_path / "fed.kselect.onnx")).graph.input]
+    artifact = ort.InferenceSession(str(tmp_path / "fed.kselect.onnx"))
+    np.testing.assert_allclose(artifact.run(["side"], fed)[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_case_20_convs_inside_if_and_loop_sub_graphs_are_listed_untuned(tmp_path):
+    import json
+
+    from onnx import TensorProto, helper
+
+    conv = helper.make_node("Conv", ["input", "stem.w"], ["inner"], name="inner.conv", pads=[1, 1, 1, 1])
+    then_branch = helper.make_graph([conv], "then", [], [helper.make_tensor_value_info("inner", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["input"], ["same"], name="same")], "else", [],
+                                    [helper.make_tensor_value_info("same", TensorProto.FLOAT, None)])
+    branch = helper.make_node("If", ["flag"], ["branched"], name="branch", then_branch=then_branch,
+                              else_branch=else_branch)
+    model = _model_with(tmp_path, "branchy.onnx", [branch], [helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                        [])
+    proto = __import__("onnx").load(str(model))
+    proto.graph.output.append(helper.make_tensor_value_info("branched", TensorProto.FLOAT, None))
+    __import__("onnx").save(proto, model)
+    result = run_kselect("tasks", model, "--json")
+    assert result.returncode == 0, result.stderr
+    assert {"node": "inner.conv", "op": "Conv", "why": "inside the then_branch sub-graph of If 'branch': only ops of "
+            "the main graph are tuned"} in json.loads(result.stdout)["untuned"]
+    shown = run_kselect("tasks", model)
+    assert "inner.conv" in shown.stdout and "Left untuned" in shown.stdout
+
+
+def test_case_21_out_of_time_an_unknown_feed_and_a_stopped_bench_say_what_happened(tmp_path, small_plan):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    model, plan = small_plan
+    result = run_kselect("tune", model, "--library", "mlas", "--time-budget", "0.0001", "--db", tmp_path / "r.db",
+                         "--no-verify", "-o", tmp_path / "p.plan.json")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "the time budget (--time-budget) ran out before a config of" in lines[-1], result.stderr
+    runner = kselect.load_plan(plan, str(model))
+    with pytest.raises(KselectError, match="the model has no input 'nope' \\(its inputs: input\\)"):
+        runner.run({"nope": np.zeros((1, 3, 32, 32), np.float32)})
+    with pytest.raises(KselectError, match="no value for the model's input 'input'"):
+        runner.run({})
+    env = {**os.environ, "COLUMNS": "200"}
+    bench = subprocess.Popen([sys.executable, "-m", "kselect.cli.main", "bench", str(model), "--plan", str(plan),
+                              "--alone", "--rounds", "50"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    bench.send_signal(signal.SIGTERM)
+    _, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 143
+    assert stderr.strip().splitlines()[-1] == ("terminated (SIGTERM): kselect bench stopped before it finished; run it "
+                                               "again to start over")

@@ -184,7 +184,8 @@ def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     """What an exporter declared that the resolved input dims can contradict, and that shape
     inference finds again: intermediate and output shapes (CenterFace declares a 10x3x32x32 input
     and every shape from it; ONNX Runtime then refuses any other input size), and initializers
-    listed as graph inputs (old exporters: ONNX Runtime then folds nothing that reads them).
+    listed as graph inputs by IR 3 exporters (ONNX Runtime takes them as constants there; from IR
+    4 on they are defaults a feed may replace, and stay inputs).
     Initializers nothing reads go too: ONNX Runtime drops them itself, but cannot load an IR 3
     model that has one which is not also a graph input (caffe2's exports in the onnx wheel)."""
     read = {output.name for output in proto.graph.output}
@@ -193,9 +194,10 @@ def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     initializer_names = {t.name for t in proto.graph.initializer}
     for tensor in [t for t in proto.graph.initializer if t.name not in read]:
         proto.graph.initializer.remove(tensor)
-    kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept_inputs)
+    if proto.ir_version < 4:  # from IR 4 on an initializer listed as an input is a default a feed may replace: kept
+        kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
+        del proto.graph.input[:]
+        proto.graph.input.extend(kept_inputs)
     del proto.graph.value_info[:]
     for output in proto.graph.output:
         if output.type.tensor_type.HasField("shape"):
