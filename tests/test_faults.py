@@ -865,7 +865,7 @@ def test_case_11_a_bad_record_row_is_skipped_with_a_warning_naming_it(tmp_path, 
         assert result.returncode == 0, (command, result.stderr)
         assert "Traceback" not in result.stderr and "internal error" not in result.stderr
         assert f"warning: record {ids[0]} of {db} is skipped: its config is not JSON" in result.stderr, command
-        assert f"warning: record {ids[1]} of {db} is skipped: its time -5.0 us is not a positive number" in \
+        assert f"warning: record {ids[1]} of {db} is skipped: its time -5.0 us is not a number of microseconds" in \
             result.stderr, command
     assert f"warning: record {ids[2]} of {db} is skipped: its task_json is not a task" in warned["predict"].stderr
 

@@ -483,7 +483,8 @@ def _check_plan_level(plan: Plan, library, node_configs: dict, model: Model) -> 
             raise KselectError(f"the plan's plan-level setting {name}={value!r} is not one of {library.name}'s "
                                f"(its plan-level settings: {known})")
         for space, config, task_id in node_configs.values():
-            if name in {dim.name for dim in space.dims} and {**config, name: value} not in space:
+            taken = {c[name] for c in space.enumerate() if name in c}  # a dim may apply to some configs only
+            if taken and value not in taken:
                 raise KselectError(f"the plan's plan-level setting {name}={value!r} is not in {library.name}'s "
                                    f"space (`kselect space {model.name} --library {library.name} --task {task_id}` "
                                    "shows it)")

@@ -126,14 +126,15 @@ RECORD_COLUMNS = ("id, task, config, status, median_us, spread, count, error, re
 
 def _record(row, location: str) -> Record | None:
     """The record of a row, or None (with a warning naming the row) for a row no tune could have
-    written: a config that is not a JSON object, an "ok" time that is not a positive number."""
+    written: a config that is not a JSON object, an "ok" time that is negative or not a number."""
     row_id, task_key, key, status, median, spread, count, error, reason, emulated, is_default, search, created, by = row
     try:
         config = json.loads(key)
         if not isinstance(config, dict):
             raise ValueError("its config is not a JSON object")
-        if status == "ok" and not (isinstance(median, (int, float)) and math.isfinite(median) and median > 0):
-            raise ValueError(f"its time {median!r} us is not a positive number")
+        # 0 is a time: a conversion with nothing to do
+        if status == "ok" and not (isinstance(median, (int, float)) and math.isfinite(median) and median >= 0):
+            raise ValueError(f"its time {median!r} us is not a number of microseconds")
     except ValueError as exc:
         reason = "its config is not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
         warnings.warn(KselectWarning(f"record {row_id} of {location} is skipped: {reason}"), stacklevel=3)
