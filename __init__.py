@@ -12,12 +12,21 @@ def load_plan(plan, model):
     return load(plan, model)
 
 
-def tune(model, libraries="mlas", **options):
+def tune(model, libraries="mlas", config=None, **options):
     """Tunes ``model`` on ``libraries`` and returns a ``TuneResult`` whose ``plan`` is the one
-    kept; the options are ``kselect.core.api.tune``'s (budget, search, db, ...)."""
+    kept; ``config`` is a ``kselect.TuneConfig`` (core/config.py), or give its fields as keywords
+    (``budget=8, db="records.db"``); ``events=`` takes a ``kselect.core.api.TuneEvents``."""
     from kselect.core.api import tune as run
 
-    return run(model, libraries, **options)
+    return run(model, libraries, config, **options)
+
+
+def __getattr__(name):
+    if name == "TuneConfig":  # imported when asked for: ``import kselect`` stays light
+        from kselect.core.config import TuneConfig
+
+        return TuneConfig
+    raise AttributeError(f"module 'kselect' has no attribute {name!r}")
 
 
 def bench(model, plan, **options):

@@ -95,9 +95,10 @@ def run_model(name: str, budgets: list[float | str], args, settings: MeasureSett
             start = time.perf_counter()
             # "ort": the drop of ONNX Runtime's own static INT8 on this model, to compare at equal accuracy
             drop = math.ceil((fp32_score - ort_score) * 1e6) / 1e6 if budget == ORT_DROP else budget
-            result = kselect.tune(model, library_name, precision="fp32,int8", calibration=calibration,
-                                  metric=metric_name, max_accuracy_drop=max(drop, 0.0), budget=args.budget, db=args.db,
-                                  settings=settings, verify=args.verify)
+            config = kselect.TuneConfig(precision="fp32,int8", calibration=calibration, metric=metric_name,
+                                        max_accuracy_drop=max(drop, 0.0), budget=args.budget, db=args.db,
+                                        settings=settings, verify=args.verify)
+            result = kselect.tune(model, library_name, config)
             search = result.tunings[library_name].precision
             fp32_plan = fp32_plan or search.plans["fp32"]
             kept = result.plan.extra["precision"]["chosen"]  # what kselect tune keeps, after its end-to-end check

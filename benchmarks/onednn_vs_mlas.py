@@ -37,8 +37,8 @@ def _us(outcome, which: str) -> float | None:
 
 
 def compare(model: str, budget: int, db: str, settings: MeasureSettings) -> dict:
-    tuned = {name: kselect.tune(model, name, budget=budget, db=db, settings=settings, verify=False).tunings[name]
-             for name in ("mlas", "onednn")}
+    config = kselect.TuneConfig(budget=budget, db=db, settings=settings, verify=False)
+    tuned = {name: kselect.tune(model, name, config).tunings[name] for name in ("mlas", "onednn")}
     by_task = {name: {o.task.key: o for o in tuning.outcomes} for name, tuning in tuned.items()}
     rows = []
     for outcome in tuned["mlas"].outcomes:

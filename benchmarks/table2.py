@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kselect.core.api import tune
+from kselect.core.config import TuneConfig
 from kselect.core.contract import plugins
 from kselect.core.contract.space import config_key
 from kselect.core.measuring.device import this_device
@@ -135,9 +136,10 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
     model = load_model(name)
     # what `kselect tune --library mlas,xnnpack` does, through the same call: one end-to-end run picks the plan kept
     start = time.perf_counter()
-    result = tune(model, list(libraries.values()), search=options.search, budget=options.budget,
-                  time_budget_s=options.time_budget_s, seed=options.seed, early_stop=options.early_stop, db=db,
-                  settings=options.settings, remeasure=remeasure)
+    config = TuneConfig(search=options.search, budget=options.budget, time_budget_s=options.time_budget_s,
+                        seed=options.seed, early_stop=options.early_stop, db=db, settings=options.settings,
+                        remeasure=remeasure)
+    result = tune(model, list(libraries.values()), config)
     single = {name: tuning.plan for name, tuning in result.tunings.items()}
     tuning = {name: {"tune_s": round(t.tune_s, 1), "samples": sum(o.samples for o in t.outcomes),
                      "measured_now": sum(o.measured_now for o in t.outcomes), "plan_variant": t.plan.extra["verified"]["chosen"]}

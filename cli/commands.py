@@ -10,11 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table as _RichTable
+from rich.text import Text
 
 from kselect.core.contract import plugins
+from kselect.cli.output import styled
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import this_device
 from kselect.core.models.model import load_model
@@ -27,7 +28,7 @@ def _width(stream):
     return None if stream.isatty() or os.environ.get("COLUMNS") else 10_000
 
 
-console = Console(width=_width(sys.stdout))
+console = Console(width=_width(sys.stdout), markup=False)  # never parses markup: see cli/output.py
 
 
 class Table(_RichTable):
@@ -38,7 +39,7 @@ class Table(_RichTable):
         super().add_column(*args, overflow=overflow, **kwargs)
 
 
-EMULATED_NOTE = "[bold yellow]EMULATED[/]: timed under qemu user-mode emulation; not Arm performance"
+EMULATED_NOTE = styled(("EMULATED", "bold yellow"), ": timed under qemu user-mode emulation; not Arm performance")
 
 _json_stdout = None  # the real stdout while json_output runs
 
@@ -57,7 +58,7 @@ def json_output(args):
     if not json_wanted(args):
         yield
         return
-    saved_console, console = console, Console(file=sys.stderr, width=_width(sys.stderr))
+    saved_console, console = console, Console(file=sys.stderr, width=_width(sys.stderr), markup=False)
     sys.stdout.flush()
     try:
         stdout_fd, stderr_fd = sys.stdout.fileno(), sys.stderr.fileno()
@@ -89,9 +90,22 @@ def _print_json(data) -> None:
 
 
 def _write_json_file(path, data) -> None:
-    """``--json OUT.json``: the result written beside the table."""
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
-    console.print(f"wrote {path}")
+    """``--json OUT.json``: the result written beside the table (its path checked before the work, by
+    ``_json_file``)."""
+    from kselect.core.plans.plan import write_atomically
+
+    write_atomically(Path(path), json.dumps(data, indent=2) + "\n")
+    console.print(f"wrote {str(path)}")
+
+
+def _json_file(args, reads: dict):
+    """``--json OUT.json``: OUT.json checked before the work (core/paths.check_output); None when the
+    JSON goes to stdout or is not asked for."""
+    from kselect.core.paths import check_output
+
+    if args.json in (None, True, "-"):
+        return None
+    return check_output(args.json, "--json", "the JSON", reads, kind="a JSON file")
 
 
 def _shape(shape) -> str:
@@ -217,7 +231,7 @@ def cmd_plugins(args) -> None:
         table.add_column(column)
     for info in infos:
         style = "green" if info.status.startswith("available") or info.status == "loaded" else "red"
-        table.add_row(info.name, info.kind, ", ".join(info.provides), info.version, f"[{style}]{info.status}[/]")
+        table.add_row(info.name, info.kind, ", ".join(info.provides), info.version, Text(info.status, style=style))
     console.print(table)
 
 
@@ -226,29 +240,29 @@ class CliTuneEvents:
     """Renders what ``kselect.core.api.tune`` reports: progress bars while a library's tasks are
     tuned, then its table; the cross-library planning and its end-to-end check."""
 
-    COLUMNS = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
+    COLUMNS = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}", markup=False)]
 
     def __init__(self):
         self.progress: Progress | None = None
         self.overall = self.current = None
 
     def working(self, text: str):
-        return console.status(text)
+        return console.status(Text(text))
 
     def waiting_for_lock(self, holder: str) -> None:
-        console.print(f"[yellow]another kselect process is measuring on this device ({holder}): waiting for it, so "
-                      "that neither times the other's load[/]")
+        console.print(f"another kselect process is measuring on this device ({holder}): waiting for it, so "
+                      "that neither times the other's load", style="yellow")
 
     def cross_int8_scored(self, variant: str, score, drop, max_drop: float, failed: str = "") -> None:
         if failed:
-            console.print(f"[yellow]the {variant} could not be made or run ({failed}): not raced[/]")
+            console.print(f"the {variant} could not be made or run ({failed}): not raced", style="yellow")
             return
         verdict = "races" if drop <= max_drop else "over the budget: not raced"
         console.print(f"the {variant}: metric {score:.4f}, drop {drop:.4f} (budget {max_drop}): {verdict}")
 
     def library_left_out(self, library, why: str) -> None:
-        console.print(f"[yellow]{library.name} is left out of this tune's plans: {why}[/]")
+        console.print(f"{library.name} is left out of this tune's plans: {why}", style="yellow")
 
     # -- one library ----------------------------------------------------------------------
     def library_started(self, model, library, tasks, options, device, db) -> None:
@@ -305,14 +319,15 @@ class CliTuneEvents:
         library, plan = tuning.library, tuning.plan
         for outcome in tuning.outcomes:
             if outcome.default is not None and outcome.default.status != "ok":
-                console.print(f"[yellow]warning:[/] {library.name}'s own config for {outcome.task.id} could not be "
-                              f"measured ({outcome.default.status}: {outcome.default.reason or 'wrong output'}); its "
-                              "speedup is unknown and the next tune measures it again")
+                console.print(styled(("warning:", "yellow"), f" {library.name}'s own config for {outcome.task.id} could "
+                                     f"not be measured ({outcome.default.status}: "
+                                     f"{outcome.default.reason or 'wrong output'}); its speedup is unknown and the next "
+                                     "tune measures it again"))
         if "verified" in plan.extra:
             tried = [t["variant"] for t in plan.extra["verified"]["tried"]]
             if tried[0] != plan.extra["verified"]["chosen"]:
-                console.print(f"[yellow]the {tried[0]} plan lost end to end; keeping the "
-                              f"{plan.extra['verified']['chosen']} plan[/]")
+                console.print(f"the {tried[0]} plan lost end to end; keeping the "
+                              f"{plan.extra['verified']['chosen']} plan", style="yellow")
             elif tried[0] == "library default" and plan.extra.get("precision", {}).get("chosen", "fp32") == "fp32":
                 console.print("the best measured configs are the library's own: the plan is the library default")
         _tune_table(tuning.outcomes, plan, library)
@@ -330,38 +345,57 @@ class CliTuneEvents:
         _check_table(chosen, results)
 
 
-def cmd_tune(args) -> None:
-    from kselect.core import api
+def tune_config(args):
+    """The ``TuneConfig`` of ``kselect tune``'s options, checked before any file is opened."""
+    from kselect.core.config import TuneConfig
     from kselect.core.measuring.measure import MeasureSettings
 
+    settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
+                               max_time_s=15 * args.min_time)
+    return TuneConfig(search=args.search, budget=args.budget, time_budget_s=args.time_budget, seed=args.seed,
+                      early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
+                      verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
+                      check_max_rounds=args.check_max_rounds, input_shape=tuple(args.input_shape),
+                      precision=args.precision, calibration=args.calibration,
+                      calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
+                      metric=args.metric, lease_s=args.lease)
+
+
+def cmd_tune(args) -> None:
+    from kselect.core import api
+
+    config = tune_config(args)
     libraries = plugins.select_libraries(args.library)  # for the default plan name; api.tune checks the rest
     model = load_model(args.model, args.input_shape)
     names = "+".join(library.name for library in libraries)
-    plan_path = api.check_plan_path(Path(args.output or f"{model.name}.{names}.plan.json"))
-    settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
-                               max_time_s=15 * args.min_time)
-    preprocess = None
+    plan_path = api.check_plan_path(f"{model.name}.{names}.plan.json" if args.output is None else args.output, model,
+                                    config.db)
     if any(v is not None for v in (args.image_channels, args.image_scale, args.image_mean, args.image_std)):
         from kselect.core.precision.calibration import image_preprocess
 
-        preprocess = image_preprocess(model, args.image_channels, args.image_scale, args.image_mean, args.image_std)
-    result = api.tune(model, libraries, search=args.search, budget=args.budget, time_budget_s=args.time_budget,
-                      seed=args.seed, early_stop=args.early_stop, storage=args.storage, db=args.db, settings=settings,
-                      verify=args.verify, remeasure=args.remeasure, check_rounds=args.check_rounds,
-                      check_max_rounds=args.check_max_rounds, precision=args.precision, calibration=args.calibration,
-                      calibration_method=args.calibration_method, max_accuracy_drop=args.max_accuracy_drop,
-                      metric=args.metric, image_preprocess=preprocess, lease_s=args.lease, events=CliTuneEvents())
+        config = config.but(image_preprocess=image_preprocess(model, args.image_channels, args.image_scale,
+                                                              args.image_mean, args.image_std))
+    result = api.tune(model, libraries, config, events=CliTuneEvents())
     artifacts = []
-    if result.plan is None:
-        fleet = result.fleet
-        console.print(f"this worker tuned {len(fleet.tuned_here)} tasks ({len(fleet.taken_over)} taken over from "
-                      "workers that died); the other workers finished after it, so the last of them writes the plan")
-    else:
+    if result.plan is not None:
         artifacts = api.save(result, plan_path)
-        console.print(f"plan written to {plan_path}" + "".join(f"\n  {p}" for p in artifacts))
+        console.print(f"plan written to {str(plan_path)}" + "".join(f"\n  {str(p)}" for p in artifacts))
     if args.json:
         _print_json({**result.to_json(), "plan_file": str(plan_path) if result.plan else None,
                      "artifacts": [str(p) for p in artifacts]})
+    if result.plan is None:
+        fleet = result.fleet
+        raise KselectError(f"no plan was written to {plan_path}: this tune shares its tasks on {fleet_db(config)} with "
+                           f"{', '.join(fleet.still_working)}, which finished after it and writes the plan to its own "
+                           f"-o (this worker tuned {len(fleet.tuned_here)} tasks, every record is stored); run this "
+                           "command again to write the plan here from the stored records")
+
+
+def fleet_db(config) -> str:
+    from kselect.core.records.store import database_location
+    from kselect.core.records.sql import shown
+
+    return shown(str(database_location(config.db)))
 
 
 def _front_table(library, search, check) -> None:
@@ -369,7 +403,7 @@ def _front_table(library, search, check) -> None:
     precision = search.plan.extra["precision"]
     calibration = precision["calibration"]
     caveat = calibration.get("caveat") or ("SYNTHETIC: random inputs, not data" if calibration["synthetic"] else "")
-    synthetic = escape(f" [calibration and held-out data: {caveat}]") if caveat else ""
+    synthetic = f" [calibration and held-out data: {caveat}]" if caveat else ""
     kept = check["kept"] if check else search.chosen.name
     table = Table(title=f"precision front on {library.name}: {precision['metric']} on {calibration['held_out_feeds']} "
                         f"held-out feeds, budget: drop <= {precision['max_drop']}{synthetic}")
@@ -386,7 +420,7 @@ def _front_table(library, search, check) -> None:
                       f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
     console.print(table)
     if check and "failed" in check:
-        console.print(f"[yellow]the end-to-end check failed ({check['failed']}): keeping the fp32 plan[/]")
+        console.print(f"the end-to-end check failed ({check['failed']}): keeping the fp32 plan", style="yellow")
     elif check:
         console.print(f"{search.chosen.name} against the fp32 plan end to end, each alone in fresh processes: "
                       f"{check['per_round_speedup']:.3f}x per-round median over {check['rounds']} rounds (bounds "
@@ -522,14 +556,15 @@ def _tune_table(outcomes, plan, library) -> None:
 
 
 def cmd_predict(args) -> None:
-    from kselect.core.records.store import DEFAULT_DB, RecordDB
+    from kselect.core.records.store import RecordDB, database_location
     from kselect.search.predict import predict_model
 
     library = plugins.get_library(args.library)
     model = load_model(args.model, args.input_shape)
-    db = RecordDB(args.db or DEFAULT_DB)
+    json_file = _json_file(args, {"the model": model.source, "the record database": database_location(args.db)})
+    db = RecordDB(database_location(args.db))
     device = this_device()
-    with console.status(f"training the cost model on {db.location} and predicting {model.name}"):
+    with console.status(Text(f"training the cost model on {db.location} and predicting {model.name}")):
         prediction = predict_model(model, library, device, db, seed=args.seed)
     data = {**prediction.to_json(), "emulated": library.emulated}
     if json_wanted(args):
@@ -546,8 +581,8 @@ def cmd_predict(args) -> None:
     console.print(f"predicted sum over ops: default {prediction.default_total_us / 1000:.2f} ms, best plan "
                   f"{prediction.total_us / 1000:.2f} ms; learnt from {prediction.training_rows} measurements of "
                   f"{prediction.training_tasks} tasks{label}")
-    if args.json:
-        _write_json_file(args.json, data)
+    if json_file:
+        _write_json_file(json_file, data)
 
 
 # -- plans ----------------------------------------------------------------------------------
@@ -619,15 +654,20 @@ def _checked_plan(args, model):
 
 
 def _force_warning(problem: str) -> None:
-    console.print(f"[yellow]warning (--force):[/] {problem}")
+    console.print(styled(("warning (--force):", "yellow"), f" {problem}"))
 
 
 def cmd_plan_apply(args) -> None:
+    from kselect.core.paths import check_output_folder
+    from kselect.core.plans.plan import artifact_stem
+
     model = load_model(args.model, args.input_shape)
+    output_dir = check_output_folder(args.output_dir, "-o", "the plan's artifacts")
     plan = _checked_plan(args, model)
     note = ("a cross-library plan has no library artifact: the plan JSON is what an app loads "
             "(kselect.load_plan(PLAN, MODEL).run(inputs))")
-    written = [] if plan.cross_library else plugins.get_library(plan.library).apply(plan, model, Path(args.output_dir))
+    written = [] if plan.cross_library else plugins.get_library(plan.library).apply(plan, model, output_dir,
+                                                                                   artifact_stem(args.plan))
     if args.json:
         return _print_json({"plan": str(args.plan), "model": model.name, "libraries": plan.libraries,
                             "written": [str(path) for path in written],
@@ -643,8 +683,9 @@ def cmd_bench(args) -> None:
     from kselect.core.whole_model.alone import CONFIDENCE
 
     model = load_model(args.model, args.input_shape)
+    json_file = _json_file(args, {"the model": model.source, "the plan": args.plan})
     how = "each alone in fresh processes" if args.alone else "interleaved"
-    with console.status(f"benchmarking {model.name} with {args.plan} against its baseline, {how}"):
+    with console.status(Text(f"benchmarking {model.name} with {args.plan} against its baseline, {how}")):
         result = api.bench(model, args.plan, alone=args.alone, rounds=args.rounds, runs_per_round=args.runs_per_round,
                            force=args.force, on_warning=_force_warning)
     if json_wanted(args):
@@ -665,8 +706,8 @@ def cmd_bench(args) -> None:
                       f"{result['per_round_speedup']:.3f}x, {CONFIDENCE:.1%} bounds {low:.3f}-{high:.3f}")
     if result["emulated"]:
         console.print(EMULATED_NOTE)
-    if args.json:
-        _write_json_file(args.json, result)
+    if json_file:
+        _write_json_file(json_file, result)
 
 
 # -- report ---------------------------------------------------------------------------------

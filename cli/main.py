@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
+import warnings
 
-from rich.console import Console
 
-from kselect.core.errors import KselectError
-
-console = Console()
-err_console = Console(stderr=True)
+from kselect.cli.output import err_console, styled
+from kselect.core.errors import KselectError, KselectNote, KselectWarning
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, with a bad option told in one line (no usage block) and exit code 2."""
 
     def error(self, message: str):
-        err_console.print(f"[bold red]error:[/] {self.prog}: {message} (see {self.prog} --help)", highlight=False,
-                          soft_wrap=True)
+        err_console.print(styled(("error:", "bold red"), f" {self.prog}: {message} (see {self.prog} --help)"),
+                          highlight=False, soft_wrap=True)
         sys.exit(2)
 
 
@@ -31,7 +30,9 @@ def _number(kind, low, inclusive: bool):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if value != value or value < low or (value == low and not inclusive):
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if value < low or (value == low and not inclusive):
             raise argparse.ArgumentTypeError(f"{text} must be {'at least' if inclusive else 'above'} {low}")
         return value
     return parse
@@ -227,11 +228,37 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     if previous is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
+    shown_before = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         return _run(args)
     finally:
+        warnings.showwarning = shown_before
         if previous is signal.SIG_DFL:  # a caller embedding main() gets SIGTERM back as it had it
             signal.signal(signal.SIGTERM, previous)
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """kselect's own warnings (a bad record row passed over) as one line on stderr, its notes (a
+    static dim overridden) as one line with the command's output."""
+    if issubclass(category, KselectNote):
+        from kselect.cli import commands
+
+        commands.console.print(styled(("note:", "cyan"), f" {message}"), highlight=False, soft_wrap=True)
+    elif issubclass(category, KselectWarning):
+        err_console.print(styled(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+def _after_a_stop(args) -> str:
+    """What a stopped command leaves: a tune resumes from its stored records; the others start over."""
+    if args.command == "tune":
+        return ": every finished measurement is stored; run the same command to resume"
+    return f": kselect {args.command} stopped before it finished; run it again to start over"
 
 
 def _run(args) -> int:
@@ -242,20 +269,19 @@ def _run(args) -> int:
         with commands.json_output(args):  # under --json, stdout holds the JSON document alone
             return handler(args) or 0
     except KselectError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]: every finished measurement is stored; run the same command to resume")
+        err_console.print(styled(("interrupted", "yellow"), _after_a_stop(args)))
         return 130
     except Terminated:
-        err_console.print("[yellow]terminated (SIGTERM)[/]: every finished measurement is stored; run the same command "
-                          "to resume")
+        err_console.print(styled(("terminated (SIGTERM)", "yellow"), _after_a_stop(args)))
         return 143
     except Exception as exc:  # a bug: one line by default, the traceback with KSELECT_DEBUG=1
         if os.environ.get("KSELECT_DEBUG"):
             raise
-        err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc} (KSELECT_DEBUG=1 shows the traceback)",
-                          highlight=False, soft_wrap=True)
+        err_console.print(styled(("internal error:", "bold red"), f" {type(exc).__name__}: {exc} (KSELECT_DEBUG=1 shows "
+                                 "the traceback)"), highlight=False, soft_wrap=True)
         return 1
 
 

@@ -18,6 +18,23 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+class KselectWarning(UserWarning):
+    """Something kselect passed over and went on (a bad record row): the CLI shows it as one line."""
+
+
+class KselectNote(UserWarning):
+    """What kselect did differently from what the model says, at the user's word (a static input
+    dim overridden by --input-shape): the CLI shows it as one line with the command's output."""
+
+
+class OutputError(KselectError, OSError):
+    """A file kselect writes could not be written (a full disk): one line naming the path and the
+    cause. An OSError too, for callers that catch those: ``OutputError(errno, message)``."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
 class UnsupportedOp(KselectError):
     """A library's whole-model runner cannot run one node (``node``: its name) as the model has
     it. Runners raise it while building; core/plans/runtime.py then gives that node to ONNX Runtime."""

@@ -11,11 +11,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_kselect(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    """Runs the installed ``kselect`` command as a user would."""
+def run_kselect(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:
+    """Runs the installed ``kselect`` command as a user would (in ``cwd``, default this one)."""
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "kselect.cli.main", *map(str, args)], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+                          env=full_env, timeout=timeout, cwd=cwd)
 
 
 def kselect_json(*args, env=None, timeout=600):

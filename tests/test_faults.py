@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -271,11 +272,20 @@ def test_two_tunes_on_one_database_take_turns_and_never_measure_a_config_twice(t
     _wait_for_records(db)
     second = subprocess.Popen([*args, "-o", str(tmp_path / "b.plan.json")], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    out_first, _ = first.communicate(timeout=300)
+    out_first, err_first = first.communicate(timeout=300)
     first_done = time.time()
-    out_second, _ = second.communicate(timeout=300)
-    assert first.returncode == 0 and second.returncode == 0
+    out_second, err_second = second.communicate(timeout=300)
     assert "another kselect process is measuring on this device" in out_second
+    # the tune that finished last wrote its plan; the other exits non-zero saying where the plan went
+    # (issue 47, case 4): a user who got exit 0 finds a plan at -o
+    for process, name, stderr in ((first, "a", err_first), (second, "b", err_second)):
+        if process.returncode == 0:
+            assert (tmp_path / f"{name}.plan.json").is_file()
+        else:
+            assert process.returncode == 2 and not (tmp_path / f"{name}.plan.json").exists()
+            assert f"no plan was written to {tmp_path / f'{name}.plan.json'}" in stderr.strip().splitlines()[-1]
+            assert "writes the plan to its own -o" in stderr
+    assert sorted((first.returncode, second.returncode)) in ([0, 0], [0, 2])
     with sqlite3.connect(db) as connection:
         configs = connection.execute("SELECT COUNT(DISTINCT task || config) FROM records").fetchone()[0]
         total, last = connection.execute("SELECT COUNT(*), MAX(created) FROM records").fetchone()
@@ -507,3 +517,526 @@ def test_bad_input_is_one_line_and_a_non_zero_exit_before_measuring(tmp_path, sm
     assert len(lines) == 1 and says in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not db.exists()  # nothing measured, nothing stored
+
+
+# -- issue 47: what a hostile user tried -----------------------------------------------------------
+def _one_line_error(result, *fragments, code=2):
+    assert result.returncode == code, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def inputs(tmp_path, small_plan):
+    """A copy of the small model, its xnnpack plan and a record database, in ``tmp_path``."""
+    from kselect.core.records.store import RecordDB
+
+    model, plan = small_plan
+    copies = {"model": tmp_path / "small.onnx", "plan": tmp_path / "small.xnnpack.plan.json", "db": tmp_path / "r.db"}
+    copies["model"].write_bytes(model.read_bytes())
+    copies["plan"].write_bytes(plan.read_bytes())
+    RecordDB(copies["db"]).connection.close()
+    return copies
+
+
+@pytest.mark.parametrize("case", ["tune -o model", "tune -o db", "report -o plan", "report -o db",
+                                  "predict --json model", "bench --json plan"])
+def test_case_01_an_output_that_is_an_input_of_the_same_command_is_refused_and_kept(inputs, case):
+    model, plan, db = inputs["model"], inputs["plan"], inputs["db"]
+    command, option, target = case.split()
+    target = inputs[target]
+    args = {"tune": ("tune", model, "--library", "mlas", "--budget", "1", "--db", db, "-o", target),
+            "report": ("report", plan, "--db", db, "-o", target),
+            "predict": ("predict", model, "--library", "xnnpack", "--db", db, "--json", target),
+            "bench": ("bench", model, "--plan", plan, "--rounds", "1", "--json", target)}[command]
+    before = {name: path.read_bytes() for name, path in inputs.items()}
+    _one_line_error(run_kselect(*args), f"{option} {target} is the", "would destroy it")
+    assert {name: path.read_bytes() for name, path in inputs.items()} == before
+
+
+def test_case_02_artifacts_are_named_after_their_plan_so_two_plans_of_one_model_keep_theirs(tmp_path):
+    import json
+
+    import onnx
+    from conftest import small_cnn
+
+    model = tmp_path / "good.onnx"
+    onnx.save(small_cnn(dynamic=True), model)
+    written = {}
+    for name, size in (("a", 32), ("b", 48)):
+        result = run_kselect("tune", model, "--input-shape", f"input=1,3,{size},{size}", "--library", "mlas",
+                             "--budget", "1", "--min-time", "0.01", "--no-verify", "--db", tmp_path / "r.db",
+                             "-o", tmp_path / f"{name}.plan.json", "--json")
+        assert result.returncode == 0, result.stderr
+        written[name] = json.loads(result.stdout)["artifacts"]
+    assert written["a"] == [str(tmp_path / "a.kselect.onnx"), str(tmp_path / "a.kselect.session.json")]
+    assert written["b"] == [str(tmp_path / "b.kselect.onnx"), str(tmp_path / "b.kselect.session.json")]
+    shapes = {name: onnx.load(str(tmp_path / f"{name}.kselect.onnx")).graph.input[0].type.tensor_type.shape
+              for name in "ab"}
+    assert [d.dim_value for d in shapes["a"].dim] == [1, 3, 32, 32]
+    assert [d.dim_value for d in shapes["b"].dim] == [1, 3, 48, 48]
+    assert not (tmp_path / "good.kselect.onnx").exists()
+
+
+@pytest.mark.parametrize("node", ["fifo", "character device"])
+def test_case_03_an_output_that_is_a_device_node_or_fifo_is_refused_and_left_as_it_is(tmp_path, inputs, node):
+    import stat
+
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "nulldev"
+    if node == "fifo":
+        os.mkfifo(target)
+    else:
+        try:
+            os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    kind = stat.S_IFMT(target.lstat().st_mode)
+    for args in (("tune", inputs["model"], "--library", "mlas", "--db", inputs["db"], "-o", target),
+                 ("report", inputs["plan"], "-o", target),
+                 ("bench", inputs["model"], "--plan", inputs["plan"], "--json", target)):
+        _one_line_error(run_kselect(*args), f"{target} is not a regular file")
+        assert stat.S_IFMT(target.lstat().st_mode) == kind
+
+
+@pytest.mark.parametrize("case", ["bench --json", "predict --json", "plan apply into a file",
+                                  "plan apply into an unwritable place", "report -o"])
+def test_case_13_every_output_path_is_checked_before_the_work(tmp_path, inputs, case):
+    model, plan, db = inputs["model"], inputs["plan"], inputs["db"]
+    unwritable = "/proc/kselect/out.json"
+    args, says = {
+        "bench --json": (("bench", model, "--plan", plan, "--rounds", "50", "--json", unwritable),
+                         f"cannot write the JSON to {unwritable}"),
+        "predict --json": (("predict", model, "--library", "xnnpack", "--db", db, "--json", unwritable),
+                           f"cannot write the JSON to {unwritable}"),
+        "plan apply into a file": (("plan", "apply", plan, model, "-o", db), f"-o {db} is not a folder"),
+        "plan apply into an unwritable place": (("plan", "apply", plan, model, "-o", "/proc/kselect/out"),
+                                                "cannot write the plan's artifacts to /proc/kselect/out"),
+        "report -o": (("report", plan, "-o", "/proc/kselect/r.html"), "cannot write the report to /proc/kselect/r.html"),
+    }[case]
+    started = time.monotonic()
+    _one_line_error(run_kselect(*args), says)
+    assert time.monotonic() - started < 30  # refused up front: 50 rounds of bench were not run first
+
+
+@pytest.mark.parametrize("libraries, options, says", [
+    ("mlas", {"budget": -3}, "--budget -3: must be between 1"),
+    ("mlas", {"budget": 2.5}, "--budget 2.5: give an integer"),
+    ("mlas", {"budget": 0}, "--budget 0: must be between 1"),
+    ("mlas", {"budget": "x"}, "--budget 'x': give an integer"),
+    ("mlas", {"time_budget_s": -1}, "--time-budget -1: must be above 0"),
+    ("mlas", {"time_budget_s": float("nan")}, "--time-budget nan: must be above 0"),
+    (None, {}, "libraries None: give a --library spec"),
+    ("mlas", {"budjet": 3}, "kselect.tune takes no option 'budjet'"),
+])
+def test_case_17_the_python_api_refuses_what_the_cli_refuses_before_measuring(tmp_path, small_model_path, libraries,
+                                                                              options, says):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    db = tmp_path / "records.db"
+    with pytest.raises(KselectError) as refused:
+        kselect.tune(str(small_model_path), libraries, db=db, **options)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+    assert not db.exists()
+    if options and "budjet" not in options:  # the same check behind the config object
+        with pytest.raises(KselectError, match=says.split(":")[0]):
+            kselect.TuneConfig(**options)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--min-time", "1e12"), "--min-time 1000000000000.0: must be above 0 and at most 60"),
+    (("--min-repeats", "1000000000"), "--min-repeats 1000000000: must be between 1 and 100,000"),
+    (("--metric", "foo"), "--metric is for int8"),
+    (("--db", ""), "--db '': give a database file"),
+    (("-o", ""), "-o '': give a file name for the plan"),
+    (("--db", "mysql://host/x"), "give a database file, sqlite:///FILE or a postgresql:// URL"),
+])
+def test_case_18_options_a_tune_cannot_honour_are_refused_in_one_line(tmp_path, small_model_path, extra, says):
+    db_args = () if "--db" in extra else ("--db", tmp_path / "records.db")
+    result = run_kselect("tune", small_model_path, "--library", "mlas", *db_args, *extra, cwd=tmp_path)
+    _one_line_error(result, says)
+    assert list(tmp_path.iterdir()) == [small_model_path]  # nothing written, not even a database
+
+
+def test_case_18_a_sqlite_url_as_db_is_the_file_it_names(tmp_path, small_model_path):
+    import json
+
+    db = tmp_path / "dir" / "x.db"
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--min-time", "0.01",
+                         "--no-verify", "--db", f"sqlite:///{db}", "-o", tmp_path / "p.plan.json", "--json",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert db.is_file() and json.loads(result.stdout)["plan_file"] == str(tmp_path / "p.plan.json")
+    assert not (tmp_path / "sqlite:").exists()
+
+
+@pytest.fixture(scope="module")
+def small_mlas_plan(tmp_path_factory):
+    import onnx
+    from conftest import small_cnn
+
+    folder = tmp_path_factory.mktemp("mlas-plan")
+    model = folder / "small.onnx"
+    onnx.save(small_cnn(), model)
+    plan = folder / "small.mlas.plan.json"
+    result = run_kselect("tune", model, "--library", "mlas", "--budget", "2", "--min-time", "0.01", "--no-verify",
+                         "--db", folder / "records.db", "-o", plan)
+    assert result.returncode == 0, result.stderr
+    return model, plan
+
+
+def _plan_readers(model, plan, out):
+    return {"bench": ("bench", model, "--plan", plan, "--rounds", "1", "--runs-per-round", "1"),
+            "plan apply": ("plan", "apply", plan, model, "-o", out)}
+
+
+@pytest.mark.parametrize("setting, value, says", [
+    ("pointwise_batch", "not-a-number", "plan-level setting pointwise_batch='not-a-number' is not in mlas's space"),
+    ("threads", 999, "plan-level setting threads=999 is not in mlas's space"),
+    ("threads", -1, "plan-level setting threads=-1 is not in mlas's space"),
+    ("spinning", 5, "plan-level setting spinning=5 is not in mlas's space"),
+    ("prepacking", "yes", "plan-level setting prepacking='yes' is not in mlas's space"),
+    ("colour", "blue", "plan-level setting colour='blue' is not one of mlas's"),
+    ("emulated", "false", "'emulated' is \"false\", not true or false"),
+])
+def test_case_05_plan_level_settings_outside_the_space_are_refused_never_abort(tmp_path, small_mlas_plan, setting,
+                                                                               value, says):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    model, plan = small_mlas_plan
+
+    def mutate(data):
+        if setting == "emulated":
+            data["emulated"] = value
+            return
+        data["plan_level"][setting] = value
+        data["library_settings"]["mlas"][setting] = value
+    bad = _mutated(tmp_path, plan, mutate)
+    for name, args in _plan_readers(model, bad, tmp_path / "out").items():
+        _one_line_error(run_kselect(*args), says)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # no session.json written
+    with pytest.raises(KselectError, match=re.escape(says)):
+        kselect.load_plan(bad, str(model))
+
+
+def _nested(tmp_path, depth=200_000):
+    path = tmp_path / "deep.plan.json"
+    path.write_text("[" * depth + "]" * depth)
+    return path
+
+
+@pytest.mark.parametrize("mutation, says", [
+    (lambda d: d.update(tasks="x"), "'tasks' is \"x\", not a list"),
+    (lambda d: d.update(extra=[]), "'extra' is [], not an object"),
+    (lambda d: d.update(model="x"), "'model' is \"x\", not an object"),
+    (lambda d: d["tasks"][0].pop("nodes"), "task 0 lacks the field 'nodes'"),
+    (lambda d: d.update(library_settings="x"), "'library_settings' is \"x\", not an object"),
+    (lambda d: d.update(plan_level=[]), "'plan_level' is [], not an object"),
+    (lambda d: d["library_settings"]["xnnpack"].update(spinning=[1]), "'spinning' is [1], not a single value"),
+    (lambda d: d.update(surprise=1), "unknown field 'surprise'"),
+    (None, "nested too deeply"),
+])
+def test_case_12_a_plan_of_the_wrong_shape_is_one_line_for_every_command_that_reads_it(tmp_path, small_plan,
+                                                                                       mutation, says):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    model, plan = small_plan
+    bad = _nested(tmp_path) if mutation is None else _mutated(tmp_path, plan, mutation)
+    for args in (*_plan_readers(model, bad, tmp_path / "out").values(), ("plan", "show", bad), ("report", bad),
+                 ("plan", "show", bad, "--json")):
+        _one_line_error(run_kselect(*args), f"{bad} is not a valid kselect plan", says)
+    with pytest.raises(KselectError, match="is not a valid kselect plan"):
+        kselect.load_plan(bad, str(model))
+
+
+def test_case_06_names_print_as_they_are_never_as_rich_markup(tmp_path, small_plan):
+    import json
+
+    _one_line_error(run_kselect("tasks", "missing[/b].onnx"), "missing[/b].onnx")
+    _one_line_error(run_kselect("tasks", "m[red]x[/red].onnx"), "m[red]x[/red].onnx")
+    half = _fp16_model(tmp_path / "half.onnx")
+    import onnx
+
+    proto = onnx.load(str(half))
+    proto.graph.node[0].name = "[/x]"
+    onnx.save(proto, half)
+    _one_line_error(run_kselect("tune", half, "--library", "mlas", "--db", tmp_path / "r.db"), "Conv '[/x]'")
+    model, plan = small_plan
+    data = json.loads(plan.read_text())
+    data["nodes"]["[/x]"] = data["nodes"].pop(_first_node(data))
+    bad = tmp_path / "bad.plan.json"
+    bad.write_text(json.dumps(data))
+    _one_line_error(run_kselect("plan", "apply", bad, model, "-o", tmp_path / "out"), "node '[/x]'")
+    data["model"]["name"] = "[red]m[/red] [/x]"
+    bad.write_text(json.dumps(data))
+    shown = run_kselect("plan", "show", bad)
+    assert shown.returncode == 0 and "plan for [red]m[/red] [/x] (" in shown.stdout, shown.stderr
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--lease", "inf"), "--lease: inf is not a finite number"),
+    (("--timeout", "inf"), "--timeout: inf is not a finite number"),
+    (("--time-budget", "nan"), "--time-budget: nan is not a finite number"),
+    (("--min-time", "1e999"), "--min-time: 1e999 is not a finite number"),
+    (("--input-shape", "input=1,3,99999999999999999999,16"), "a dim is larger than 2,147,483,647"),
+])
+def test_case_08_numbers_past_what_a_tune_can_take_are_refused_when_parsed(tmp_path, small_model_path, extra, says):
+    db = tmp_path / "records.db"
+    _one_line_error(run_kselect("tune", small_model_path, "--library", "mlas", "--db", db, *extra), says)
+    assert not db.exists()
+
+
+def test_case_14_an_optuna_storage_in_a_missing_folder_is_one_line_before_measuring(tmp_path, small_model_path):
+    db = tmp_path / "records.db"
+    _one_line_error(run_kselect("tune", small_model_path, "--library", "mlas", "--search", "tpe", "--db", db,
+                                "--storage", "sqlite:////nonexistent/optuna.db"),
+                    "--storage sqlite:////nonexistent/optuna.db: folder /nonexistent does not exist")
+    assert not db.exists()
+
+
+def test_case_09_a_database_another_process_holds_locked_is_said_to_be_locked_not_corrupt(tmp_path, small_model_path):
+    from kselect.core.records.store import RecordDB
+
+    db = tmp_path / "records.db"
+    RecordDB(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--db", db, timeout=120)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    line = _one_line_error(result, f"the record database {db} is locked by another process")
+    assert "corrupt" not in line
+
+
+def _fill(mount):
+    """Fills the filesystem at ``mount`` to the last byte."""
+    descriptor = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(descriptor, b"\0" * 4096)
+    finally:
+        os.close(descriptor)
+
+
+def test_case_10_a_full_disk_is_one_line_naming_the_file(tmp_path, small_model_path):
+    from kselect.core.records.store import RecordDB
+
+    with _tmpfs(tmp_path / "small", "2m") as mount:
+        full_db, plan = mount / "records.db", mount / "small.plan.json"
+        args = ("tune", small_model_path, "--library", "mlas", "--budget", "1", "--min-time", "0.01", "--no-verify")
+        first = run_kselect(*args, "--db", tmp_path / "records.db", "-o", plan)
+        assert first.returncode == 0, first.stderr
+        before = plan.read_bytes()
+        RecordDB(full_db).close()
+        (mount / "small.kselect.onnx").unlink()  # room for the filler, not for another artifact
+        _fill(mount)
+        _one_line_error(run_kselect(*args, "--db", full_db, "-o", tmp_path / "b.plan.json"),
+                        f"cannot write the record database {full_db}", "full")
+        _one_line_error(run_kselect(*args, "--db", tmp_path / "records.db", "-o", plan),
+                        f"cannot write {plan}: No space left on device (what it held before is kept)")
+        assert plan.read_bytes() == before
+
+
+def test_case_11_a_bad_record_row_is_skipped_with_a_warning_naming_it(tmp_path, small_model_path):
+    db, plan = tmp_path / "records.db", tmp_path / "small.plan.json"
+    args = ("tune", small_model_path, "--library", "mlas", "--budget", "2", "--min-time", "0.01", "--no-verify",
+            "--db", db, "-o", plan)
+    assert run_kselect(*args).returncode == 0
+    with sqlite3.connect(db) as connection:
+        ids = [row[0] for row in connection.execute("SELECT id FROM records WHERE status='ok' ORDER BY id")]
+        connection.execute("UPDATE records SET config='not json' WHERE id=?", (ids[0],))
+        connection.execute("UPDATE records SET median_us=-5 WHERE id=?", (ids[1],))
+        connection.execute("UPDATE records SET task_json='{}' WHERE id=?", (ids[2],))
+    warned = {"predict": run_kselect("predict", small_model_path, "--library", "mlas", "--db", db),
+              "report": run_kselect("report", plan, "--db", db, "-o", tmp_path / "r.html"),
+              "tune": run_kselect(*args)}
+    for command, result in warned.items():
+        assert result.returncode == 0, (command, result.stderr)
+        assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+        assert f"warning: record {ids[0]} of {db} is skipped: its config is not JSON" in result.stderr, command
+        assert f"warning: record {ids[1]} of {db} is skipped: its time -5.0 us is not a number of microseconds" in \
+            result.stderr, command
+    assert f"warning: record {ids[2]} of {db} is skipped: its task_json is not a task" in warned["predict"].stderr
+
+
+def _png_header_only(path, width, height):
+    """A PNG that says it is ``width`` x ``height`` (what Pillow reads before decoding anything)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("case", ["a FIFO named f0.npy", "a decompression bomb"])
+def test_case_07_calibration_input_that_would_hang_or_explode_is_one_line(tmp_path, small_model_path, case):
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    if case == "a FIFO named f0.npy":
+        os.mkfifo(folder / "f0.npy")
+        says = f"--calibration: {folder / 'f0.npy'} is not a regular file"
+    else:
+        _png_header_only(folder / "huge.png", 15000, 15000)
+        says = "--calibration: image huge.png has more than"
+    db = tmp_path / "records.db"
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration",
+                         folder, "--db", db, timeout=120)
+    _one_line_error(result, says)
+    assert not db.exists()
+
+
+def _one_conv_model(path, x_shape, w_shape, pads=(0, 0, 0, 0), group=1):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones(w_shape, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=list(pads), group=group)],
+                              "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("case, x_shape, w_shape, group, says", [
+    ("kernel larger than its padded input", [1, 3, 8, 8], [8, 3, 25, 25], 1,
+     "Conv 'conv': its kernel [25, 25] is larger than its padded input [8, 8]"),
+    ("groups that do not divide", [1, 6, 8, 8], [8, 3, 3, 3], 3, "its 8 output channels do not divide into 3 groups"),
+    ("0 output channels", [1, 3, 8, 8], [0, 3, 3, 3], 1, "Conv 'conv' has 0 output channels"),
+])
+def test_case_15_a_conv_no_library_can_run_is_refused_before_measuring(tmp_path, case, x_shape, w_shape, group, says):
+    model = _one_conv_model(tmp_path / "bad.onnx", x_shape, w_shape, group=group)
+    db = tmp_path / "records.db"
+    for args in (("tasks", model), ("tune", model, "--library", "mlas", "--db", db)):
+        result = run_kselect(*args)
+        assert result.returncode != 0 and "Traceback" not in result.stderr and "internal error" not in result.stderr
+        assert says in result.stderr.strip().splitlines()[-1], result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not db.exists()
+
+
+def test_case_16_an_input_shape_against_the_weights_is_refused_and_a_static_dim_overridden_is_said(tmp_path):
+    import json
+
+    model = _one_conv_model(tmp_path / "static.onnx", [1, 3, 16, 16], [8, 3, 3, 3], pads=(1, 1, 1, 1))
+    db = tmp_path / "records.db"
+    _one_line_error(run_kselect("tune", model, "--library", "mlas", "--db", db, "--input-shape", "x=1,4,16,16"),
+                    "Conv 'conv': its input has 4 channels, its weight takes 3")
+    assert not db.exists()
+    result = run_kselect("tasks", model, "--input-shape", "x=2,3,32,32", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["tasks"][0]["input"] == [2, 3, 32, 32]
+    notes = [line for line in result.stderr.splitlines() if line.strip()]
+    assert notes == ["note: --input-shape x=2,3,32,32 overrides the model's static dims 1,3,16,16 (dim 0, 2, 3): "
+                     "kselect tunes the shape given"]
+    plain = run_kselect("tasks", model)  # no override, no note
+    assert plain.returncode == 0 and "note:" not in plain.stdout + plain.stderr
+
+
+def _model_with(tmp_path, name, extra_nodes, extra_inputs, extra_inits, ir_version=8):
+    """small_cnn's graph with nodes, inputs and initializers added."""
+    import onnx
+    from conftest import small_cnn
+
+    proto = small_cnn()
+    proto.ir_version = ir_version
+    proto.graph.node.extend(extra_nodes)
+    proto.graph.input.extend(extra_inputs)
+    proto.graph.initializer.extend(extra_inits)
+    path = tmp_path / name
+    onnx.save(proto, path)
+    return path
+
+
+def test_case_19_a_weight_that_is_also_a_graph_input_stays_an_input(tmp_path):
+    import json
+
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    model = _model_with(tmp_path, "fed.onnx",
+                        [helper.make_node("Conv", ["input", "side.w"], ["side"], name="side", pads=[1, 1, 1, 1])],
+                        [helper.make_tensor_value_info("side.w", TensorProto.FLOAT, [4, 3, 3, 3])],
+                        [numpy_helper.from_array(w, "side.w")])
+    proto = __import__("onnx").load(str(model))
+    proto.graph.output.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, None))
+    __import__("onnx").save(proto, model)
+    tasks = json.loads(run_kselect("tasks", model, "--json").stdout)
+    assert {"node": "side", "op": "Conv", "why": "its weight 'side.w' is also a graph input, which a feed may replace: "
+            "no fixed kernel to select"} in tasks["untuned"]
+    plan = tmp_path / "fed.plan.json"
+    result = run_kselect("tune", model, "--library", "mlas", "--budget", "1", "--min-time", "0.01", "--no-verify",
+                         "--db", tmp_path / "r.db", "-o", plan)
+    assert result.returncode == 0, result.stderr
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    fed = {"input": x, "side.w": 2 * w}
+    expected = ort.InferenceSession(str(model)).run(["side"], fed)[0]
+    assert "side.w" in [i.name for i in __import__("onnx").load(str(tmp_path / "fed.kselect.onnx")).graph.input]
+    artifact = ort.InferenceSession(str(tmp_path / "fed.kselect.onnx"))
+    np.testing.assert_allclose(artifact.run(["side"], fed)[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_case_20_convs_inside_if_and_loop_sub_graphs_are_listed_untuned(tmp_path):
+    import json
+
+    from onnx import TensorProto, helper
+
+    conv = helper.make_node("Conv", ["input", "stem.w"], ["inner"], name="inner.conv", pads=[1, 1, 1, 1])
+    then_branch = helper.make_graph([conv], "then", [], [helper.make_tensor_value_info("inner", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["input"], ["same"], name="same")], "else", [],
+                                    [helper.make_tensor_value_info("same", TensorProto.FLOAT, None)])
+    branch = helper.make_node("If", ["flag"], ["branched"], name="branch", then_branch=then_branch,
+                              else_branch=else_branch)
+    model = _model_with(tmp_path, "branchy.onnx", [branch], [helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                        [])
+    proto = __import__("onnx").load(str(model))
+    proto.graph.output.append(helper.make_tensor_value_info("branched", TensorProto.FLOAT, None))
+    __import__("onnx").save(proto, model)
+    result = run_kselect("tasks", model, "--json")
+    assert result.returncode == 0, result.stderr
+    assert {"node": "inner.conv", "op": "Conv", "why": "inside the then_branch sub-graph of If 'branch': only ops of "
+            "the main graph are tuned"} in json.loads(result.stdout)["untuned"]
+    shown = run_kselect("tasks", model)
+    assert "inner.conv" in shown.stdout and "Left untuned" in shown.stdout
+
+
+def test_case_21_out_of_time_an_unknown_feed_and_a_stopped_bench_say_what_happened(tmp_path, small_plan):
+    import kselect
+    from kselect.core.errors import KselectError
+
+    model, plan = small_plan
+    result = run_kselect("tune", model, "--library", "mlas", "--time-budget", "0.0001", "--db", tmp_path / "r.db",
+                         "--no-verify", "-o", tmp_path / "p.plan.json")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "the time budget (--time-budget) ran out before a config of" in lines[-1], result.stderr
+    runner = kselect.load_plan(plan, str(model))
+    with pytest.raises(KselectError, match="the model has no input 'nope' \\(its inputs: input\\)"):
+        runner.run({"nope": np.zeros((1, 3, 32, 32), np.float32)})
+    with pytest.raises(KselectError, match="no value for the model's input 'input'"):
+        runner.run({})
+    env = {**os.environ, "COLUMNS": "200"}
+    bench = subprocess.Popen([sys.executable, "-m", "kselect.cli.main", "bench", str(model), "--plan", str(plan),
+                              "--alone", "--rounds", "50"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    bench.send_signal(signal.SIGTERM)
+    _, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 143
+    assert stderr.strip().splitlines()[-1] == ("terminated (SIGTERM): kselect bench stopped before it finished; run it "
+                                               "again to start over")

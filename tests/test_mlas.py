@@ -322,9 +322,9 @@ def test_a_plan_that_differs_from_onnxruntime_is_written_node_by_node(tuned_smal
     changed.write_text(json.dumps(data))
     result = run_kselect("plan", "apply", changed, model_path, "-o", tmp_path)
     assert result.returncode == 0, result.stderr
-    written = onnx.load(str(tmp_path / "small.kselect.onnx"))
+    written = onnx.load(str(tmp_path / "flipped.kselect.onnx"))  # named after its plan
     assert sum(n.op_type in ("ReorderInput", "ReorderOutput") for n in written.graph.node) >= 2
-    session = load_session(tmp_path / "small.kselect.onnx", tmp_path / "small.kselect.session.json")
+    session = load_session(tmp_path / "flipped.kselect.onnx", tmp_path / "flipped.kselect.session.json")
     x = np.random.default_rng(4).standard_normal((1, 3, 32, 32), dtype=np.float32)
     expected = ort.InferenceSession(str(model_path)).run(None, {"input": x})[0]
     np.testing.assert_allclose(session.run(None, {"input": x})[0], expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

@@ -120,12 +120,14 @@ class _Subject:
     @cached_property
     def tuned(self):
         from kselect.core.api import tune
+        from kselect.core.config import TuneConfig
         from kselect.core.errors import KselectError
 
         with tempfile.TemporaryDirectory() as folder:
             try:
-                return tune(self.model, [self.library], search="random", budget=self.budget,
-                            db=Path(folder) / "records.db", settings=QUICK, verify=False)
+                config = TuneConfig(search="random", budget=self.budget, db=Path(folder) / "records.db",
+                                    settings=QUICK, verify=False)
+                return tune(self.model, [self.library], config)
             except KselectError as exc:
                 raise ContractError(f"tuning the contract model failed: {exc}") from None
 

@@ -122,8 +122,10 @@ class WholeModelRunner(ABC):
     ``kselect plan apply``). Nodes for which ``runs_op`` is False go to the baseline library
     (ONNX Runtime) in segments of their own (core/plans/runtime.py)."""
 
-    def apply(self, plan, model, out_dir: Path) -> list[Path]:
-        """Write what a deployment needs to run the plan; returns the files written."""
+    def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
+        """Write what a deployment needs to run the plan into ``out_dir``, named after ``stem``
+        (the plan file's name without ``.plan.json``: core/plans/plan.artifact_stem; None: the
+        model's name); returns the files written."""
         return []
 
     @abstractmethod

@@ -235,7 +235,9 @@ class _Tuner:
             fleet.wait()
         for task in tasks:
             if task.key not in outcomes:
-                outcomes[task.key] = self.tune_task(task, search=False)  # another worker tuned it
+                outcome = outcomes[task.key] = self.tune_task(task, search=False)  # another worker tuned it
+                # or none did: the time budget ran out before this worker could claim it
+                outcome.out_of_time = not self.time_left() and outcome.samples < self.options.budget
         return [outcomes[task.key] for task in tasks]
 
     def tune_task(self, task: Task, search: bool = True) -> TaskOutcome:

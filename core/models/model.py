@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import onnx
 from onnx import shape_inference
 
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, KselectNote
 from kselect.core.measuring.device import available_memory
 
 
@@ -44,6 +45,9 @@ class Model:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+MAX_DIM = 2**31 - 1  # ONNX Runtime's and the native libraries' dims are 32-bit or 64-bit signed integers
+
+
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
     """``NAME=1,3,640,640`` -> ("NAME", [1, 3, 640, 640])."""
     name, sep, dims = text.partition("=")
@@ -55,6 +59,8 @@ def parse_input_shape(text: str) -> tuple[str, list[int]]:
             raise ValueError
     except ValueError:
         raise KselectError(f"bad --input-shape {text!r}: expected NAME=D1,D2,... with positive integers") from None
+    if any(v > MAX_DIM for v in values):
+        raise KselectError(f"bad --input-shape {text!r}: a dim is larger than {MAX_DIM:,}")
     return name, values
 
 
@@ -115,6 +121,13 @@ def load_model(spec: str, input_shapes: list[str] | None = None) -> Model:
             if len(wanted) != len(dims):
                 raise KselectError(
                     f"--input-shape {graph_input.name} has {len(wanted)} dims, the model's input has {len(dims)}")
+            static = [d.dim_value if d.dim_value > 0 else None for d in dims]
+            changed = [i for i, (was, value) in enumerate(zip(static, wanted)) if was is not None and was != value]
+            if changed and graph_input.name not in package_shapes:
+                warnings.warn(KselectNote(
+                    f"--input-shape {graph_input.name}={','.join(map(str, wanted))} overrides the model's static "
+                    f"dims {','.join('N' if d is None else str(d) for d in static)} (dim {', '.join(map(str, changed))}):"
+                    " kselect tunes the shape given"), stacklevel=2)
             for dim, value in zip(dims, wanted):  # static dims may be overridden too (e.g. a smaller image)
                 dim.Clear()
                 dim.dim_value = value
@@ -171,7 +184,8 @@ def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     """What an exporter declared that the resolved input dims can contradict, and that shape
     inference finds again: intermediate and output shapes (CenterFace declares a 10x3x32x32 input
     and every shape from it; ONNX Runtime then refuses any other input size), and initializers
-    listed as graph inputs (old exporters: ONNX Runtime then folds nothing that reads them).
+    listed as graph inputs by IR 3 exporters (ONNX Runtime takes them as constants there; from IR
+    4 on they are defaults a feed may replace, and stay inputs).
     Initializers nothing reads go too: ONNX Runtime drops them itself, but cannot load an IR 3
     model that has one which is not also a graph input (caffe2's exports in the onnx wheel)."""
     read = {output.name for output in proto.graph.output}
@@ -180,9 +194,10 @@ def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     initializer_names = {t.name for t in proto.graph.initializer}
     for tensor in [t for t in proto.graph.initializer if t.name not in read]:
         proto.graph.initializer.remove(tensor)
-    kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept_inputs)
+    if proto.ir_version < 4:  # from IR 4 on an initializer listed as an input is a default a feed may replace: kept
+        kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
+        del proto.graph.input[:]
+        proto.graph.input.extend(kept_inputs)
     del proto.graph.value_info[:]
     for output in proto.graph.output:
         if output.type.tensor_type.HasField("shape"):

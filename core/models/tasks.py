@@ -160,6 +160,8 @@ def constant_float_weights(model: Model, node: onnx.NodeProto, name: str,
     left untuned (``computed`` when they are computed at run time)."""
     if name not in model.initializers:
         return computed
+    if model.proto.ir_version >= 4 and name in {i.name for i in model.proto.graph.input}:
+        return f"its weight {name!r} is also a graph input, which a feed may replace: no fixed kernel to select"
     weights = model.initializers[name]
     if weights.data_type != onnx.TensorProto.FLOAT:
         return f"{onnx.helper.tensor_dtype_to_np_dtype(weights.data_type).name} weights: only float32 ops are tuned"
@@ -234,8 +236,24 @@ def extract_tasks(model: Model) -> list[Task]:
 
 def untuned_ops(model: Model) -> list[tuple[str, str, str]]:
     """(node, op type, why) for every conv-like or matrix op kselect leaves untuned."""
+    from kselect.core.contract.opkind import kinds_by_onnx_op
+
     untuned: list = []
     find_ops(model, untuned)
+    kinds = kinds_by_onnx_op()
+
+    def in_subgraphs(node: onnx.NodeProto) -> None:
+        for attr in node.attribute:
+            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for graph in graphs:
+                for inner in graph.node:
+                    if inner.op_type in kinds:
+                        untuned.append((inner.name, inner.op_type, f"inside the {attr.name} sub-graph of "
+                                        f"{node.op_type} {node.name!r}: only ops of the main graph are tuned"))
+                    in_subgraphs(inner)
+
+    for node in model.proto.graph.node:
+        in_subgraphs(node)
     return untuned
 
 

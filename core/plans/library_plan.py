@@ -28,9 +28,12 @@ def library_plan_variants(model: Model, library: Library, device: Device, db: Re
                              {o.task.key: o.default_config for o in outcomes})
     if not variants:
         unmeasured = [o for o in outcomes if not any(r.result.status == "ok" for r in records[o.task.key])]
+        ids = ", ".join(o.task.id for o in unmeasured)
+        if any(o.out_of_time and o.samples == 0 for o in unmeasured):
+            raise KselectError(f"no plan: the time budget (--time-budget) ran out before a config of {ids} was "
+                               "measured; give it more time (every record stored so far is kept)")
         why = next((o.default.reason for o in unmeasured if o.default is not None and o.default.reason), "")
-        raise KselectError(f"no plan: no config of {', '.join(o.task.id for o in unmeasured)} was measured without "
-                           f"failing" + (f" (e.g. {why})" if why else ""))
+        raise KselectError(f"no plan: no config of {ids} was measured without failing" + (f" (e.g. {why})" if why else ""))
     if library.plans_layouts_per_op:
         planned = plan_across(model, device, db, {library.name: library}, {library.name: variants[0][1]},
                               settings or MeasureSettings())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from kselect.core.contract.space import config_key
-from kselect.core.errors import KselectError
+from kselect.core.errors import KselectError, OutputError
 from kselect.core.measuring.device import Device
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
@@ -269,13 +269,23 @@ def plan_variants(model: Model, device: Device, library, library_version: str, t
     return plans
 
 
+def artifact_stem(plan_path: str | Path) -> str:
+    """What a plan's artifacts are named after: its file's name without ``.plan.json``
+    (``a.plan.json`` -> ``a``, whose MLAS model is ``a.kselect.onnx``), so two plans of one model
+    never share an artifact."""
+    return Path(plan_path).name.removesuffix(".json").removesuffix(".plan")
+
+
 def write_atomically(path: Path, content: str | bytes) -> None:
     """``path`` holds ``content`` or what it held before, never a part (a full disk, a kill): it
-    is written to a file beside it, then renamed over it."""
+    is written to a file beside it, then renamed over it. A path that is not a regular file (a
+    device node, a FIFO, a folder) is refused, never replaced."""
     import os
     import tempfile
 
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise KselectError(f"{path} is not a regular file: kselect does not replace it")
     descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as f:
@@ -286,25 +296,100 @@ def write_atomically(path: Path, content: str | bytes) -> None:
         os.umask(umask)
         os.chmod(partial, 0o666 & ~umask)
         os.replace(partial, path)
+    except OSError as exc:
+        Path(partial).unlink(missing_ok=True)
+        kept = " (what it held before is kept)" if path.exists() else ""
+        raise OutputError(exc.errno, f"cannot write {path}: {exc.strerror or exc}{kept}") from None
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
 
 
+MAX_PLAN_BYTES = 512 * 2**20
+_PLAN_KEYS = {"format": str, "model": dict, "device": dict, "libraries": dict, "emulated": bool, "plan_level": dict,
+              "tasks": list, "nodes": dict, "extra": dict, "library_settings": dict}
+_OPTIONAL_PLAN_KEYS = {"extra", "library_settings"}
+_TASK_KEYS = {"id": str, "key": str, "kind": str, "input": list, "weight": list, "output": list, "attrs": dict,
+              "bias": bool, "nodes": list, "library": str, "config": dict, "time_us": (int, float, type(None)),
+              "default_config": (dict, type(None)), "default_us": (int, float, type(None)), "samples": int,
+              "emulated": bool, "activation": list, "precision": str}
+_REQUIRED_TASK_KEYS = {"id", "key", "kind", "input", "weight", "output", "attrs", "bias", "nodes", "library", "config"}
+_NODE_KEYS = {"task": str, "library": str, "config": dict, "label": str, "time_us": (int, float), "emulated": bool,
+              "conversions": list}
+_REQUIRED_NODE_KEYS = {"task", "library", "config"}
+
+
+def _type_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({dict: "an object", list: "a list", str: "a string", bool: "true or false", int: "a number",
+                        float: "a number", type(None): "null"}[k] for k in kinds)
+
+
+def _check_fields(data, kinds: dict, required: set, where: str) -> None:
+    if not isinstance(data, dict):
+        raise KselectError(f"{where} is {type(data).__name__}, not an object")
+    unknown = sorted(set(data) - set(kinds))
+    if unknown:
+        raise KselectError(f"{where} has an unknown field {unknown[0]!r}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise KselectError(f"{where} lacks the field {missing[0]!r}")
+    for name, value in data.items():
+        kind = kinds[name]
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in
+                                           (kind if isinstance(kind, tuple) else (kind,))):
+            raise KselectError(f"{where}: {name!r} is {json.dumps(value)[:40]}, not {_type_name(kind)}")
+
+
+def check_plan_json(data) -> None:
+    """The one check of a plan's structure (docs/plan-schema.md), before anything reads it: every
+    field of the type it must have, no unknown field, and plan-level settings as objects of
+    scalars. What the values mean for a model and a library is ``validate_plan``'s part."""
+    _check_fields(data, _PLAN_KEYS, set(_PLAN_KEYS) - _OPTIONAL_PLAN_KEYS, "the plan")
+    for name, version in data["libraries"].items():
+        if not isinstance(version, str):
+            raise KselectError(f"the plan's library {name!r} has version {json.dumps(version)[:40]}, not a string")
+    settings = {"plan_level": data["plan_level"], **{f"library_settings[{name!r}]": values
+                                                     for name, values in data.get("library_settings", {}).items()}}
+    for where, values in settings.items():
+        if not isinstance(values, dict):
+            raise KselectError(f"the plan's {where} is {type(values).__name__}, not an object")
+        for key, value in values.items():
+            if not isinstance(value, (str, int, float, bool)) or value is None:
+                raise KselectError(f"the plan's {where}: {key!r} is {json.dumps(value)[:40]}, not a single value")
+    for index, task in enumerate(data["tasks"]):
+        _check_fields(task, _TASK_KEYS, _REQUIRED_TASK_KEYS, f"the plan's task {index}")
+        if not all(isinstance(node, str) for node in task["nodes"]):
+            raise KselectError(f"the plan's task {index}: 'nodes' must be node names")
+        for shape in ("input", "weight", "output"):
+            if not all(isinstance(d, int) and not isinstance(d, bool) for d in task[shape]):
+                raise KselectError(f"the plan's task {index}: {shape!r} must be a list of integers")
+    for node, entry in data["nodes"].items():
+        _check_fields(entry, _NODE_KEYS, _REQUIRED_NODE_KEYS, f"the plan's node {node!r}")
+
+
 def load_plan_file(path: str | Path) -> Plan:
+    """A plan file, its structure checked (``check_plan_json``): a bad one is one line."""
     path = Path(path)
     if not path.is_file():
         raise KselectError(f"no such plan file: {path}")
     try:
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            raise KselectError(f"{path} is larger than {MAX_PLAN_BYTES >> 20} MB: not a kselect plan")
         data = json.loads(path.read_text())
-        if data.get("format") != PLAN_FORMAT:
-            raise KselectError(f"{path} is not a kselect plan (format {data.get('format')!r}, expected {PLAN_FORMAT!r})")
-        return Plan(data["model"], data["device"], data["libraries"], bool(data["emulated"]), data["plan_level"],
-                    data["tasks"], data["nodes"], data["format"], data.get("extra", {}), data.get("library_settings", {}))
-    except KselectError:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except RecursionError:
+        raise KselectError(f"{path} is not a valid kselect plan (nested too deeply)") from None
+    except (ValueError, OSError) as exc:
         raise KselectError(f"{path} is not a valid kselect plan ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise KselectError(f"{path} is not a kselect plan (format {found!r}, expected {PLAN_FORMAT!r})")
+    try:
+        check_plan_json(data)
+    except KselectError as exc:
+        raise KselectError(f"{path} is not a valid kselect plan: {exc}") from None
+    return Plan(data["model"], data["device"], data["libraries"], data["emulated"], data["plan_level"],
+                data["tasks"], data["nodes"], data["format"], data.get("extra", {}), data.get("library_settings", {}))
 
 
 def check_plan(plan: Plan, model: Model, device: Device, library_versions: dict[str, str], force: bool = False) -> list[str]:
@@ -336,11 +421,14 @@ def validate_plan(plan: Plan, model: Model, device: Device) -> None:
 
     if not isinstance(plan.nodes, dict) or not plan.nodes:
         raise KselectError("the plan has no nodes")
+    if not isinstance(plan.emulated, bool):
+        raise KselectError(f"the plan's 'emulated' is {plan.emulated!r}, not true or false")
     task_of = {node: task for task in extract_tasks(model) for node in task.nodes}
     precision_of = {node: entry.get("precision", "fp32") for entry in plan.tasks if isinstance(entry, dict)
                     for node in entry.get("nodes", [])}
     graph_nodes = {node.name for node in model.proto.graph.node}
     spaces: dict[tuple[str, str], object] = {}
+    node_configs: dict[str, dict] = {}  # library -> task key -> (space, a node's config, task id)
     prepared: set[str] = set()
     for node, entry in plan.nodes.items():
         library_name = entry.get("library") if isinstance(entry, dict) else None
@@ -376,3 +464,27 @@ def validate_plan(plan: Plan, model: Model, device: Device) -> None:
             shown = ", ".join(f"{k}={v!r}" for k, v in config.items())
             raise KselectError(f"node {node!r}: config {{{shown}}} is not in {library_name}'s space for this op "
                                f"(`kselect space {model.name} --library {library_name} --task {task.id}` shows it)")
+        node_configs.setdefault(library_name, {})[key] = (space, normalised, task.id)
+    for library_name in plan.libraries:
+        _check_plan_level(plan, plugins.get_library(library_name), node_configs.get(library_name, {}), model)
+
+
+def _check_plan_level(plan: Plan, library, node_configs: dict, model: Model) -> None:
+    """A library's plan-level settings (``library_settings``, what a whole-model runner and
+    ``apply`` hand the library as they are): each one of its ``plan_level_dims``, with a value its
+    ops' spaces hold (``threads=999``, ``spinning=5`` or ``pointwise_batch='not-a-number'`` would
+    reach ONNX Runtime's session options and abort it)."""
+    settings = plan.library_settings.get(library.name, plan.plan_level if len(plan.libraries) == 1 else {})
+    if not isinstance(settings, dict):
+        raise KselectError(f"the plan's settings for {library.name} are {type(settings).__name__}, not an object")
+    for name, value in settings.items():
+        if name not in library.plan_level_dims:
+            known = ", ".join(library.plan_level_dims) or "none"
+            raise KselectError(f"the plan's plan-level setting {name}={value!r} is not one of {library.name}'s "
+                               f"(its plan-level settings: {known})")
+        for space, config, task_id in node_configs.values():
+            taken = {c[name] for c in space.enumerate() if name in c}  # a dim may apply to some configs only
+            if taken and value not in taken:
+                raise KselectError(f"the plan's plan-level setting {name}={value!r} is not in {library.name}'s "
+                                   f"space (`kselect space {model.name} --library {library.name} --task {task_id}` "
+                                   "shows it)")

@@ -64,6 +64,14 @@ class PlanRunner:
         self.refused: list[str] = []  # nodes their library's runner could not build (run by ONNX Runtime)
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        expected = [i.name for i in self.model.proto.graph.input]
+        unknown = sorted(set(inputs) - set(expected))
+        if unknown:
+            raise KselectError(f"the model has no input {unknown[0]!r} (its inputs: {', '.join(expected)})")
+        missing = [name for segment in self.segments for name in segment.inputs
+                   if name in expected and name not in inputs and name not in self.model.initializers]
+        if missing:
+            raise KselectError(f"no value for the model's input {missing[0]!r} (its inputs: {', '.join(expected)})")
         values = dict(inputs)
         for segment, runner in zip(self.segments, self.runners):
             results = runner({name: values[name] for name in segment.inputs})

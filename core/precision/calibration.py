@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -131,9 +132,14 @@ def _image(path: Path, shape: list[int], preprocess: ImagePreprocess) -> np.ndar
     channels_last = channel_axis(shape, preprocess.channel_count) == 3
     height, width = (shape[1], shape[2]) if channels_last else (shape[2], shape[3])
     try:
-        with Image.open(path) as image:
-            mode = "L" if preprocess.channels == "GRAY" else "RGB"
-            pixels = image.convert(mode).resize((width, height), Image.BILINEAR)
+        with warnings.catch_warnings():  # past Pillow's pixel limit an image is refused, never decoded
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                mode = "L" if preprocess.channels == "GRAY" else "RGB"
+                pixels = image.convert(mode).resize((width, height), Image.BILINEAR)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise KselectError(f"--calibration: image {path.name} has more than {Image.MAX_IMAGE_PIXELS:,} pixels: too "
+                           "large to decode safely; give pictures of the size the model takes") from None
     except (OSError, UnidentifiedImageError) as exc:
         raise KselectError(f"--calibration: cannot read image {path.name}: {exc}") from None
     array = preprocess.apply(np.asarray(pixels).reshape(height, width, preprocess.channel_count))
@@ -183,6 +189,9 @@ def load_feeds(path: str | Path, model: Model, preprocess: ImagePreprocess | Non
     if not folder.is_dir():
         raise KselectError(f"--calibration: {folder} is not a folder")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz", *IMAGE_SUFFIXES))
+    odd = next((p for p in files if not p.is_file()), None)
+    if odd is not None:  # reading a FIFO would wait forever, a device forever or for its whole size
+        raise KselectError(f"--calibration: {odd} is not a regular file (a folder, FIFO, device or socket)")
     if not files:
         raise KselectError(f"--calibration: {folder} has no .npy, .npz or image files")
     return _feeds_from_files(files, model, preprocess or image_preprocess(model))

@@ -58,6 +58,7 @@ class FleetReport:
     claim_s: float = 0.0  # time spent claiming, finishing and polling the database
     waited_s: float = 0.0  # time spent waiting for tasks other workers held
     last: bool | None = None  # None until finish(): this worker writes the plan
+    still_working: list[str] = field(default_factory=list)  # at finish(), the workers left: the last of them plans
 
     def to_json(self) -> dict:
         return {"owner": self.owner, "tune": self.tune, "workers_seen": self.workers_seen,
@@ -209,4 +210,5 @@ class Fleet:
                 sql.execute("DELETE FROM task_claims WHERE tune=?", (self.tune,))
                 sql.execute("DELETE FROM tune_workers WHERE tune=?", (self.tune,))
         self.report.last = not others
+        self.report.still_working = others
         return self.report.last

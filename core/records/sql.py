@@ -78,8 +78,35 @@ class Connection:
 
 
 class SqliteConnection(Connection):
+    """SQLite, its operational failures told in one line: a database another process holds
+    locked past the 30 s busy time-out is said to be locked (not corrupt); a full disk names the
+    file."""
+
     words = {"now": "((julianday('now') - 2440587.5) * 86400.0)", "skip_locked": "", "id": "INTEGER PRIMARY KEY"}
     Error = sqlite3.DatabaseError
+
+    @contextmanager
+    def _told(self):
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise KselectError(f"the record database {self.location} is locked by another process (held for "
+                                   "over 30 s, e.g. an open sqlite3 shell or a tune on a network filesystem): wait "
+                                   "for it to finish or pass another --db") from None
+            if "full" in text or "disk I/O" in text:
+                raise KselectError(f"cannot write the record database {self.location}: {text} (free space on its "
+                                   "disk or pass --db elsewhere; every record stored before is kept)") from None
+            raise
+
+    def execute(self, statement: str, params=()):
+        with self._told():
+            return super().execute(statement, params)
+
+    def commit(self) -> None:
+        with self._told():
+            self.raw.commit()
 
     def __init__(self, path: Path, read_only: bool = False):
         raw = (sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) if read_only
@@ -88,10 +115,12 @@ class SqliteConnection(Connection):
         self.path, self.read_only = path, read_only
 
     def executescript(self, script: str) -> None:
-        self.raw.executescript(self.sql(script))
+        with self._told():
+            self.raw.executescript(self.sql(script))
 
     def begin(self) -> None:
-        self.raw.execute("BEGIN IMMEDIATE")  # takes the write lock now, so reads in the block see what others wrote
+        with self._told():
+            self.raw.execute("BEGIN IMMEDIATE")  # takes the write lock now, so reads in the block see what others wrote
 
     def reopen(self) -> "SqliteConnection":
         return SqliteConnection(self.path, self.read_only)

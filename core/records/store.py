@@ -8,20 +8,40 @@ Ctrl-C or kill -9 loses at most the candidate being measured.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sqlite3
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from kselect.core.errors import KselectError, first_line
+from kselect.core.errors import KselectError, KselectWarning, first_line
 from kselect.core.measuring.measure import Result
 from kselect.core.paths import check_can_create
 from kselect.core.records.sql import PostgresConnection, SqliteConnection, is_server_url, shown
 
 SCHEMA_VERSION = "1"
 DEFAULT_DB = Path(os.environ.get("KSELECT_DB", "~/.cache/kselect/records.db")).expanduser()
+
+def database_location(location) -> str | Path:
+    """Where ``--db`` points: None is the default database; ``sqlite:///relative.db`` and
+    ``sqlite:////absolute.db`` are the files they name; a postgresql:// URL stays a URL. An empty
+    location or another URL scheme is refused, never taken as a file name."""
+    if location is None:
+        return DEFAULT_DB
+    if isinstance(location, str):
+        if not location.strip():
+            raise KselectError("--db '': give a database file or a postgresql:// URL, or leave --db out for the default")
+        if is_server_url(location):
+            return location
+        if location.startswith("sqlite:///"):
+            return Path(location[len("sqlite:///"):] or ".")
+        if "://" in location:
+            raise KselectError(f"--db {shown(location)}: give a database file, sqlite:///FILE or a postgresql:// URL")
+    return Path(location)
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -100,13 +120,26 @@ class Record:
     measured_by: str = ""  # the worker that measured it (``OWNER``; "": before kselect kept it)
 
 
-RECORD_COLUMNS = ("task, config, status, median_us, spread, count, error, reason, emulated, is_default, search, created,"
-                  " measured_by")
+RECORD_COLUMNS = ("id, task, config, status, median_us, spread, count, error, reason, emulated, is_default, search,"
+                  " created, measured_by")
 
 
-def _record(row) -> Record:
-    task_key, key, status, median, spread, count, error, reason, emulated, is_default, search, created, by = row
-    return Record(task_key, json.loads(key), key, Result(status, median, spread, count, error, reason), bool(emulated),
+def _record(row, location: str) -> Record | None:
+    """The record of a row, or None (with a warning naming the row) for a row no tune could have
+    written: a config that is not a JSON object, an "ok" time that is negative or not a number."""
+    row_id, task_key, key, status, median, spread, count, error, reason, emulated, is_default, search, created, by = row
+    try:
+        config = json.loads(key)
+        if not isinstance(config, dict):
+            raise ValueError("its config is not a JSON object")
+        # 0 is a time: a conversion with nothing to do
+        if status == "ok" and not (isinstance(median, (int, float)) and math.isfinite(median) and median >= 0):
+            raise ValueError(f"its time {median!r} us is not a number of microseconds")
+    except ValueError as exc:
+        reason = "its config is not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        warnings.warn(KselectWarning(f"record {row_id} of {location} is skipped: {reason}"), stacklevel=3)
+        return None
+    return Record(task_key, config, key, Result(status, median, spread, count, error, reason), bool(emulated),
                   bool(is_default), search, created, by)
 
 
@@ -117,6 +150,7 @@ class RecordDB:
 
     def __init__(self, location: str | Path = DEFAULT_DB):
         self.read_only = False  # a database on a read-only filesystem: its records are used, none added
+        location = database_location(location)
         if is_server_url(location):
             self.path, self.location = None, shown(location)
             self.connection = PostgresConnection(str(location))
@@ -271,14 +305,26 @@ class RecordDB:
             query += " AND task=?"
             params.append(task)
         rows = self._query(query + " ORDER BY id", params)
-        return [_record(row) for row in rows]
+        return [record for record in (_record(row, self.location) for row in rows) if record is not None]
 
     def all_records(self, device: str, library: str, version: str) -> list[tuple[dict, Record]]:
         """Every record of this device and library build, each with its task's JSON (for cost
         models that learn across tasks)."""
         rows = self._query(f"SELECT task_json, {RECORD_COLUMNS} FROM records WHERE device=? AND library=?"
                            " AND library_version=? ORDER BY id", (device, library, version))
-        return [(json.loads(row[0]), _record(row[1:])) for row in rows]
+        found = []
+        for row in rows:
+            record = _record(row[1:], self.location)
+            try:
+                task_json = json.loads(row[0])
+            except ValueError:
+                task_json = None
+            if record is not None and (not isinstance(task_json, dict) or "key" not in task_json):
+                warnings.warn(KselectWarning(f"record {row[1]} of {self.location} is skipped: its task_json is not a "
+                                             "task"), stacklevel=2)
+            elif record is not None:
+                found.append((task_json, record))
+        return found
 
     def count(self) -> int:
         return self._query("SELECT COUNT(*) FROM records")[0][0]

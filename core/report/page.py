@@ -38,12 +38,12 @@ def write_report(plan: Plan | str | Path, db: str | Path | None = None, output: 
     plan_path = None if isinstance(plan, Plan) else Path(plan)
     if plan_path is not None:
         plan = load_plan_file(plan_path)
-    path = Path(output) if output else default_report_path(plan, plan_path)
-    if path.is_dir():
-        raise KselectError(f"-o {path} is a directory, not a report file")
-    from kselect.core.paths import check_can_create
+    from kselect.core.paths import check_output
 
-    check_can_create(path, "the report to")
+    reads = {"the plan": plan_path, "the model": model.source if model is not None else None,
+             "the record database": records.database_location(db)}
+    path = check_output(default_report_path(plan, plan_path) if output is None else output, "-o", "the report",
+                        reads, kind="a report file")
     if model is not None and plan.model.get("fingerprint") != model.fingerprint():
         raise KselectError(f"the plan is for model {plan.model.get('name')!r} ({plan.model.get('fingerprint')}), "
                            f"not this {model.name!r} ({model.fingerprint()})")
@@ -79,7 +79,7 @@ def open_records(db) -> tuple[object | None, str]:
     """(the record database, where it is), or (None, why there is none). A local database is only
     read: a path with no database is reported, not created. A postgresql:// URL is opened as
     ``kselect tune`` opens it."""
-    location = str(db or records.DEFAULT_DB)
+    location = str(records.database_location(db))
     if is_server_url(location):
         store = records.RecordDB(location)
         return store, store.location  # shown without its password

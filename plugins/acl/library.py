@@ -668,13 +668,13 @@ class AclLibrary(Library):
                 configs[node] = runner_config(config, device)
         return configs
 
-    def apply(self, plan, model, out_dir: Path) -> list[Path]:
-        """A bundle the runner's ``model_load`` runs on the device: ``MODEL.acl/graph.json`` (every
+    def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
+        """A bundle the runner's ``model_load`` runs on the device: ``STEM.acl/graph.json`` (every
         conv / fc with the plan's config) and its weight files, named relative to it."""
         from kselect.plugins.acl import engine
 
         device = this_device()
-        bundle = Path(out_dir) / f"{model.name}.acl"
+        bundle = Path(out_dir) / f"{stem or model.name}.acl"
         bundle.mkdir(parents=True, exist_ok=True)
         for old in engine.weight_files(bundle) + [bundle / "graph.json"]:
             old.unlink(missing_ok=True)

@@ -84,10 +84,10 @@ def session_settings(plan, keep_original: bool) -> dict:
     }
 
 
-def write_optimized_model(plan, model, out_dir: Path) -> list[Path]:
+def write_optimized_model(plan, model, out_dir: Path, stem: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_path = out_dir / f"{model.name}.kselect.onnx"
-    options_path = out_dir / f"{model.name}.kselect.session.json"
+    model_path = out_dir / f"{stem}.kselect.onnx"
+    options_path = out_dir / f"{stem}.kselect.session.json"
     keep_original = keeps_original_model(model, plan)
     write_atomically(model_path, rewritten_model(model, plan, keep_original).SerializeToString())
     write_atomically(options_path, json.dumps(session_settings(plan, keep_original), indent=2) + "\n")

@@ -277,8 +277,8 @@ class MlasLibrary(Library):
         return OrtCandidate(session, {session.get_inputs()[0].name: feed}, unblock)
 
     # -- plans ----------------------------------------------------------------------------
-    def apply(self, plan, model, out_dir: Path) -> list[Path]:
-        return write_optimized_model(plan, model, Path(out_dir))
+    def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
+        return write_optimized_model(plan, model, Path(out_dir), stem or model.name)
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         # Its threads stop spinning at the end of each run: 197 -> 112 ms on resnet101 with two

@@ -1,6 +1,6 @@
 """An OpenVINO plan as what plain OpenVINO loads, with no kselect installed: the model as an IR
-(``<model>.openvino.xml`` / ``.bin``) whose layers carry the plan's ``primitives_priority`` and
-``precise`` attributes, and ``<model>.openvino.json`` with the compile properties (precision,
+(``<stem>.openvino.xml`` / ``.bin``, the stem the plan file's name) whose layers carry the plan's ``primitives_priority`` and
+``precise`` attributes, and ``<stem>.openvino.json`` with the compile properties (precision,
 threads, streams, pinning) and the implementation each planned node ran with when kselect
 compiled it. Loading it in Python::
 
@@ -20,17 +20,17 @@ from pathlib import Path
 
 from kselect.core.plans.plan import write_atomically
 from kselect.plugins.openvino import ir
-from kselect.plugins.openvino.library import plan_compilation
 
 
-def write_ir(plan, model, out_dir) -> list[Path]:
-    out_dir = Path(out_dir)
+def write_ir(plan, model, out_dir, hints: dict, properties: dict, stem: str | None = None) -> list[Path]:
+    """The plan's IR and compile properties in ``out_dir``, named after ``stem`` (default: the
+    model's name); ``hints`` and ``properties`` are the plan's (library.plan_compilation)."""
+    out_dir, stem = Path(out_dir), stem or model.name
     out_dir.mkdir(parents=True, exist_ok=True)
     converted = ir.ConvertedModel(model.proto, model.input_shapes, list(plan.nodes))
-    hints, properties = plan_compilation(plan)
     ran = converted.runtime_choices(converted.compile(hints, properties))
-    xml_path, bin_path = out_dir / f"{model.name}.openvino.xml", out_dir / f"{model.name}.openvino.bin"
-    settings_path = out_dir / f"{model.name}.openvino.json"
+    xml_path, bin_path = out_dir / f"{stem}.openvino.xml", out_dir / f"{stem}.openvino.bin"
+    settings_path = out_dir / f"{stem}.openvino.json"
     settings = {
         "device": "CPU",
         "properties": properties,

@@ -19,6 +19,7 @@ from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device
 from kselect.core.models.tasks import Task
 from kselect.plugins.openvino import ir
+from kselect.plugins.openvino.export import write_ir
 
 PACKAGE = "openvino==2026.4.1"
 # Implementation types the CPU plugin knows (impl_type_to_string in
@@ -237,10 +238,9 @@ class OpenvinoLibrary(Library):
         return candidate
 
     # -- plans ------------------------------------------------------------------------------
-    def apply(self, plan, model, out_dir):
-        from kselect.plugins.openvino.export import write_ir
-
-        return write_ir(plan, model, out_dir)
+    def apply(self, plan, model, out_dir, stem: str | None = None):
+        hints, properties = plan_compilation(plan)
+        return write_ir(plan, model, out_dir, hints, properties, stem)
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         return ModelRunner(model, plan)

@@ -8,6 +8,7 @@ import onnx
 from onnx import helper
 
 from kselect.core.contract.opkind import OnnxOp, OpKind
+from kselect.core.errors import KselectError
 from kselect.core.models.tasks import Op, constant_float_weights, explicit_pads, node_attr, tensor_shape
 
 _SUPPORTED_DIMS = "only 1-D and 2-D convolutions and 2-D transposed convolutions are tuned"
@@ -24,6 +25,7 @@ class ConvKind(OpKind):
         if isinstance(shapes, str):
             return shapes
         x, w, y, has_bias = shapes
+        check_conv(node, x, w, y)
         if len(x) == 3:
             return Op(node.name, self.name, *_as_2d(x, w, y), _conv1d_attrs(node, x, w), has_bias)
         if len(x) != 4:
@@ -110,6 +112,24 @@ class DeconvKind(OpKind):
         if any(a.get("output_padding", [0, 0])):
             text += f" op{a['output_padding'][0]}x{a['output_padding'][1]}"
         return text
+
+
+def check_conv(node: onnx.NodeProto, x: list[int], w: list[int], y: list[int]) -> None:
+    """Refuses, before anything is measured, a Conv no library can run: no output channel,
+    channels its groups do not divide or its weight does not take, a kernel larger than its
+    padded input (an output dim of 0 or less)."""
+    group = int(node_attr(node, "group", 1))
+    where = f"Conv {node.name!r}"
+    if w[0] == 0:
+        raise KselectError(f"{where} has 0 output channels")
+    if group < 1 or w[0] % group:
+        raise KselectError(f"{where}: its {w[0]} output channels do not divide into {group} groups")
+    if len(x) > 1 and x[1] != w[1] * group:
+        raise KselectError(f"{where}: its input has {x[1]} channels, its weight takes {w[1] * group} ({w[1]} per "
+                           f"group, {group} groups); check --input-shape")
+    if any(d <= 0 for d in y[2:]):
+        raise KselectError(f"{where}: its kernel {list(w[2:])} is larger than its padded input {list(x[2:])} "
+                           f"(output {'x'.join(map(str, y))})")
 
 
 def _shapes(model, node: onnx.NodeProto):

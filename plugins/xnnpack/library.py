@@ -323,7 +323,7 @@ class XnnpackLibrary(Library):
         return CallCandidate(run, lambda: result["y"])
 
     # -- plans ------------------------------------------------------------------------------
-    def apply(self, plan, model, out_dir: Path) -> list[Path]:
+    def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
         """Nothing to write: the plan JSON is the artifact; ``model_runner`` (executor.py) reads
         it and builds each op as it says."""
         return []
