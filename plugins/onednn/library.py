@@ -100,8 +100,7 @@ class OnednnLibrary(Library):
 
     def missing_precisions(self) -> dict[str, str]:
         """Each reduced precision oneDNN has no kernels for in kselect here, and why."""
-        missing = {"fp16": "no fp16 convolution or inner product in kselect's oneDNN plugin (oneDNN 2.6 "
-                           "has f16 kernels only on AVX512-FP16 / AMX-FP16 CPUs)",
+        missing = {"fp16": "no fp16 candidates in kselect's oneDNN plugin",
                    "int8": "no int8 candidates in kselect's oneDNN plugin"}
         if dnnl.availability()[0]:
             reason = prim.bf16_missing()
