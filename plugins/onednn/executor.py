@@ -264,7 +264,8 @@ class Executor:
         input converted to bf16 within the op: prim.Built)."""
         if self.plan is None:
             return {}
-        return {node: entry.get("precision", "fp32") for entry in self.plan.tasks if isinstance(entry, dict)
+        tasks = getattr(self.plan, "tasks", [])  # a plan of configs alone runs in fp32
+        return {node: entry.get("precision", "fp32") for entry in tasks if isinstance(entry, dict)
                 for node in entry.get("nodes", []) if node in self.plan.nodes}
 
     def _task(self, node) -> Task:
