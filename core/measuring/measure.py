@@ -21,6 +21,7 @@ from kselect.core.contract.opkind import op_kind
 from kselect.core.errors import one_line
 from kselect.core.models import activations
 from kselect.core.models.tasks import Task
+from kselect.core.precision.half import HALF_PRECISIONS, half_tolerance
 from kselect.core.precision.quant import int8_tolerance, quant_params
 
 
@@ -139,8 +140,10 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
         if task.precision == "int8":
             inputs["quant"] = quant_params(task, inputs, reference)
             tolerance = int8_tolerance(task, inputs, reference, inputs["quant"])
+        elif task.precision in HALF_PRECISIONS:
+            tolerance = half_tolerance(task, inputs, reference, task.precision)
         cache[task.key] = (inputs, reference, tolerance)
-    inputs, reference, int8_allowed = cache[task.key]
+    inputs, reference, precision_allowed = cache[task.key]
     try:
         with limits():
             measured = op_kind(task.kind).measure(library, task, config, inputs, settings)
@@ -152,7 +155,7 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     summary = summarise(measured["times_us"])
     tolerance = op_kind(task.kind).tolerance(task)
     if tolerance is None:
-        tolerance = int8_allowed if int8_allowed is not None else library.tolerance(task, config)
+        tolerance = precision_allowed if precision_allowed is not None else library.tolerance(task, config)
     if not error <= tolerance:
         return Result("invalid", error=error, reason=f"output differs from reference: error {error:.2e} > {tolerance:.0e}", **summary)
     return Result("ok", error=error, **summary)

@@ -27,15 +27,16 @@ if TYPE_CHECKING:
 
 def library_tasks(model: Model, library: Library, precisions: tuple[str, ...] = ("fp32",)) -> list[Task]:
     """The model's tasks this library can tune, with the library told about the model; with
-    "int8" in ``precisions``, also the int8 twins (core/precision/quant.py) the library supports."""
-    from kselect.core.precision.quant import INT8_KINDS
+    "bf16", "fp16" or "int8" in ``precisions``, also the twins at those precisions
+    (core/precision/) the library lists and supports."""
+    from kselect.core.precision.quant import TWIN_KINDS
 
     library.prepare_model(model)
     fp32 = extract_tasks(model)
     tasks = [t for t in fp32 if library.supports(t)] if "fp32" in precisions else []
     for precision in precisions:
         if precision != "fp32" and precision in library.precisions:
-            tasks += [twin for t in fp32 if t.kind in INT8_KINDS
+            tasks += [twin for t in fp32 if t.kind in TWIN_KINDS
                       for twin in [t.at_precision(precision)] if library.supports(twin)]
     if not tasks:
         raise KselectError(f"{library.name} supports none of {model.name}'s tunable ops")

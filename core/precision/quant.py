@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PRECISIONS = ("fp32", "int8")
-INT8_KINDS = ("conv", "deconv", "fc")  # op kinds with int8 twins
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # half precision: core/precision/half.py
+TWIN_KINDS = ("conv", "deconv", "fc")  # op kinds with reduced-precision (bf16, fp16, int8) twins
+INT8_KINDS = TWIN_KINDS
 OUTPUT_STEPS = 2.0  # output quantization steps allowed beyond the exact implementation's error
 
 

@@ -28,7 +28,8 @@ MAX_NDIMS = 12
 
 # -- enums (dnnl_types.h, oneDNN 2.6) --------------------------------------------------------
 SUCCESS, ITERATOR_ENDS = 0, 4
-F32 = 3
+BF16, F32 = 2, 3  # dnnl_data_type_t
+ITEM_SIZE = {BF16: 2, F32: 4}
 FORMAT_KIND_ANY, FORMAT_KIND_BLOCKED = 1, 2
 CPU_ENGINE = 1
 STREAM_DEFAULT_FLAGS = 1
@@ -292,11 +293,18 @@ def _dims(values: Sequence[int]) -> Dims:
     return dims
 
 
-def desc(shape: Sequence[int], tag: str = "any") -> MemoryDesc:
-    """An f32 memory descriptor of ``shape`` in format ``tag`` (a name of ``TAGS``)."""
+def desc(shape: Sequence[int], tag: str = "any", data_type: int = F32) -> MemoryDesc:
+    """A memory descriptor of ``shape`` in format ``tag`` (a name of ``TAGS``), f32 unless told."""
     md = MemoryDesc()
-    call("dnnl_memory_desc_init_by_tag", ctypes.byref(md), len(shape), _dims(shape), F32, TAGS[tag])
+    call("dnnl_memory_desc_init_by_tag", ctypes.byref(md), len(shape), _dims(shape), data_type, TAGS[tag])
     return md
+
+
+def as_data_type(md: MemoryDesc, data_type: int) -> MemoryDesc:
+    """``md``'s layout (blocking, padding: counted in elements) holding ``data_type``."""
+    other = md.copy()
+    other.data_type = data_type
+    return other
 
 
 def plain_desc(shape: Sequence[int]) -> MemoryDesc:
@@ -328,7 +336,7 @@ def format_name(md: MemoryDesc, names: Iterable[str]) -> str | None:
     """Which of the format ``names`` ``md`` is (same shape), or None."""
     for name in names:
         try:
-            if equal(md, desc(md.shape, name)):
+            if equal(md, desc(md.shape, name, md.data_type)):
                 return name
         except DnnlError:  # a format of another rank
             continue
@@ -361,8 +369,8 @@ class _Owned:
 
 
 class Memory(_Owned):
-    """A oneDNN memory over a numpy buffer it owns (``buffer``: flat float32, the descriptor's
-    size, padding included)."""
+    """A oneDNN memory over a numpy buffer it owns (``buffer``: flat float32 holding the
+    descriptor's size, padding included; a bf16 memory's elements are 2 bytes of it each)."""
 
     _destroy = "dnnl_memory_destroy"
 
@@ -370,8 +378,8 @@ class Memory(_Owned):
         self.md = md.copy()
         self.nbytes = size_of(self.md)
         if buffer is None:
-            buffer = aligned_buffer(self.nbytes // 4)
-            if self.nbytes > 4 * np.prod(md.shape):
+            buffer = aligned_buffer(-(-self.nbytes // 4))
+            if self.nbytes > ITEM_SIZE[self.md.data_type] * np.prod(md.shape):
                 buffer[:] = 0  # blocked formats pad channels: the padding must read as zeros
         elif buffer.nbytes < self.nbytes:
             raise ValueError(f"buffer of {buffer.nbytes} bytes for a memory of {self.nbytes}")

@@ -127,9 +127,10 @@ class Executor:
         self._tasks: dict[str, Task] = {}
         fused: dict[int, int] = {}  # activation node index -> index of the node it is fused into
         by_name = {node.name: i for i, node in enumerate(nodes)}
+        precision_of = self._planned_precisions()
         for op in find_ops(self.model):
             task = Task(op.node, "", op.kind, op.input_shape, op.weight_shape, op.output_shape, op.attrs,
-                        op.has_bias, [op.node], op.epilogue)
+                        op.has_bias, [op.node], op.epilogue, precision_of.get(op.node, "fp32"))
             if prim.post_ops(task.epilogue) is None:
                 task.epilogue = []  # its activation runs as ops of its own
             self._tasks[op.node] = task
@@ -258,6 +259,15 @@ class Executor:
         self.configs[node.name] = config
         return config
 
+    def _planned_precisions(self) -> dict[str, str]:
+        """node -> the precision the plan runs it in (a bf16 op reads and writes f32 tensors, its
+        input converted to bf16 within the op: prim.Built)."""
+        if self.plan is None:
+            return {}
+        tasks = getattr(self.plan, "tasks", [])  # a plan of configs alone runs in fp32
+        return {node: entry.get("precision", "fp32") for entry in tasks if isinstance(entry, dict)
+                for node in entry.get("nodes", []) if node in self.plan.nodes}
+
     def _task(self, node) -> Task:
         task = self._tasks.get(node.name)
         if task is None:
@@ -295,7 +305,8 @@ class Executor:
         threads = int(config.get("threads", self.default_threads))
         built = prim.Built(task, config, w, b, feed=lambda md: self._feed(node_name, source, md, threads))
         self._built.append(built)
-        self._add(node_name, built.primitive, threads)
+        for primitive in built.steps:
+            self._add(node_name, primitive, threads)
         self.impls[node_name] = built.impl
         return built
 

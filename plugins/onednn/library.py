@@ -36,14 +36,14 @@ class PrimitiveCandidate(Candidate):
         dnnl.reorder_now(plain_in, built.src)
         plain_in.close()
         self.threads = built.threads
-        fn, *args = built.primitive.step
-        self._call, self._args = fn, args
+        self._steps = [primitive.step for primitive in built.steps]
 
     def run(self) -> None:
         dnnl.set_threads(self.threads)
-        status = self._call(*self._args)
-        if status:
-            raise dnnl.DnnlError(status, "dnnl_primitive_execute")
+        for fn, *args in self._steps:
+            status = fn(*args)
+            if status:
+                raise dnnl.DnnlError(status, "dnnl_primitive_execute")
 
     def output(self) -> np.ndarray:
         dnnl.wait()
@@ -85,7 +85,30 @@ class OnednnLibrary(Library):
         ok, why = dnnl.availability()
         if not ok:
             return False, why
-        return True, f"{dnnl.effective_isa()} kernels; {dnnl.threading_control()}"
+        missing = "; ".join(f"{precision}: {reason}" for precision, reason in self.missing_precisions().items())
+        return True, f"{dnnl.effective_isa()} kernels; {dnnl.threading_control()}" + (f"; {missing}" if missing else "")
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """fp32, and bf16 where this CPU and build have bf16 kernels (``missing_precisions``)."""
+        return ("fp32",) + tuple(p for p in ("bf16",) if p not in self.missing_precisions())
+
+    @property
+    def plan_precisions(self) -> tuple[str, ...]:
+        """The executor runs a plan's bf16 ops in bf16 (executor.py): the same as ``precisions``."""
+        return self.precisions
+
+    def missing_precisions(self) -> dict[str, str]:
+        """Each reduced precision oneDNN has no kernels for in kselect here, and why."""
+        missing = {"fp16": "no fp16 candidates in kselect's oneDNN plugin",
+                   "int8": "no int8 candidates in kselect's oneDNN plugin"}
+        if dnnl.availability()[0]:
+            reason = prim.bf16_missing()
+            if reason is not None:
+                missing["bf16"] = reason
+        else:
+            missing["bf16"] = "oneDNN is not available"
+        return missing
 
     def version(self) -> str:
         major, minor, patch = dnnl.version()
@@ -94,7 +117,7 @@ class OnednnLibrary(Library):
         return f"{built} ({dnnl.effective_isa()})"
 
     def supports(self, task: Task) -> bool:
-        if task.kind not in ("conv", "deconv", "fc"):
+        if task.kind not in ("conv", "deconv", "fc") or task.precision not in self.precisions:
             return False
         if prim.post_ops(task.epilogue) is None:
             return False
@@ -156,7 +179,8 @@ class OnednnLibrary(Library):
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         model = model_from_proto(task.id, task_model(task, inputs))
-        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[], plan_level={},
+        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False,
+                    tasks=[{**task.to_json(), "nodes": ["op"]}], plan_level={},
                     nodes={"op": {"library": self.name, "config": config}})
         executor = Executor(self, model, plan)
         executor.load_inputs({"x": inputs["x"].reshape(as_conv1d(task.input_shape))})

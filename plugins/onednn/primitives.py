@@ -6,6 +6,11 @@ Layouts: a config's ``layout`` is the format the op writes its output in (what t
 the tensor in); its input format is left to the implementation (``any``), which takes the same
 format except where it reads a plain one (a first conv on 3 channels reads nchw and writes
 blocked). The weights are always ``any``: each implementation packs them its own way.
+
+Precision: a bf16 task (``Task.precision``) reads bf16 input and weights and writes f32, with the
+f32 bias and post-ops of its fp32 twin. Its input is handed over in f32 (the format the
+implementation reads, held in f32) and converted to bf16 by a reorder that is part of the op, so
+that a bf16 op reads and writes f32 as its neighbours do.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from kselect.plugins.onednn import dnnl
 LAYOUTS = ("nhwc", "nChw16c", "nChw8c", "nchw")
 LABELS = {"nchw": "NCHW", "nhwc": "NHWC", "nChw8c": "nChw8c", "nChw16c": "nChw16c"}
 FLOAT_MAX = float(np.finfo(np.float32).max)
+# the data type of a task's input and weights, by its precision
+COMPUTE_TYPES = {"fp32": dnnl.F32, "bf16": dnnl.BF16}
 
 
 # -- epilogues as post-ops ------------------------------------------------------------------
@@ -156,12 +163,14 @@ def algorithms(task: Task) -> tuple[str, ...]:
 
 def operation(task: Task, layout: str | None, src_format: str = "any", algorithm: str = "direct") -> dnnl.OpDesc:
     """The task's descriptor with its output in ``layout`` (None for fc: 2-D, plain)."""
-    weights = dnnl.desc(weight_dims(task)[0], "any")
+    compute = COMPUTE_TYPES[task.precision]
+    weights = dnnl.desc(weight_dims(task)[0], "any", compute)
     bias = dnnl.desc([task.output_shape[1]], "x") if task.has_bias else None
     if task.kind == "fc":
-        return dnnl.inner_product(dnnl.desc(task.input_shape, "nc"), weights, bias, dnnl.desc(task.output_shape, "nc"))
+        return dnnl.inner_product(dnnl.desc(task.input_shape, "nc", compute), weights, bias,
+                                  dnnl.desc(task.output_shape, "nc"))
     a = task.attrs
-    src, dst = dnnl.desc(task.input_shape, src_format), dnnl.desc(task.output_shape, layout)
+    src, dst = dnnl.desc(task.input_shape, src_format, compute), dnnl.desc(task.output_shape, layout)
     pads_begin, pads_end = a["pads"][:2], a["pads"][2:]
     if task.kind == "conv":
         return dnnl.convolution(src, weights, bias, dst, a["strides"], a["dilations"], pads_begin, pads_end,
@@ -245,12 +254,44 @@ def own_choice(task: Task) -> tuple[str, str | None] | None:
     return _offer(_key(task))[1]
 
 
+# -- which precisions this CPU and build run fast -------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def bf16_missing() -> str | None:
+    """Why oneDNN offers no bf16 kernels here, or None when it does: a bf16 convolution and inner
+    product must each have an implementation that is not oneDNN's reference one (which runs
+    anywhere, slowly), on an ISA with bf16 instructions (AVX512_BF16 or AMX; oneDNN emulates bf16
+    on plain AVX-512, at no gain over f32)."""
+    isa = dnnl.effective_isa()
+    if "bf16" not in isa and "amx" not in isa:
+        return f"no bf16 kernels: oneDNN runs {isa} here (bf16 needs AVX512_BF16 or AMX)"
+    probes = [Task("probe", "", "conv", [1, 32, 8, 8], [32, 32, 3, 3], [1, 32, 8, 8],
+                   {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1},
+                   True, [], [], "bf16"),
+              Task("probe", "", "fc", [4, 64], [32, 64], [4, 32], {"transB": 1}, True, [], [], "bf16")]
+    for probe in probes:
+        names = [name for layout in ((None,) if probe.kind == "fc" else LAYOUTS) for name in _names(probe, layout)]
+        if not any(not name.startswith("ref:") for name in names):
+            what = "inner product" if probe.kind == "fc" else "convolution"
+            return f"no bf16 {what} kernel in this oneDNN build for {isa} (only {', '.join(names) or 'none'})"
+    return None
+
+
+def _names(task: Task, layout: str | None) -> list[str]:
+    pds = dnnl.implementations(operation(task, layout))
+    names = [pd.impl for pd in pds]
+    for pd in pds:
+        pd.close()
+    return names
+
+
 # -- a configured primitive -------------------------------------------------------------------
 class Built:
     """The task's primitive as ``config`` says: the implementation named ``config["impl"]`` for an
     output in ``config["layout"]``, built on ``config["threads"]`` threads. ``src`` / ``dst``:
-    the memories it reads and writes, in the formats the implementation chose. ``feed(md)``, if
-    given, returns the memory to read (the runner's tensor, or a reordered copy of it)."""
+    the memories it reads and writes, in the formats the implementation chose (``src`` in f32
+    for a bf16 task: ``steps`` convert it first). ``feed(md)``, if given, returns the memory to
+    read (the runner's tensor, or a reordered copy of it). ``steps``: the primitives one run
+    executes, in order."""
 
     def __init__(self, task: Task, config: dict, w: np.ndarray, b: np.ndarray | None, feed=None):
         self.task = task
@@ -281,18 +322,25 @@ class Built:
                 raise dnnl.DnnlError(3, f"implementation {config['impl']!r} is not offered{where} (offered: "
                                         f"{offered_names})")
             self.impl = config["impl"]
-            self.src_md, self.dst_md = chosen.src, chosen.dst
+            self.src_md = dnnl.as_data_type(chosen.src, dnnl.F32)
+            self.dst_md = chosen.dst
             self.src = feed(self.src_md) if feed is not None else self._memory(self.src_md)
             self.dst = self._memory(self.dst_md)
             if not dnnl.equal(self.src.md, self.src_md):
                 raise ValueError("Built: the input memory is not in the implementation's format")
-            args = {dnnl.ARG_SRC: self.src, dnnl.ARG_DST: self.dst,
+            self.to_compute_type = None
+            source = self.src
+            if not dnnl.equal(chosen.src, self.src_md):  # a bf16 task's input, converted in the op
+                source = self._memory(chosen.src)
+                self.to_compute_type = dnnl.reorder(self.src, source)
+            args = {dnnl.ARG_SRC: source, dnnl.ARG_DST: self.dst,
                     dnnl.ARG_WEIGHTS: self._weights(w, chosen.weights)}
             if task.has_bias:
                 bias = self._memory(dnnl.desc([task.output_shape[1]], "x"))
                 bias.plain_view()[...] = np.asarray(b, np.float32).reshape(-1)
                 args[dnnl.ARG_BIAS] = bias
             self.primitive = dnnl.Primitive(chosen, args)
+            self.steps = [p for p in (self.to_compute_type, self.primitive) if p is not None]
         finally:
             for _, pd in pds:
                 pd.close()
@@ -314,9 +362,9 @@ class Built:
         return packed
 
     def close(self) -> None:
-        primitive = getattr(self, "primitive", None)
-        if primitive is not None:
-            primitive.close()
+        for primitive in (getattr(self, "to_compute_type", None), getattr(self, "primitive", None)):
+            if primitive is not None:
+                primitive.close()
         for memory in self._owned:
             memory.close()
         self._owned = []

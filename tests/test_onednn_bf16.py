@@ -1,0 +1,134 @@
+"""oneDNN's bf16 kernels as candidates (on a CPU with AVX512_BF16 or AMX): bf16 conv, depthwise,
+deconv and inner product twins measured against the float64 reference within the format's
+tolerance on real bf16 kernels; a candidate computing wrongly in half precision rejected; a plan
+with bf16 and fp32 ops run end to end through kselect.load_plan."""
+
+from __future__ import annotations
+
+import graphs
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import kselect
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
+from kselect.core.models.model import model_from_proto
+from kselect.core.models.tasks import Task, extract_tasks, task_key
+from kselect.core.plans.plan import Plan
+from kselect.core.precision.half import half_tolerance
+from kselect.plugins.onednn import dnnl
+from kselect.plugins.onednn import primitives as prim
+from kselect.plugins.onednn.library import OnednnLibrary
+
+_OK, _REASON = dnnl.availability()
+pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
+needs_bf16 = pytest.mark.skipif(not _OK or prim.bf16_missing() is not None,
+                                reason=_OK and f"oneDNN has no bf16 kernels here: {prim.bf16_missing()}")
+
+QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.02, timeout_s=60)
+RELU = [["Relu", ["x"], {}]]
+SILU = [["Sigmoid", ["x"], {}], ["Mul", ["x", "t0"], {}]]
+
+
+def _task(kind, x, w, y, attrs, epilogue=()) -> Task:
+    signature = {"kind": kind, "x": x, "w": w, "y": y, "attrs": attrs, "epilogue": list(epilogue)}
+    return Task(kind, task_key(signature), kind, x, w, y, attrs, True, [kind], list(epilogue)).at_precision("bf16")
+
+
+def _conv(x, w, y, k, stride=1, group=1, epilogue=()) -> Task:
+    attrs = {"kernel": [k, k], "strides": [stride, stride], "pads": [k // 2] * 4, "dilations": [1, 1], "group": group}
+    return _task("conv", x, w, y, attrs, epilogue)
+
+
+BF16_TASKS = {
+    "conv 3x3 relu": _conv([1, 32, 14, 14], [64, 32, 3, 3], [1, 64, 14, 14], 3, epilogue=RELU),
+    "depthwise silu": _conv([1, 64, 14, 14], [64, 1, 3, 3], [1, 64, 7, 7], 3, stride=2, group=64, epilogue=SILU),
+    "deconv 2x2": _task("deconv", [1, 32, 7, 9], [32, 16, 2, 2], [1, 16, 14, 18],
+                        {"kernel": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+                         "group": 1, "output_padding": [0, 0]}),
+    "fc": _task("fc", [4, 512], [100, 512], [4, 100], {"alpha": 1.0, "beta": 1.0, "transB": 1}),
+}
+
+
+@pytest.fixture(scope="module")
+def onednn():
+    return plugins.get_library("onednn")
+
+
+def test_bf16_is_listed_exactly_where_onednn_has_bf16_kernels(onednn):
+    ok, status = onednn.availability()
+    assert ok
+    missing = prim.bf16_missing()
+    assert ("bf16" in onednn.precisions) == (missing is None)
+    assert onednn.plan_precisions == onednn.precisions
+    assert "fp16" in onednn.missing_precisions() and "fp16" not in onednn.precisions
+    if missing is not None:  # a CPU without AVX512_BF16 / AMX: the status says why
+        assert f"bf16: {missing}" in status
+        assert not onednn.supports(BF16_TASKS["fc"])
+
+
+@needs_bf16
+@pytest.mark.parametrize("name", list(BF16_TASKS))
+def test_bf16_kernels_match_the_reference_within_the_formats_tolerance(onednn, name):
+    task = BF16_TASKS[name]
+    assert onednn.supports(task)
+    default = onednn.default_config(task, this_device())
+    assert "bf16" in default["impl"]  # oneDNN's own pick is a bf16 kernel (jit / brgemm on avx512_core_bf16)
+    inputs = task_inputs(task)
+    tolerance = half_tolerance(task, inputs, reference_output(task, inputs), "bf16")
+    bf16_kernels = [c for c in onednn.space(task, this_device()).enumerate() if "bf16" in c["impl"]]
+    assert bf16_kernels
+    for config in bf16_kernels:
+        result = measure_in_this_process(onednn, task, config, QUICK, {})
+        assert result.status == "ok", (config, result.reason)
+        # bf16 arithmetic, not f32: well above f32's rounding, within the format's tolerance
+        assert 1e-4 < result.error <= tolerance
+
+
+class TruncatingWeights(OnednnLibrary):
+    """Real oneDNN bf16 kernels given weights truncated to 4 significant bits (a conversion that
+    drops bits where it should round): they run and compute the wrong thing. The measuring code
+    builds it here, in this process."""
+
+    def prepare(self, task, config, inputs):
+        w = (np.ascontiguousarray(inputs["w"], np.float32).view(np.uint32) & np.uint32(0xFFF00000)).view(np.float32)
+        return super().prepare(task, config, {**inputs, "w": w})
+
+
+@needs_bf16
+@pytest.mark.parametrize("name", ["conv 3x3 relu", "fc"])
+def test_a_bf16_candidate_computing_wrongly_is_rejected(name):
+    wrong, task = TruncatingWeights(), BF16_TASKS[name]
+    result = measure_in_this_process(wrong, task, wrong.default_config(task, this_device()), QUICK, {})
+    assert result.status == "invalid" and "differs from reference" in result.reason
+
+
+@needs_bf16
+def test_a_plan_with_bf16_and_fp32_ops_runs_through_load_plan(onednn):
+    """small_cnn with its block's first conv, the strided conv, the depthwise conv and the Gemm in
+    bf16 and the rest in fp32: bf16 kernels run those nodes, and the output is within a bf16
+    budget of ONNX Runtime's fp32 output (not equal to it: bf16 did run)."""
+    model = model_from_proto("small", graphs.small_cnn())
+    in_bf16 = {"block.conv1", "down", "dw", "fc"}
+    tasks, nodes = [], {}
+    for task in extract_tasks(model):
+        twin = task.at_precision("bf16" if set(task.nodes) & in_bf16 else "fp32")
+        config = onednn.default_config(twin, this_device())
+        tasks.append({**twin.to_json(), "library": "onednn", "config": config})
+        nodes.update({node: {"task": twin.id, "library": "onednn", "config": config} for node in twin.nodes})
+    plan = Plan(model={}, device={}, libraries={"onednn": onednn.version()}, emulated=False, plan_level={},
+                tasks=tasks, nodes=nodes)
+    x = np.random.default_rng(4).standard_normal(model.input_shapes["input"], dtype=np.float32)
+    runner = kselect.load_plan(plan, model)
+    try:
+        output = runner.run({"input": x})[0]
+        impls = runner.runners[0].impls
+    finally:
+        runner.close()
+    assert {node for node, impl in impls.items() if "bf16" in impl} == in_bf16
+    session = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = session.run(None, {"input": x})[0]
+    error = float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference)))
+    assert 1e-5 < error < 4 * 2.0 ** -8 * len(in_bf16)  # a few bf16 units per bf16 op at most
