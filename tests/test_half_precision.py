@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import run_kselect
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
@@ -117,3 +118,13 @@ def test_an_exact_half_precision_candidate_passes_and_a_wrong_one_is_rejected(ma
         wrong = RoundedInputs(truncated_to_4_bits)
         result = measure_in_this_process(wrong, twin, wrong.default_config(twin, device), QUICK, {})
         assert result.status == "invalid" and "differs from reference" in result.reason
+
+
+def test_a_tune_asking_for_half_precision_is_refused_in_one_line_before_measuring(tmp_path):
+    """bf16 / fp16 kernels are measured per op, but the budgeted choice is between fp32 and int8:
+    a tune asking for bf16 says so and writes nothing, rather than tuning fp32 without a word."""
+    db, plan = tmp_path / "records.db", tmp_path / "resnet18.plan.json"
+    result = run_kselect("tune", "resnet18", "--library", "onednn", "--precision", "fp32,bf16", "--db", db, "-o", plan)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "bf16 kernels are measured per op" in result.stderr
+    assert not db.exists() and not plan.exists()

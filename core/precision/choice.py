@@ -39,12 +39,19 @@ def int8_request(model: Model, libraries: list[Library], config: "TuneConfig") -
     max_drop, metric, preprocess = config.max_accuracy_drop, config.metric, config.image_preprocess
     from kselect.core.precision.accuracy import get_metric, user_metric
     from kselect.core.precision.calibration import calibration_for, compute_ranges
+    from kselect.core.precision.half import HALF_PRECISIONS
     from kselect.core.precision.quant import PRECISIONS
 
     wanted = [p.strip() for p in precision.split(",")] if isinstance(precision, str) else list(precision)
     unknown = [p for p in wanted if p not in PRECISIONS]
     if unknown or "fp32" not in wanted:
         raise KselectError(f"--precision {','.join(wanted)}: give fp32 or fp32,int8 (known: {', '.join(PRECISIONS)})")
+    half = [p for p in wanted if p in HALF_PRECISIONS]
+    if half:
+        # bf16 / fp16 twins are measured per op (oneDNN's bf16 kernels, core/precision/half.py), but the
+        # budgeted search below walks between int8 and fp32 only
+        raise KselectError(f"--precision {','.join(wanted)}: {' and '.join(half)} kernels are measured per op, but the "
+                           f"accuracy-budgeted choice is between fp32 and int8 so far: give fp32 or fp32,int8")
     if "int8" not in wanted:
         if calibration is not None or preprocess is not None:
             raise KselectError("--calibration is for int8: add --precision fp32,int8")
