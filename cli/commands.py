@@ -658,11 +658,12 @@ def _force_warning(problem: str) -> None:
 
 
 def cmd_plan_apply(args) -> None:
-    from kselect.core.paths import check_output_folder
+    from kselect.core.paths import check_output_folder, protect_inputs
     from kselect.core.plans.plan import artifact_stem
 
     model = load_model(args.model, args.input_shape)
     output_dir = check_output_folder(args.output_dir, "-o", "the plan's artifacts")
+    protect_inputs({"the model": model.source, "the plan": args.plan})
     plan = _checked_plan(args, model)
     note = ("a cross-library plan has no library artifact: the plan JSON is what an app loads "
             "(kselect.load_plan(PLAN, MODEL).run(inputs))")

@@ -37,6 +37,31 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
+# The files the running command reads (its model, record database, plan, calibration data), as
+# check_output was told: nothing the command writes may replace one, whatever name a library gives
+# its artifacts (plans.plan.write_atomically asks ``refuse_inputs`` before every write).
+_inputs_of_this_command: dict[Path, str] = {}
+
+
+def protect_inputs(reads: dict) -> None:
+    """Remember ``reads`` (what it is -> its path) as files this command must never write over."""
+    for what, source in reads.items():
+        if source is not None and Path(str(source)).expanduser().is_file():
+            _inputs_of_this_command[Path(str(source)).expanduser()] = what
+
+
+def refuse_inputs(path: Path, what: str) -> None:
+    """A one-line error if ``path`` is a file this command reads (``protect_inputs``)."""
+    from kselect.core.errors import KselectError
+
+    if not path.exists():
+        return
+    for source, source_what in _inputs_of_this_command.items():
+        if _same_file(path, source):
+            raise KselectError(f"{path} is {source_what} this command reads: writing {what} there would destroy it; "
+                               f"give another path")
+
+
 def check_output(path, option: str, what: str, reads: dict | None = None, kind: str = "a file") -> Path:
     """The one check of a file a command will write, made before any work whose result would be
     lost: a name is given; it is not a file the same command reads (``reads``: what it is ->
@@ -48,6 +73,7 @@ def check_output(path, option: str, what: str, reads: dict | None = None, kind: 
     if path is None or not str(path).strip():
         raise KselectError(f"{option} '': give a file name for {what}")
     path = Path(path).expanduser()
+    protect_inputs(reads or {})
     for source_what, source in (reads or {}).items():
         if source is not None and Path(str(source)).expanduser().is_file() and path.exists() and \
                 _same_file(path, Path(str(source)).expanduser()):

@@ -8,9 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 from graphs import small_cnn
-from helpers import REPO, run_kselect  # noqa: F401
-
-# test_faults.py and test_cli_errors.py still import run_kselect and small_cnn from here
+from helpers import REPO
 
 
 @pytest.fixture

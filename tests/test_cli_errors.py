@@ -5,7 +5,8 @@ import sqlite3
 
 import onnx
 import pytest
-from conftest import run_kselect, small_cnn
+from graphs import small_cnn
+from helpers import run_kselect
 from onnx import TensorProto, helper
 
 

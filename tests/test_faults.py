@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, run_kselect
+from graphs import small_cnn
+from helpers import REPO, run_kselect
 
 from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.measuring.worker import MeasureWorker
@@ -203,7 +204,6 @@ def _statuses_or_empty(db):
 @pytest.fixture(scope="module")
 def small_plan(tmp_path_factory):
     import onnx
-    from conftest import small_cnn
 
     folder = tmp_path_factory.mktemp("plan")
     model = folder / "small.onnx"
@@ -562,7 +562,6 @@ def test_case_02_artifacts_are_named_after_their_plan_so_two_plans_of_one_model_
     import json
 
     import onnx
-    from conftest import small_cnn
 
     model = tmp_path / "good.onnx"
     onnx.save(small_cnn(dynamic=True), model)
@@ -580,6 +579,22 @@ def test_case_02_artifacts_are_named_after_their_plan_so_two_plans_of_one_model_
     assert [d.dim_value for d in shapes["a"].dim] == [1, 3, 32, 32]
     assert [d.dim_value for d in shapes["b"].dim] == [1, 3, 48, 48]
     assert not (tmp_path / "good.kselect.onnx").exists()
+
+
+def test_case_02_an_artifact_whose_name_is_the_model_never_replaces_it(tmp_path):
+    """A model named like its plan's artifact (``a.kselect.onnx`` tuned with ``-o a.plan.json``):
+    the artifact is refused in one line and the model keeps its bytes; the plan is written."""
+    import onnx
+
+    model = tmp_path / "a.kselect.onnx"
+    onnx.save(small_cnn(), model)
+    before = model.read_bytes()
+    result = run_kselect("tune", model, "--library", "mlas", "--budget", "1", "--min-time", "0.01", "--no-verify",
+                         "--db", tmp_path / "r.db", "-o", tmp_path / "a.plan.json")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {model} is the model this command reads: writing an output "
+                                                  f"there would destroy it; give another path"]
+    assert model.read_bytes() == before and (tmp_path / "a.plan.json").is_file()
 
 
 @pytest.mark.parametrize("node", ["fifo", "character device"])
@@ -679,7 +694,6 @@ def test_case_18_a_sqlite_url_as_db_is_the_file_it_names(tmp_path, small_model_p
 @pytest.fixture(scope="module")
 def small_mlas_plan(tmp_path_factory):
     import onnx
-    from conftest import small_cnn
 
     folder = tmp_path_factory.mktemp("mlas-plan")
     model = folder / "small.onnx"
@@ -949,7 +963,6 @@ def test_case_16_an_input_shape_against_the_weights_is_refused_and_a_static_dim_
 def _model_with(tmp_path, name, extra_nodes, extra_inputs, extra_inits, ir_version=8):
     """small_cnn's graph with nodes, inputs and initializers added."""
     import onnx
-    from conftest import small_cnn
 
     proto = small_cnn()
     proto.ir_version = ir_version

@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import run_kselect, small_cnn
+from graphs import small_cnn
+from helpers import run_kselect
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device

@@ -15,6 +15,7 @@ from kselect.core.errors import KselectError, OutputError
 from kselect.core.measuring.device import Device
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
+from kselect.core.paths import refuse_inputs
 from kselect.core.records.store import Record
 
 PLAN_FORMAT = "kselect-plan/1"
@@ -279,13 +280,15 @@ def artifact_stem(plan_path: str | Path) -> str:
 def write_atomically(path: Path, content: str | bytes) -> None:
     """``path`` holds ``content`` or what it held before, never a part (a full disk, a kill): it
     is written to a file beside it, then renamed over it. A path that is not a regular file (a
-    device node, a FIFO, a folder) is refused, never replaced."""
+    device node, a FIFO, a folder), or a file the running command reads (core/paths.protect_inputs),
+    is refused, never replaced."""
     import os
     import tempfile
 
     path = Path(path)
     if path.exists() and not path.is_file():
         raise KselectError(f"{path} is not a regular file: kselect does not replace it")
+    refuse_inputs(path, "an output")
     descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as f:
