@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table as _RichTable
 from rich.text import Text
 
-from kselect.core.contract import plugins
 from kselect.cli.output import styled
+from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import this_device
 from kselect.core.models.model import load_model
@@ -392,8 +392,8 @@ def cmd_tune(args) -> None:
 
 
 def fleet_db(config) -> str:
-    from kselect.core.records.store import database_location
     from kselect.core.records.sql import shown
+    from kselect.core.records.store import database_location
 
     return shown(str(database_location(config.db)))
 

@@ -22,19 +22,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kselect.core.config import TuneConfig
 from kselect.core.contract import plugins
 from kselect.core.contract.library import Library
-from kselect.core.config import TuneConfig
 from kselect.core.cross_library.keep import plan_and_keep_across
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device, this_device
-from kselect.core.measuring.tuning_loop import Reporter, TaskOutcome, TuneOptions
+from kselect.core.measuring.lock import measuring_lock
+from kselect.core.measuring.tuning_loop import Reporter, TaskOutcome, TuneOptions, library_tasks, tune_tasks
 from kselect.core.models.model import Model, load_model
 from kselect.core.models.tasks import Task, extract_tasks
-from kselect.core.plans.plan import Plan, artifact_stem
+from kselect.core.paths import check_output
+from kselect.core.plans.library_plan import verified_library_plan
+from kselect.core.plans.plan import Plan, artifact_stem, check_plan, load_plan_file, validate_plan
+from kselect.core.plans.runtime import load_plan
 from kselect.core.precision.choice import Int8Request, choose_precision, int8_request
-from kselect.core.records.fleet import FleetReport
+from kselect.core.records.fleet import Fleet, FleetReport, tune_id
 from kselect.core.records.store import RecordDB, database_location
+from kselect.core.whole_model.alone import bench_alone
+from kselect.core.whole_model.bench import bench_in_process, fresh_runners
 
 if TYPE_CHECKING:
     from kselect.core.precision.mixed import PrecisionSearch
@@ -146,9 +152,6 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
     ``precision="fp32,int8"`` adds each op's int8 kernels (core/precision/quant.py) and chooses
     which ops run in int8 under ``max_accuracy_drop`` of ``metric``, measured on held-out feeds of
     ``calibration`` (core/precision/choice.py); the plan stores the front, the metric and the budget."""
-    from kselect.core.measuring.tuning_loop import library_tasks, tune_tasks
-    from kselect.core.records.fleet import Fleet, tune_id
-
     if config is None:
         config = TuneConfig.from_options(**options)
     elif options:
@@ -239,8 +242,6 @@ class _MeasuringLock:
             self.events.waiting_for_lock(holder)
 
     def __call__(self):
-        from kselect.core.measuring.lock import measuring_lock
-
         return measuring_lock(self.device.fingerprint, on_wait=self._waiting)
 
 
@@ -268,8 +269,6 @@ def plan_library(model: Model, library: Library, device: Device, db: RecordDB, c
     library default end to end (``config.verify``), else the tuned one. With ``int8`` (the int8
     twins among ``tasks``), the mixed-precision plan under the budget replaces it when it is shown
     faster end to end (core/precision/choice.py)."""
-    from kselect.core.plans.library_plan import verified_library_plan
-
     events = events or TuneEvents()
     start = time.perf_counter()
     fp32 = [(t, o) for t, o in zip(tasks, outcomes) if t.precision == "fp32"]
@@ -302,8 +301,6 @@ def save(result: TuneResult, path: str | Path) -> list[Path]:
 def checked_plan(plan: Plan | str | Path, model: Model, force: bool = False, on_warning=None) -> Plan:
     """A plan file (or Plan) checked against ``model`` and this device: made for another device
     or library build, it is refused unless ``force`` (then each problem goes to ``on_warning``)."""
-    from kselect.core.plans.plan import check_plan, load_plan_file, validate_plan
-
     if not isinstance(plan, Plan):
         plan = load_plan_file(plan)
     versions = {}
@@ -326,10 +323,6 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
     processes, rounds taking turns, with per-round speedups and their bounds (the protocol whole-
     model results are decided with); otherwise interleaved in this process. Returns the figures,
     the largest output error against the baseline included."""
-    from kselect.core.plans.runtime import load_plan
-    from kselect.core.whole_model.alone import bench_alone
-    from kselect.core.whole_model.bench import bench_in_process, fresh_runners
-
     if not isinstance(model, Model):
         model = load_model(str(model), list(input_shape))
     plan = checked_plan(plan, model, force, on_warning)
@@ -349,9 +342,6 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
 def check_plan_path(path, model: Model | None = None, db=None) -> Path:
     """Refuses, before anything is measured, a plan path that cannot be written or would destroy
     what the tune reads (the model, the record database)."""
-    from kselect.core.paths import check_output
-    from kselect.core.records.store import database_location
-
     reads = {"the model": model.source if model is not None else None,
              "the record database": None if isinstance(db, RecordDB) else database_location(db)}
     return check_output(path, "-o", "the plan", reads, kind="a plan file")

@@ -20,6 +20,7 @@ from pathlib import Path
 from kselect.core.errors import KselectError
 from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.records.fleet import DEFAULT_LEASE_S
+from kselect.core.records.store import database_location
 
 # Upper limits past which a tune cannot finish on any machine (every candidate would time out, or
 # a round would never end): refused rather than run for days.
@@ -132,8 +133,6 @@ class TuneConfig:
         if self.storage is not None:
             check_storage(self.storage)
         if isinstance(self.db, (str, Path)):
-            from kselect.core.records.store import database_location
-
             database_location(self.db)  # an empty location or an unknown URL scheme is refused here
         if self.db is not None and not isinstance(self.db, (str, Path)) and not hasattr(self.db, "records"):
             raise KselectError(f"db {self.db!r}: give a database file, a postgresql:// URL or a RecordDB (db)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kselect.core.errors import KselectError
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("KSELECT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kselect"))
@@ -18,7 +20,6 @@ def check_can_create(path: Path, what: str, hint: str = "", is_folder: bool = Fa
     "cannot write {what} {path}"."""
     import tempfile
 
-    from kselect.core.errors import KselectError
 
     folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
     if is_folder and path.is_dir():
@@ -52,8 +53,6 @@ def protect_inputs(reads: dict) -> None:
 
 def refuse_inputs(path: Path, what: str) -> None:
     """A one-line error if ``path`` is a file this command reads (``protect_inputs``)."""
-    from kselect.core.errors import KselectError
-
     if not path.exists():
         return
     for source, source_what in _inputs_of_this_command.items():
@@ -68,8 +67,6 @@ def check_output(path, option: str, what: str, reads: dict | None = None, kind: 
     its path, such as ``{"the model": ..., "the record database": ...}``; names that are no
     file, a built-in model or a URL, are passed over); it is a regular file or nothing yet (not
     a folder, a device node, a FIFO); and its folder is writable. Returns it as a Path."""
-    from kselect.core.errors import KselectError
-
     if path is None or not str(path).strip():
         raise KselectError(f"{option} '': give a file name for {what}")
     path = Path(path).expanduser()
@@ -90,8 +87,6 @@ def check_output(path, option: str, what: str, reads: dict | None = None, kind: 
 
 def check_output_folder(path, option: str, what: str) -> Path:
     """A folder a command will write files into: a folder or nothing yet, in a writable place."""
-    from kselect.core.errors import KselectError
-
     if path is None or not str(path).strip():
         raise KselectError(f"{option} '': give a folder for {what}")
     path = Path(path).expanduser()

@@ -24,7 +24,9 @@ import numpy as np
 from kselect.core.contract.space import config_key
 from kselect.core.errors import KselectError
 from kselect.core.measuring.measure import Result
+from kselect.core.measuring.tuning_loop import library_tasks
 from kselect.core.models.tasks import Task
+from kselect.core.plans.plan import choose
 from kselect.core.records.store import Record
 from kselect.search.xgb import CostModel
 
@@ -126,8 +128,6 @@ def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dic
                   stored: dict[str, dict[str, float]] | None = None) -> tuple[dict, list[OpPrediction]]:
     """Predictions for ``tasks`` from training ``rows`` (task, config, time_us); returns the
     plan-level assignment and one ``OpPrediction`` per task."""
-    from kselect.core.plans.plan import choose
-
     predicted, own_counts = predicted_records(tasks, library, device, rows, defaults, seed, exclude_own)
     assignment, choices = choose(tasks, predicted, {t.key: library.space(t, device).normalise(defaults[t.key])
                                                     for t in tasks}, library.plan_level_dims)
@@ -144,8 +144,6 @@ def predict_tasks(tasks: list[Task], library, device, rows: list[tuple[Task, dic
 def predict_model(model, library, device, db, seed: int = 0, exclude_own: bool = False) -> ModelPrediction:
     """Per-op and summed latency of ``model`` on ``library``, predicted from the records in
     ``db`` (a ``RecordDB``) for this device and library build, without measuring anything."""
-    from kselect.core.measuring.tuning_loop import library_tasks
-
     version = library.version()
     tasks = library_tasks(model, library)
     rows = training_rows(db, device.fingerprint, library.name, version)

@@ -22,10 +22,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kselect.core.contract import plugins
 from kselect.core.contract.runner import Runner
 from kselect.core.contract.space import Categorical, Integer, Space, WorkloadSplit, config_key
 from kselect.core.errors import KselectError
 from kselect.core.measuring.measure import Result
+from kselect.core.measuring.tuning_loop import search_task
 from kselect.core.models.tasks import Task
 
 TABLE_FORMAT = "kselect-replay/1"
@@ -201,7 +203,6 @@ def resolve_searcher(name_or_class):
 
         module, attribute = BUILTIN_SEARCHERS[name_or_class]
         return getattr(importlib.import_module(module), attribute)
-    from kselect.core.contract import plugins
 
     return plugins.get_searcher(name_or_class)
 
@@ -276,8 +277,6 @@ def run_searcher(searcher, replay_task: ReplayTask, budget: int, seed: int = 0,
 
     With ``check`` a searcher that proposes a config it was told about, or one outside the space
     (conditions and constraints), raises ``ReplayError``."""
-    from kselect.core.measuring.tuning_loop import search_task
-
     searcher_class = resolve_searcher(searcher)
     name = getattr(searcher_class, "name", "") or searcher_class.__name__
     trajectory = Trajectory(name, replay_task.key, seed)

@@ -27,11 +27,22 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from kselect.core.api import tune
+from kselect.core.config import TuneConfig
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import Library
 from kselect.core.contract.space import ROLES
+from kselect.core.cross_library.conversions import conversion_task
+from kselect.core.errors import KselectError
+from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import library_tasks
+from kselect.core.measuring.worker import MeasureWorker
+from kselect.core.models.model import model_from_proto
+from kselect.core.models.tasks import extract_tasks
+from kselect.core.plans.runtime import library_runner
 from kselect.core.precision.quant import PRECISIONS
+from kselect.core.whole_model.bench import compare_outputs
 
 QUICK = MeasureSettings(timeout_s=300, min_time_s=0.005, min_repeats=3, max_time_s=0.5)
 TOLERANCE = 1e-3  # largest output error, relative to the output's largest magnitude, against ONNX Runtime
@@ -89,40 +100,28 @@ class _Subject:
     """The library under check and what the checks share: the model, its tasks, one tune."""
 
     def __init__(self, library: Library, budget: int):
-        from kselect.core.models.model import model_from_proto
-
         self.library = library
         self.budget = budget
         self.model = model_from_proto("contract_cnn", contract_model())
 
     @cached_property
     def device(self):
-        from kselect.core.measuring.device import this_device
-
         return this_device()
 
     @cached_property
     def tasks(self):
-        from kselect.core.models.tasks import extract_tasks
-
         self.library.prepare_model(self.model)
         return [task for task in extract_tasks(self.model) if self.library.supports(task)]
 
     @cached_property
     def int8_tasks(self):
         """The int8 twins the library supports (none unless it lists int8 in ``precisions``)."""
-        from kselect.core.measuring.tuning_loop import library_tasks
-
         if "int8" not in self.library.precisions:
             return []
         return [t for t in library_tasks(self.model, self.library, ("int8",)) if t.precision == "int8"]
 
     @cached_property
     def tuned(self):
-        from kselect.core.api import tune
-        from kselect.core.config import TuneConfig
-        from kselect.core.errors import KselectError
-
         with tempfile.TemporaryDirectory() as folder:
             try:
                 config = TuneConfig(search="random", budget=self.budget, db=Path(folder) / "records.db",
@@ -221,8 +220,6 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
         _matches(library_runner_output(s.tuned.plan), "with the tuned plan")
 
     def library_runner_output(plan):
-        from kselect.core.plans.runtime import library_runner
-
         runner = library_runner(library, s.model, plan)
         try:
             return runner(dict(s.feeds))
@@ -230,8 +227,6 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
             runner.close()
 
     def _matches(outputs, how):
-        from kselect.core.whole_model.bench import compare_outputs
-
         error = compare_outputs(s.reference, outputs)
         _require(error <= TOLERANCE, f"the whole model {how} differs from ONNX Runtime's output: error {error:.2e}")
 
@@ -240,9 +235,6 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
             _require(isinstance(library.runs_op(op_type), bool), f"runs_op({op_type!r}) is not a bool")
 
     def conversions_keep_values():
-        from kselect.core.cross_library.conversions import conversion_task
-        from kselect.core.measuring.worker import MeasureWorker
-
         if not library.mixes:
             return
         labels = {library.layout_label(library.space(t, s.device).normalise(library.default_config(t, s.device)))
@@ -258,8 +250,6 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
     def int8_defaults_match_the_reference():
         """A library listing int8: each int8 twin it supports has a space holding its default,
         which measures ok within the int8 tolerance (core/precision/quant.py)."""
-        from kselect.core.measuring.worker import MeasureWorker
-
         if "int8" not in library.precisions:
             return
         _require(bool(s.int8_tasks), "precisions lists int8 but no int8 twin of a conv or fc is supported")

@@ -27,6 +27,7 @@ import numpy as np
 from kselect.core.contract.labels import INT8, Label
 from kselect.core.contract.space import Space
 from kselect.core.measuring.device import Device
+from kselect.core.measuring.measure import time_candidate
 from kselect.core.models.tasks import Task
 
 
@@ -101,8 +102,6 @@ class KernelSource(ABC):
         return self._time_fresh(lambda: self.prepare(task, config, inputs), settings)
 
     def _time_fresh(self, build: Callable[[], Candidate], settings) -> dict:
-        from kselect.core.measuring.measure import time_candidate
-
         times, output = [], None
         for _ in range(self.fresh_instances):
             candidate = build()

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import onnx
 
+from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
 
 
@@ -84,8 +85,6 @@ class OpKind(ABC):
 
 def op_kinds() -> dict[str, OpKind]:
     """Every registered kind by name (one instance per process)."""
-    from kselect.core.contract import plugins
-
     return plugins.op_kinds()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kselect.core.contract.space import config_key
 from kselect.core.cross_library.assembly import build_cross_plan
+from kselect.core.cross_library.conversions import measure_conversions
 from kselect.core.cross_library.problem import Choice, CrossProblem, cross_problem
 from kselect.core.cross_library.switches import measure_sleep_costs, measure_switch_costs
 from kselect.core.measuring.tuning_loop import library_defaults, library_tasks, stored_outcomes
@@ -19,6 +20,7 @@ from kselect.core.measuring.tuning_loop import remeasure as remeasure_configs
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task, extract_tasks
 from kselect.core.plans.plan import Plan
+from kselect.core.precision.quant import INT8_KINDS
 
 REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored record; re-time that one too
 
@@ -34,9 +36,6 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     between them. ``int8_nodes``: ops that may also run in int8, on any library whose plans hold
     int8 ops and that measured their int8 twins (precision then chosen per op with the library;
     the accuracy is the caller's to check: core/precision/mixed.py)."""
-    from kselect.core.cross_library.conversions import measure_conversions
-    from kselect.core.precision.quant import INT8_KINDS
-
     task_lists, defaults, plan_level = {}, {}, {}
     for name, library in libraries.items():
         int8 = bool(int8_nodes) and "int8" in library.plan_precisions

@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from kselect.core.contract import plugins
 from kselect.core.contract.labels import boundary_label, is_int8_label, library_of
 from kselect.core.contract.space import config_key
 from kselect.core.cross_library.conversions import (
@@ -409,8 +410,6 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
     An int8 twin among ``tasks`` (core/precision/quant.py) offers its records, labelled ``<library>:int8``
     (the quantize / dequantize labels of core/precision/mixed.py), on its nodes in ``int8_nodes`` only:
     those ops may run in int8 on any library that measured them, or in fp32."""
-    from kselect.core.contract import plugins
-
     problem = CrossProblem(crossing=crossing_libraries(libraries), model=model,
                            runs_op=lambda name, op_type: (libraries.get(name) or plugins.get_library(name)).runs_op(op_type))
     task_of = {node: task for task in tasks if task.precision == "fp32" for node in task.nodes}

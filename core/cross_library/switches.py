@@ -34,6 +34,7 @@ from kselect.core.measuring.device import this_device
 from kselect.core.measuring.tuning_loop import library_tasks
 from kselect.core.models.model import Model, model_from_proto
 from kselect.core.plans.plan import Plan, plan_node, plan_task
+from kselect.core.plans.runtime import load_plan
 from kselect.core.plans.spinning import spin_dims, spinning_variants, with_spinner
 
 CHAIN = dict(channels=32, size=28, convs=6)
@@ -118,8 +119,6 @@ def _chain() -> tuple[Model, dict, list[str]]:
 def measure_switch_costs(names: list[str], rounds: int = ROUNDS) -> dict[tuple[str, str], float]:
     """(from library, to library) -> microseconds per switch, for every ordered pair of ``names``
     (a negative difference counts as 0)."""
-    from kselect.core.plans.runtime import load_plan
-
     model, feeds, convs = _chain()
     costs: dict[tuple[str, str], float] = {}
     for i, first in enumerate(names):
@@ -146,8 +145,6 @@ def measure_sleep_costs(names: list[str], rounds: int = ROUNDS) -> dict[str, flo
     the chain run alone in that library with its default configs, sleeping minus spinning (medians
     of interleaved runs), over its convs. Only libraries with a spinning setting are measured
     (a negative difference counts as 0)."""
-    from kselect.core.plans.runtime import load_plan
-
     model, feeds, convs = _chain()
     costs: dict[str, float] = {}
     for name in names:

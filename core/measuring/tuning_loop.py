@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from kselect.core.contract import plugins
 from kselect.core.contract.library import Library
 from kselect.core.contract.runner import Runner
 from kselect.core.contract.space import config_key
@@ -19,6 +20,7 @@ from kselect.core.measuring.measure import MeasureSettings, Result
 from kselect.core.measuring.worker import MeasureWorker
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task, extract_tasks
+from kselect.core.precision.quant import TWIN_KINDS
 from kselect.core.records.store import Record, RecordDB
 
 if TYPE_CHECKING:
@@ -29,8 +31,6 @@ def library_tasks(model: Model, library: Library, precisions: tuple[str, ...] = 
     """The model's tasks this library can tune, with the library told about the model; with
     "bf16", "fp16" or "int8" in ``precisions``, also the twins at those precisions
     (core/precision/) the library lists and supports."""
-    from kselect.core.precision.quant import TWIN_KINDS
-
     library.prepare_model(model)
     fp32 = extract_tasks(model)
     tasks = [t for t in fp32 if library.supports(t)] if "fp32" in precisions else []
@@ -163,8 +163,6 @@ def tune_tasks(tasks: list[Task], library: Library, device: Device, db: RecordDB
     With a ``fleet`` (core/records/fleet.py), only the tasks this worker claims are tuned here, each inside
     ``measuring()`` (the device's measuring lock); the others' outcomes are read from the records
     their workers stored, once every task is finished."""
-    from kselect.core.contract import plugins
-
     if callbacks is None:
         callbacks = [StoreRecords(db, device, library, options.search)]
     tuner = _Tuner(library, device, db, options, reporter or Reporter(), plugins.get_searcher(options.search),

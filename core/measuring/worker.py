@@ -19,6 +19,7 @@ import traceback
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
+from kselect.core.contract import plugins
 from kselect.core.contract.runner import Runner
 from kselect.core.measuring.device import available_memory, proc_bytes
 from kselect.core.measuring.measure import MeasureSettings, Result, measure_in_this_process
@@ -158,7 +159,6 @@ def child_library(library_name: str, library_class: str):
     imported from a folder on its own path (a test module) is imported from that folder here."""
     import importlib
 
-    from kselect.core.contract import plugins
 
     registered = plugins.libraries().get(library_name)
     if not library_class:

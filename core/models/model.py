@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import shape_inference
 
+from kselect.core.contract import plugins
 from kselect.core.errors import KselectError, KselectNote
 from kselect.core.measuring.device import available_memory
+from kselect.core.models import realmodels
 
 
 @dataclass
@@ -66,9 +68,6 @@ def parse_input_shape(text: str) -> tuple[str, list[int]]:
 
 def _read(spec: str) -> tuple[str, onnx.ModelProto, str, dict[str, list[int]]]:
     """(name, proto, source, the input shapes a real model's package uses)."""
-    from kselect.core.contract import plugins
-    from kselect.core.models import realmodels
-
     zoo = plugins.models()
     if spec in zoo and not os.path.exists(spec):
         _, build = zoo[spec]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from kselect.core.contract.opkind import kinds_by_onnx_op, op_kind
 from kselect.core.errors import KselectError
 from kselect.core.models import activations
 from kselect.core.models.model import Model
@@ -38,8 +39,6 @@ class Op:
 
     @property
     def macs(self) -> int:
-        from kselect.core.contract.opkind import op_kind
-
         return op_kind(self.kind).macs(self)
 
 
@@ -63,7 +62,6 @@ class Task:
 
     @property
     def macs(self) -> int:  # per op
-        from kselect.core.contract.opkind import op_kind
 
         return op_kind(self.kind).macs(self)
 
@@ -82,8 +80,6 @@ class Task:
         return self.kind == "conv" and self.attrs["kernel"] == [1, 1] and self.attrs["group"] == 1
 
     def describe_attrs(self) -> str:
-        from kselect.core.contract.opkind import op_kind
-
         suffix = f" +{self.activation}" if self.epilogue else ""
         return (op_kind(self.kind).describe(self) + suffix).strip()
 
@@ -185,7 +181,6 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
     def epilogue(index: int) -> list:
         return activations.find_epilogue(model, index, consumers)
 
-    from kselect.core.contract.opkind import kinds_by_onnx_op
 
     kinds = kinds_by_onnx_op()
     for index, node in enumerate(model.proto.graph.node):
@@ -227,8 +222,6 @@ def extract_tasks(model: Model) -> list[Task]:
         untuned: list = []
         find_ops(model, untuned)
         why = f"; untuned: {untuned[0][1]} {untuned[0][0]!r} ({untuned[0][2]})" if untuned else ""
-        from kselect.core.contract.opkind import kinds_by_onnx_op
-
         raise KselectError(f"{model.name} has nothing to tune (no {', '.join(kinds_by_onnx_op())} with constant "
                            f"weights){why}")
     return list(tasks.values())
@@ -236,8 +229,6 @@ def extract_tasks(model: Model) -> list[Task]:
 
 def untuned_ops(model: Model) -> list[tuple[str, str, str]]:
     """(node, op type, why) for every conv-like or matrix op kselect leaves untuned."""
-    from kselect.core.contract.opkind import kinds_by_onnx_op
-
     untuned: list = []
     find_ops(model, untuned)
     kinds = kinds_by_onnx_op()

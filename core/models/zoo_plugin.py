@@ -3,11 +3,10 @@
 from functools import partial
 
 from kselect.core.contract.hookspecs import hookimpl
+from kselect.core.models import zoo
 
 
 @hookimpl
 def register_models(register):
-    from kselect.core.models import zoo
-
     for name, description in zoo.BUILTIN_MODELS.items():
         register(name, description, partial(zoo.build_model, name))

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
+from kselect.core.contract import plugins
 from kselect.core.contract.space import config_key
 from kselect.core.errors import KselectError, OutputError
 from kselect.core.measuring.device import Device
 from kselect.core.models.model import Model
-from kselect.core.models.tasks import Task
+from kselect.core.models.tasks import Task, extract_tasks
 from kselect.core.paths import refuse_inputs
 from kselect.core.records.store import Record
 
@@ -419,9 +420,6 @@ def validate_plan(plan: Plan, model: Model, device: Device) -> None:
     empty config, or a config (plan-level settings included) outside the library's space for that
     op (a value such as ``pointwise_batch='not-a-number'`` would otherwise reach a native library
     and abort it). Run before a plan is benchmarked, applied or loaded."""
-    from kselect.core.contract import plugins
-    from kselect.core.models.tasks import extract_tasks
-
     if not isinstance(plan.nodes, dict) or not plan.nodes:
         raise KselectError("the plan has no nodes")
     if not isinstance(plan.emulated, bool):

@@ -36,6 +36,7 @@ from kselect.core.contract.library import Library
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.measuring.device import this_device
 from kselect.core.models.model import Model, load_model, model_from_proto
+from kselect.core.models.tasks import extract_tasks, find_ops
 from kselect.core.plans.plan import Plan, load_plan_file, validate_plan
 
 
@@ -114,7 +115,6 @@ def library_runner(library: Library, model: Model, plan: Plan | None = None) -> 
     (one segment, the library's ``model_runner`` on the model as it is, when it runs them all)."""
     if plan is not None:
         return load_plan(plan, model)
-    from kselect.core.models.tasks import extract_tasks, find_ops
 
     tasks = extract_tasks(model) if find_ops(model) else []
     chosen = {node: library.name for task in tasks if library.supports(task) for node in task.nodes}

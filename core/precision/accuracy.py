@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from kselect.core.contract import plugins
 from kselect.core.contract.hookspecs import hookimpl
 from kselect.core.errors import KselectError
 
@@ -70,8 +71,6 @@ def register_metrics(register):
 
 
 def metrics() -> dict[str, Metric]:
-    from kselect.core.contract import plugins
-
     return plugins.metrics()
 
 

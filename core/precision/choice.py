@@ -15,7 +15,11 @@ from kselect.core.measuring.device import Device
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
 from kselect.core.plans.plan import Plan
+from kselect.core.precision.accuracy import get_metric, user_metric
+from kselect.core.precision.calibration import calibration_for, compute_ranges
+from kselect.core.precision.half import HALF_PRECISIONS
 from kselect.core.precision.mixed import search_precision
+from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
 from kselect.core.whole_model.selection import race_verdict
@@ -37,10 +41,6 @@ def int8_request(model: Model, libraries: list[Library], config: "TuneConfig") -
     """Refuses, before anything is measured, what an int8 tune cannot do; calibrates."""
     precision, calibration, method = config.precision, config.calibration, config.calibration_method
     max_drop, metric, preprocess = config.max_accuracy_drop, config.metric, config.image_preprocess
-    from kselect.core.precision.accuracy import get_metric, user_metric
-    from kselect.core.precision.calibration import calibration_for, compute_ranges
-    from kselect.core.precision.half import HALF_PRECISIONS
-    from kselect.core.precision.quant import PRECISIONS
 
     wanted = [p.strip() for p in precision.split(",")] if isinstance(precision, str) else list(precision)
     unknown = [p for p in wanted if p not in PRECISIONS]

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kselect.core.contract.opkind import op_kind
+from kselect.core.models import activations
+
 HALF_PRECISIONS = ("bf16", "fp16")
 # the unit roundoff of each format: half the distance from 1 to the next number (8 and 11
 # significant bits)
@@ -50,9 +53,6 @@ def round_to(precision: str, values: np.ndarray) -> np.ndarray:
 def half_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, precision: str) -> float:
     """Relative error (of the reference's largest magnitude) allowed for a ``precision`` candidate
     of ``task`` on ``inputs``, whose float64 reference output is ``reference``."""
-    from kselect.core.contract.opkind import op_kind
-    from kselect.core.models import activations
-
     rounded = dict(inputs)
     for name in ("x", "w", "b"):
         if name in inputs:

@@ -37,6 +37,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kselect.core.contract import plugins
 from kselect.core.contract.library import Library
 from kselect.core.cross_library.conversions import ConversionTable, measure_conversions
 from kselect.core.cross_library.planner import Option
@@ -46,6 +47,7 @@ from kselect.core.measuring.tuning_loop import library_defaults, stored_outcomes
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
 from kselect.core.plans.plan import Plan, choose, int8_nodes, plan_node, plan_task
+from kselect.core.plans.runtime import library_runner
 from kselect.core.precision.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.precision.calibration import Calibration
 from kselect.core.records.store import RecordDB
@@ -186,8 +188,6 @@ def score_plan(model: Model, plan: Plan, calibration: Calibration, metric: Metri
                metric_name: str | None) -> tuple[float, float]:
     """(score, drop) of a plan of any libraries on the held-out feeds, against ONNX Runtime's
     default session in fp32."""
-    from kselect.core.contract import plugins
-
     baseline = plugins.baseline_library()
     reference = _library_outputs(baseline, model, None, calibration.held_out)
     metric = metric or get_metric(metric_name or default_metric(reference))
@@ -199,8 +199,6 @@ def score_plan(model: Model, plan: Plan, calibration: Calibration, metric: Metri
 def _library_outputs(library: Library, model: Model, plan: Plan | None, feeds: list) -> list:
     """The model's outputs on ``feeds``, run by the library (its defaults when ``plan`` is None)
     with the ops it lacks in ONNX Runtime segments, as its plans run (core/plans/runtime.library_runner)."""
-    from kselect.core.plans.runtime import library_runner
-
     runner = library_runner(library, model, plan)
     try:
         return run_outputs(runner.run, feeds)

@@ -25,6 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kselect.core.contract.opkind import op_kind
+from kselect.core.models import activations
+from kselect.core.models.activations import clamp_range
+
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # half precision: core/precision/half.py
 TWIN_KINDS = ("conv", "deconv", "fc")  # op kinds with reduced-precision (bf16, fp16, int8) twins
 INT8_KINDS = TWIN_KINDS
@@ -105,14 +109,10 @@ def on_own_grid(x: np.ndarray) -> np.ndarray:
 def folds_into_output(epilogue: list) -> bool:
     """Whether an op's activation is a clamp of its output grid (none, one Relu or one Clip), so
     that the int8 op is one integer kernel with nothing after it."""
-    from kselect.core.models.activations import clamp_range
-
     return not epilogue or clamp_range(epilogue) is not None
 
 
 def quant_params(task, inputs: dict[str, np.ndarray], reference: np.ndarray) -> QuantParams:
-    from kselect.core.contract.opkind import op_kind
-
     x_scale, x_zero_point = asymmetric_u8(inputs["x"].min(), inputs["x"].max())
     w_scales = weight_scales_of(task.kind, inputs["w"], int(task.attrs.get("group", 1)))
     y_scale, y_zero_point = asymmetric_u8(reference.min(), reference.max())
@@ -126,9 +126,6 @@ def quant_params(task, inputs: dict[str, np.ndarray], reference: np.ndarray) -> 
 
 def int8_tolerance(task, inputs: dict[str, np.ndarray], reference: np.ndarray, params: QuantParams) -> float:
     """Relative error (of the reference's largest magnitude) allowed for an int8 candidate."""
-    from kselect.core.contract.opkind import op_kind
-    from kselect.core.models import activations
-
     kind = op_kind(task.kind)
     x = dequantize(quantize(inputs["x"], params.x_scale, params.x_zero_point), params.x_scale, params.x_zero_point)
     worst = rounding = 0.0

@@ -17,9 +17,11 @@ from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
+from kselect import __version__
 from kselect.core.errors import KselectError
 from kselect.core.models.model import Model
-from kselect.core.models.tasks import Task
+from kselect.core.models.tasks import Task, model_stats, untuned_ops
+from kselect.core.paths import check_output
 from kselect.core.plans.plan import Plan, load_plan_file, write_atomically
 from kselect.core.records import store as records
 from kselect.core.records.sql import is_server_url
@@ -38,7 +40,6 @@ def write_report(plan: Plan | str | Path, db: str | Path | None = None, output: 
     plan_path = None if isinstance(plan, Plan) else Path(plan)
     if plan_path is not None:
         plan = load_plan_file(plan_path)
-    from kselect.core.paths import check_output
 
     reads = {"the plan": plan_path, "the model": model.source if model is not None else None,
              "the record database": records.database_location(db)}
@@ -189,7 +190,6 @@ class Page:
         title = f"kselect report: {plan.model.get('name', '?')} on {'+'.join(plan.libraries)}"
         sections = [self.summary(), self.ops(), self.time_breakdown(), self.tuning(), self.check(), self.precision()]
         banner = (f'<div class="emulated-banner" role="alert">{esc(EMULATED_BANNER)}</div>' if self.emulated else "")
-        from kselect import __version__
 
         return f"""<!DOCTYPE html>
 <html lang="en">
@@ -217,8 +217,6 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         inputs = "; ".join(f"{name} {_shape(shape)}" for name, shape in plan.model.get("inputs", {}).items())
         rows = [("model", f"{plan.model.get('name')} (fingerprint {plan.model.get('fingerprint')}), inputs {inputs}")]
         if self.model is not None:
-            from kselect.core.models.tasks import model_stats, untuned_ops
-
             params, macs = model_stats(self.model)
             rows.append(("model file", f"{self.model.name}: {params / 1e6:.2f} M parameters, {macs / 1e9:.3f} GMACs "
                                        f"in tuned ops, {len(untuned_ops(self.model))} conv-like ops left untuned"))

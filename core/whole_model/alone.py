@@ -17,9 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from kselect.core.contract import plugins
 from kselect.core.errors import KselectError, one_line
+from kselect.core.measuring.measure import MeasureSettings, time_candidate
 from kselect.core.measuring.worker import die_with_parent, signal_name
-from kselect.core.models.model import Model
+from kselect.core.models.model import Model, load_model
+from kselect.core.plans.runtime import library_runner, load_plan
 from kselect.core.whole_model.bench import compare_outputs, random_feeds, relative_iqr
 
 # An app holds one plan, so the checks that choose among plans time each candidate as the app
@@ -115,11 +118,6 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
 
 def _alone_main(job: dict) -> None:
     """One candidate, alone in this process: build, warm up, time; write the result file."""
-    from kselect.core.contract import plugins
-    from kselect.core.measuring.measure import MeasureSettings, time_candidate
-    from kselect.core.models.model import load_model
-    from kselect.core.plans.runtime import library_runner, load_plan
-
     try:
         spec = job["runner"]
         shapes = [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()]

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from kselect.core.models.model import Model
+from kselect.core.plans.runtime import library_runner
 
 
 def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
@@ -145,8 +146,6 @@ def bench_in_process(default_runner, plan_runner, model: Model, rounds: int = 10
 def fresh_runners(library, model: Model, plan) -> list:
     """As many separately built runners as the library times fresh instances of a candidate
     (``runtime.library_runner``: nodes the library cannot run go to ONNX Runtime)."""
-    from kselect.core.plans.runtime import library_runner
-
     return [library_runner(library, model, plan) for _ in range(library.fresh_instances)]
 
 

@@ -36,6 +36,7 @@ from kselect.core.models.model import Model
 from kselect.core.models.tasks import explicit_pads, node_attr
 from kselect.core.precision.quant import QuantParams, asymmetric_u8, weight_scales_of
 from kselect.plugins.acl import int8
+from kselect.plugins.acl.client import AclRunner, RunnerError
 from kselect.plugins.ops.conv import deconv_attrs
 
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")
@@ -413,8 +414,6 @@ class AclModelRunner:
     The weight files are deleted once the runner has loaded them."""
 
     def __init__(self, graph: dict, work_dir: "WorkDir", timeout_s: float = 1800.0, runner=None):
-        from kselect.plugins.acl.client import AclRunner, RunnerError
-
         self._work = work_dir
         self.work_dir = work_dir.path
         self.graph_path = self.work_dir / "graph.json"

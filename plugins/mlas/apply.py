@@ -23,9 +23,9 @@ import onnx
 from kselect.core.plans.plan import LIBRARY_DEFAULT, int8_nodes, write_atomically
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.mlas.layout import nchwc_block_size
-from kselect.plugins.mlas.session_config import add_config_entries, session_config_entries, session_options
 from kselect.plugins.mlas.ort_session import ort_nchwc_convs
 from kselect.plugins.mlas.rewrite import anchor_inputs, rewrite_model
+from kselect.plugins.mlas.session_config import add_config_entries, session_config_entries, session_options
 
 
 def layouts_are_onnxruntimes(model, plan) -> bool:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from kselect.core.measuring.measure import task_model
 from kselect.core.models.activations import clamp_range
+from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.plan import int8_nodes
+from kselect.core.precision.calibration import quantize_qdq
 from kselect.core.precision.quant import QuantParams, dequantize, folds_into_output, quantize
 
 ACTIVATION_TYPES = ("u8", "s8")
@@ -106,8 +109,6 @@ def quantized_by_onnxruntime(task, inputs: dict, config: dict):
 
     import onnx
 
-    from kselect.core.measuring.measure import task_model
-    from kselect.core.precision.calibration import quantize_qdq
 
     params: QuantParams = inputs["quant"]
     activations = config["activations"]
@@ -238,8 +239,6 @@ def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
     Runtime's transposes to and from its NHWC int8 convs (docs/mixed-precision.md, "Export").
     Untuned ops that only float ops and model outputs read stay float (a detector's head after
     its last float conv)."""
-    from kselect.core.models.tasks import extract_tasks
-
     tasks = extract_tasks(model)
     tunable = {node for task in tasks for node in task.nodes}
     if tunable <= int8:
@@ -282,7 +281,6 @@ def quantized_model(model, plan):
 
     import onnx
 
-    from kselect.core.precision.calibration import quantize_qdq
 
     settings = plan.library_settings.get("mlas", plan.plan_level)
     quantized = nodes_to_quantize(model, int8_nodes(plan))

@@ -20,8 +20,13 @@ from kselect.core.precision.quant import asymmetric_u8
 from kselect.plugins.mlas import int8
 from kselect.plugins.mlas.apply import default_session, plan_session, write_optimized_model
 from kselect.plugins.mlas.int8 import ACTIVATION_TYPES, WEIGHT_GRANULARITY, has_int8_form
-from kselect.plugins.mlas.layout import (conv_nchwc_unsupported, conv_takes_blocked_input, from_blocked,
-                                         nchwc_block_size, nchwc_feed)
+from kselect.plugins.mlas.layout import (
+    conv_nchwc_unsupported,
+    conv_takes_blocked_input,
+    from_blocked,
+    nchwc_block_size,
+    nchwc_feed,
+)
 from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, ort_nchwc_convs
 from kselect.plugins.mlas.session_config import FORCE_SPINNING_STOP_KEY, session_options
 from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
@@ -63,7 +68,10 @@ class MlasLibrary(Library):
         """The op types onnxruntime.quantization's quantize_static quantizes by default (its
         registries), which ONNX Runtime then runs on 8-bit tensors; int8.nodes_to_quantize hands it
         the untuned nodes whose data inputs all come from int8 ops."""
-        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry  # heavy: not imported with the plugin
+        from onnxruntime.quantization.registry import (  # heavy: not imported with the plugin
+            QDQRegistry,
+            QLinearOpsRegistry,
+        )
 
         return frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
 

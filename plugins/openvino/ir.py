@@ -104,8 +104,8 @@ class ConvertedModel:
 
     def read(self, hints: dict[str, Hint]):
         """The ov.Model of the IR with ``hints``, as plain ``core.read_model`` reads it."""
-        import openvino as ov
         import numpy as np
+        import openvino as ov
 
         weights = ov.Tensor(np.frombuffer(self.weights, np.uint8)) if self.weights else ov.Tensor(np.zeros(0, np.uint8))
         return core().read_model(self.hinted_xml(hints), weights)

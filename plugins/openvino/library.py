@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kselect.core.contract.library import CallCandidate, Candidate, Library
+from kselect.core.contract.opkind import op_kind
 from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device
+from kselect.core.measuring.measure import reference_output, task_inputs, task_model
 from kselect.core.models.tasks import Task
 from kselect.plugins.openvino import ir
 from kselect.plugins.openvino.export import write_ir
@@ -91,8 +93,6 @@ class Offer:
 
 @functools.lru_cache(maxsize=None)
 def _offer(task_json: str, precision: str) -> Offer | None:
-    from kselect.core.measuring.measure import task_inputs, task_model
-
     task = Task.from_json(json.loads(task_json))
     inputs = task_inputs(task)
     single = task_model(task, inputs)
@@ -138,9 +138,6 @@ def compile_properties(precision: str, threads: int | None, pinning: bool | None
 def _sizes_to_reference(task_json: str) -> float:
     """The largest sum of product sizes (the op on |x|, |w|, |b|) over the reference's largest
     magnitude, on the task's seeded data (the same in every process)."""
-    from kselect.core.contract.opkind import op_kind
-    from kselect.core.measuring.measure import reference_output, task_inputs
-
     task = Task.from_json(json.loads(task_json))
     inputs = task_inputs(task)
     sizes = op_kind(task.kind).reference(task, {name: np.abs(value) for name, value in inputs.items()})
@@ -219,7 +216,6 @@ class OpenvinoLibrary(Library):
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         import openvino as ov
 
-        from kselect.core.measuring.measure import task_model
 
         proto = task_model(task, inputs)
         converted = ir.ConvertedModel(proto, {}, ["op"])

@@ -19,8 +19,8 @@ from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.models.tasks import explicit_pads
 from kselect.plugins.xnnpack import configured, int8_builders
 from kselect.plugins.xnnpack import xnnpack_api as xa
-from kselect.plugins.xnnpack.tensor import Tensor
 from kselect.plugins.xnnpack.graph_prep import NO_CLAMP, activation_range, attr
+from kselect.plugins.xnnpack.tensor import Tensor
 
 NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}  # NCHW axis -> NHWC axis
 

@@ -28,8 +28,7 @@ import sys
 
 import numpy as np
 
-from kselect.plugins.xnnpack import kernels, tileshim
-from kselect.plugins.xnnpack import ukernel_catalog, ukernel_forcing, ukernel_probes, ukernel_table
+from kselect.plugins.xnnpack import kernels, tileshim, ukernel_catalog, ukernel_forcing, ukernel_probes, ukernel_table
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
 XNN_EXTRA_FLOATS = 16  # XNNPack may read XNN_EXTRA_BYTES (16) past an input's end; 64 bytes kept free

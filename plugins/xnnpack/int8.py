@@ -44,8 +44,7 @@ from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.measuring.device import Device
 from kselect.core.models.activations import clamp_range
 from kselect.core.precision.quant import QuantParams, quantize
-from kselect.plugins.xnnpack import configured, kernels, tileshim
-from kselect.plugins.xnnpack import ukernel_catalog, ukernel_forcing, ukernel_table
+from kselect.plugins.xnnpack import configured, kernels, tileshim, ukernel_catalog, ukernel_forcing, ukernel_table
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.candidate import XnnCandidate
 

@@ -13,8 +13,8 @@ from kselect.core.errors import KselectError
 from kselect.core.precision.quant import QuantParams, weight_scales_of
 from kselect.plugins.xnnpack import configured, int8
 from kselect.plugins.xnnpack import xnnpack_api as xa
-from kselect.plugins.xnnpack.tensor import Tensor
 from kselect.plugins.xnnpack.graph_prep import NO_CLAMP, attr
+from kselect.plugins.xnnpack.tensor import Tensor
 
 
 def conv_or_fc(ex, node, i, out_name, act, w, b, x: Tensor, y_shape) -> None:

@@ -22,8 +22,14 @@ import numpy as np
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.ukernel_catalog import DwconvChoice, GemmChoice
 from kselect.plugins.xnnpack.ukernel_probes import CHILD_ENV, run_child
-from kselect.plugins.xnnpack.ukernel_table import (INT8_FAMILIES, DwconvParams, GemmParams, OverrideRefused,
-                                                   kernels_in_operator, verify_build)
+from kselect.plugins.xnnpack.ukernel_table import (
+    INT8_FAMILIES,
+    DwconvParams,
+    GemmParams,
+    OverrideRefused,
+    kernels_in_operator,
+    verify_build,
+)
 
 _THIS_MODULE = "kselect.plugins.xnnpack.ukernel_forcing"  # run_candidate's children run it
 

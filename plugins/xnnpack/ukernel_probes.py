@@ -16,8 +16,13 @@ import signal
 import subprocess
 import sys
 
-from kselect.plugins.xnnpack.ukernel_table import (OverrideRefused, check_int8_table, snapshot, snapshot_int8,
-                                                   verify_build)
+from kselect.plugins.xnnpack.ukernel_table import (
+    OverrideRefused,
+    check_int8_table,
+    snapshot,
+    snapshot_int8,
+    verify_build,
+)
 
 CHILD_ENV = "KSELECT_XNN_UKERNEL_CHILD"  # set in the children of run_child
 _THIS_MODULE = "kselect.plugins.xnnpack.ukernel_probes"  # the probe children run it
