@@ -103,6 +103,7 @@ def test_missing_headers_is_one_line_error(monkeypatch, tmp_path):
 
 def test_runner_command_native_vs_emulated(monkeypatch):
     monkeypatch.setattr(build.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(build, "RUNS_EMULATED", False)  # an Arm board, not an arm64 root under qemu
     assert build.runner_command() == []
     assert not build.is_emulated()
     monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")

@@ -26,7 +26,7 @@ import numpy as np
 
 from kselect.core.contract.labels import INT8, Label
 from kselect.core.contract.space import Space
-from kselect.core.measuring.device import Device
+from kselect.core.measuring.device import RUNS_EMULATED, Device
 from kselect.core.models.tasks import Task
 
 
@@ -85,6 +85,11 @@ class KernelSource(ABC):
     @abstractmethod
     def default_config(self, task: Task, device: Device) -> dict:
         raise NotImplementedError
+
+    def missing_dims(self) -> dict[str, str]:
+        """Dims other builds of this library offer that this build lacks, each with why in one line
+        (``kselect space`` shows them); e.g. a GEMM kernel choice an older release's internals allow."""
+        return {}
 
     def tolerance(self, task: Task, config: dict) -> float:
         """Largest accepted error relative to the reference's largest magnitude."""
@@ -267,7 +272,9 @@ class Library(KernelSource, WholeModelRunner, TensorCrossing):
     """
 
     name: str = ""
-    emulated: bool = False  # timings are taken under emulation: never real performance
+    # Timings are taken under emulation: never real performance. By default, whether this process
+    # itself runs under user-mode emulation (an arm64 root on an x86_64 machine, scripts/arm64-root.sh).
+    emulated: bool = RUNS_EMULATED
     fresh_instances: int = 1  # candidates built and timed this many times from scratch
     plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
     # Layouts chosen per op with the measured conversions between them counted (core/cross_library/plan.py

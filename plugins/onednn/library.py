@@ -157,7 +157,7 @@ class OnednnLibrary(Library):
         from kselect.plugins.ops.conv import as_conv1d
 
         model = model_from_proto(task.id, task_model(task, inputs))
-        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[], plan_level={},
+        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=self.emulated, tasks=[], plan_level={},
                     nodes={"op": {"library": self.name, "config": config}})
         executor = Executor(self, model, plan)
         executor.load_inputs({"x": inputs["x"].reshape(as_conv1d(task.input_shape))})
