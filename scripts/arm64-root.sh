@@ -82,6 +82,20 @@ build_root() {
     echo "arm64-root: built in $(sed -n 's/^build_seconds //p' "$root/.kselect-root") s, $(du -sh "$root" | cut -f1)"
 }
 
+# qemu 7.2 (Debian 12) passes the host's /proc/cpuinfo through to aarch64 programs, and aarch64
+# programs that read it to describe the CPU crash on an x86 one (onnxruntime's import segfaults). In
+# the root /proc/cpuinfo is a stand-in in the Arm kernel's format, one entry per host cpu: a Neoverse-N1
+# with only baseline Armv8.2 features, all of which qemu's default (max) CPU has. Newer qemu (8.2+)
+# emulates the file itself. The kernel's own machine (/proc/sys/kernel/arch) still says x86_64, which is
+# how kselect tells it runs emulated (core/measuring/device.py).
+write_cpuinfo_stand_in() {
+    local cpus=$1 i
+    for ((i = 0; i < cpus; i++)); do
+        printf 'processor\t: %d\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp\n' "$i"
+        printf 'CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n'
+    done
+}
+
 # Runs "$@" in the root inside a private mount namespace: every mount made here vanishes when it ends.
 run_in_root() {
     build_root
@@ -90,9 +104,12 @@ run_in_root() {
     # the host's CA bundle (it may hold a proxy's authority); apt in the root never rewrites this copy
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca-certificates.crt"
     mkdir -p "$repo/.venv"
+    mkdir -p "$root/var/lib/kselect"
+    write_cpuinfo_stand_in "$(nproc --all)" > "$root/var/lib/kselect/cpuinfo"
     unshare --mount --propagation private -- bash -euo pipefail -c '
         root=$1 repo=$2 in_root_repo=$3; shift 3
         mount -t proc proc "$root/proc"
+        mount --bind "$root/var/lib/kselect/cpuinfo" "$root/proc/cpuinfo"
         mount --rbind /sys "$root/sys"
         mount --rbind /dev "$root/dev"
         mount --bind "$repo" "$root$in_root_repo"
