@@ -3,7 +3,10 @@ are emulated (an arm64 root on an x86_64 machine, scripts/arm64-root.sh) or nati
 
 from __future__ import annotations
 
+import json
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +90,20 @@ def test_this_process_is_labelled_as_it_runs():
     assert device.RUNS_EMULATED == expected
     assert Library.emulated == expected
     assert build.is_emulated() == (expected or not build.is_native())
+
+
+def test_kselect_plugins_json_labels_every_library_as_it_runs():
+    """`kselect plugins --json`: MLAS and ACL are available on both machines (ACL 20.08 on Debian 12,
+    24.11 on Debian 13); every available library's timings are emulated in the arm64 root, ACL's alone
+    on x86_64."""
+    listed = subprocess.run([sys.executable, "-m", "kselect.cli.main", "plugins", "--json"], capture_output=True,
+                            text=True, timeout=900, check=True)
+    libraries = {p["name"]: p for p in json.loads(listed.stdout) if p["kind"] == "library"}
+    for name in ("mlas", "acl"):
+        assert libraries[name]["status"].startswith("available"), libraries[name]
+    assert libraries["acl"]["version"].startswith(("arm-compute 20.08", "arm-compute 24.11"))
+    for name, entry in libraries.items():
+        if entry["status"].startswith("available"):
+            expected = device.RUNS_EMULATED or (name == "acl" and not build.is_native())
+            assert entry["capabilities"]["emulated"] == expected, name
+            assert ("(emulated)" in entry["status"]) == expected, name
