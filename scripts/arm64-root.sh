@@ -96,6 +96,10 @@ write_cpuinfo_stand_in() {
     done
 }
 
+# qemu emulates a Neoverse-N1 (Armv8.2 with NEON and dot product, no SVE) by default, as the stand-in
+# cpuinfo says: with qemu 7.2's default "max" CPU (SVE at 512 bits), ACL 24.11's fully connected layer
+# returned wrong values in the last output columns (N = 10), right with the Neoverse-N1.
+# KSELECT_ARM64_QEMU_CPU=max runs the other one.
 # Runs "$@" in the root inside a private mount namespace: every mount made here vanishes when it ends.
 run_in_root() {
     build_root
@@ -119,6 +123,7 @@ run_in_root() {
             HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TERM="${TERM:-dumb}" LANG=C.UTF-8 \
             SSL_CERT_FILE=/etc/ssl/host-ca-certificates.crt PIP_CERT=/etc/ssl/host-ca-certificates.crt \
             REQUESTS_CA_BUNDLE=/etc/ssl/host-ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
+            QEMU_CPU="${KSELECT_ARM64_QEMU_CPU:-neoverse-n1}" \
             /bin/bash -c "cd $in_root_repo && exec \"\$@\"" bash "$@"
     ' bash "$root" "$repo" "$in_root_repo" "$@"
 }
