@@ -12,8 +12,9 @@ PYTHON := $(VENV)/bin/python
 KSELECT := $(VENV)/bin/kselect
 DEMO_DIR := .kselect-demo
 
-# the arm64 subset: emulation detection and labels (kselect plugins --json), the ACL release, the ACL runner built natively with g++
-ARM64_TESTS := tests/test_arm64.py tests/test_acl_runner.py
+# the arm64 subset: emulation detection and labels (kselect plugins --json), the ACL release, the ACL runner built
+# natively with g++, the contract suite on every library available there (MLAS, ACL 24.11)
+ARM64_TESTS := tests/test_arm64.py tests/test_acl_runner.py tests/test_contract.py
 
 .PHONY: setup demo test test-all test-arm64 clean
 

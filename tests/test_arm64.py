@@ -107,3 +107,26 @@ def test_kselect_plugins_json_labels_every_library_as_it_runs():
             expected = device.RUNS_EMULATED or (name == "acl" and not build.is_native())
             assert entry["capabilities"]["emulated"] == expected, name
             assert ("(emulated)" in entry["status"]) == expected, name
+
+
+def test_mlas_plans_run_where_mlas_has_no_nchwc_kernels():
+    """On aarch64 MLAS has no NCHWc kernels (ONNX Runtime reports block 1): a plan with every conv in
+    NCHW runs on the model as it is; asking for NCHWc there is refused."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.plugins.mlas.rewrite import rewrite_model
+
+    weights = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    info: dict = {}
+    rewritten = rewrite_model(model, {"conv": "NCHW"}, 1, info=info)
+    assert rewritten.SerializeToString() == model.SerializeToString() and rewritten is not model
+    assert info["nchwc_convs"] == [] and info["reorder_inputs"] == []
+    with pytest.raises(ValueError, match="no NCHWc kernels"):
+        rewrite_model(model, {"conv": "NCHWc"}, 1)
+    onnx.checker.check_model(rewritten)
