@@ -2,13 +2,21 @@
 #              3% top-1 agreement budget (synthetic data), benchmark the plan against ONNX Runtime's fp32 default
 # make test  - install what is missing, run the test suite
 # make setup - the shared, idempotent install step
+# make test-arm64 - the arm64 subset, every program an aarch64 one: in a Debian 13 arm64 root under qemu
+#              user-mode emulation (scripts/arm64-root.sh, needs root; built once: 12.5 min, 312 MB), `make setup`
+#              there (27 min the first time, 2.7 GB), then ARM64_TESTS. Its timings are emulated:
+#              correctness and installability only
 
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 KSELECT := $(VENV)/bin/kselect
 DEMO_DIR := .kselect-demo
 
-.PHONY: setup demo test test-all clean
+# the arm64 subset: emulation detection and labels (kselect plugins --json), the ACL release, the ACL runner built
+# natively with g++, the contract suite on every library available there (MLAS, ACL 24.11)
+ARM64_TESTS := tests/test_arm64.py tests/test_acl_runner.py tests/test_contract.py
+
+.PHONY: setup demo test test-all test-arm64 clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +35,10 @@ test: setup
 
 test-all: setup
 	$(PYTHON) -m pytest -q
+
+test-arm64:
+	scripts/arm64-root.sh run -- make setup
+	scripts/arm64-root.sh run -- $(PYTHON) -m pytest -q $(ARM64_TESTS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR)

@@ -195,7 +195,9 @@ def cmd_space(args) -> None:
             return _print_json({"model": model.name, "library": library.name, "library_version": library.version(),
                                 "task": {**task.to_json(), "op": _op(task)}, "dimensions": space.describe(),
                                 "constraints": [c.text for c in space.constraints], "size": len(space),
-                                "default": library.default_config(task, device), "configs": space.enumerate()})
+                                "default": library.default_config(task, device), "configs": space.enumerate(),
+                                "missing_dims": library.missing_dims(),
+                                "precisions": list(library.precisions), "missing_precisions": library.missing_precisions()})
         table = Table(title=f"{library.name} space of {task.id} ({task.kind} {_shape(task.input_shape)} -> {_shape(task.output_shape)} {task.describe_attrs()})")
         for column in ("dimension", "kind", "role", "values", "applies when"):
             table.add_column(column)
@@ -206,13 +208,15 @@ def cmd_space(args) -> None:
         for constraint in space.constraints:
             console.print(f"constraint: {constraint.text}")
         console.print(f"{len(space)} valid configurations; library default: {library.default_config(task, device)}")
+        _print_missing_dims(library)
         return
     spaces = [(task, library.space(task, device)) for task in tasks]
     if args.json:
         return _print_json({"model": model.name, "library": library.name, "library_version": library.version(),
                             "tasks": [{**task.to_json(), "op": _op(task), "dimensions": [d.name for d in space.dims],
                                        "size": len(space), "default": library.default_config(task, device)}
-                                      for task, space in spaces]})
+                                      for task, space in spaces], "missing_dims": library.missing_dims(),
+                            "precisions": list(library.precisions), "missing_precisions": library.missing_precisions()})
     table = Table(title=f"{library.name} spaces for {model.name}")
     for column in ("task", "op", "input", "dimensions", "size"):
         table.add_column(column)
@@ -220,6 +224,15 @@ def cmd_space(args) -> None:
         table.add_row(task.id, _op(task), _shape(task.input_shape),
                       ", ".join(d.name for d in space.dims), str(len(space)))
     console.print(table)
+    _print_missing_dims(library)
+
+
+def _print_missing_dims(library) -> None:
+    for name, why in library.missing_dims().items():
+        console.print(f"not in {library.name} {library.version()}: {name} ({why})")
+    console.print(f"precisions: {', '.join(library.precisions)}")
+    for precision, why in library.missing_precisions().items():
+        console.print(f"no {precision}: {why}")
 
 
 def cmd_plugins(args) -> None:

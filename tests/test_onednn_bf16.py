@@ -9,6 +9,7 @@ import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
+from helpers import kselect_json
 
 import kselect
 from kselect.core.contract import plugins
@@ -132,3 +133,16 @@ def test_a_plan_with_bf16_and_fp32_ops_runs_through_load_plan(onednn):
     reference = session.run(None, {"input": x})[0]
     error = float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference)))
     assert 1e-5 < error < 4 * 2.0 ** -8 * len(in_bf16)  # a few bf16 units per bf16 op at most
+
+
+def test_kselect_space_names_each_precision_a_library_offers_and_why_the_others_are_missing(onednn):
+    """``kselect space --json``: oneDNN offers bf16 exactly where this CPU has the kernels, else it says
+    why; MLAS names bf16 and fp16 as precisions it has no candidates for."""
+    space = kselect_json("space", "resnet18", "--library", "onednn")
+    reason = prim.bf16_missing()
+    assert ("bf16" in space["precisions"]) == (reason is None)
+    assert set(space["missing_precisions"]) == {"fp16", "int8"} | ({"bf16"} if reason else set())
+    if reason:
+        assert space["missing_precisions"]["bf16"] == reason
+    mlas = kselect_json("space", "resnet18", "--library", "mlas")
+    assert mlas["precisions"] == ["fp32", "int8"] and set(mlas["missing_precisions"]) == {"bf16", "fp16"}

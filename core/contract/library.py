@@ -26,9 +26,10 @@ import numpy as np
 
 from kselect.core.contract.labels import INT8, Label
 from kselect.core.contract.space import Space
-from kselect.core.measuring.device import Device
+from kselect.core.measuring.device import RUNS_EMULATED, Device
 from kselect.core.measuring.measure import time_candidate
 from kselect.core.models.tasks import Task
+from kselect.core.precision.quant import PRECISIONS
 
 
 class Candidate:
@@ -86,6 +87,19 @@ class KernelSource(ABC):
     @abstractmethod
     def default_config(self, task: Task, device: Device) -> dict:
         raise NotImplementedError
+
+    def missing_dims(self) -> dict[str, str]:
+        """Dims other builds of this library offer that this build lacks, each with why in one line
+        (``kselect space`` shows them); e.g. a GEMM kernel choice an older release's internals allow."""
+        return {}
+
+    def missing_precisions(self) -> dict[str, str]:
+        """Each precision kselect knows (core/precision/quant.PRECISIONS) that this library does not
+        offer here, with why in one line (``kselect space`` shows them): the plugin has no such
+        candidates, or this CPU or build lacks the kernels. A library whose precisions depend on the
+        CPU says which part is missing."""
+        return {precision: f"no {precision} candidates in kselect's {self.name} plugin"
+                for precision in PRECISIONS if precision not in self.precisions}
 
     def tolerance(self, task: Task, config: dict) -> float:
         """Largest accepted error relative to the reference's largest magnitude."""
@@ -268,7 +282,9 @@ class Library(KernelSource, WholeModelRunner, TensorCrossing):
     """
 
     name: str = ""
-    emulated: bool = False  # timings are taken under emulation: never real performance
+    # Timings are taken under emulation: never real performance. By default, whether this process
+    # itself runs under user-mode emulation (an arm64 root on an x86_64 machine, scripts/arm64-root.sh).
+    emulated: bool = RUNS_EMULATED
     fresh_instances: int = 1  # candidates built and timed this many times from scratch
     plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
     # Layouts chosen per op with the measured conversions between them counted (core/cross_library/plan.py

@@ -78,6 +78,42 @@ def clusters_of(cpus: list[int]) -> list[list[int]]:
     return [sorted(groups[c]) for c in sorted(groups, reverse=True)]
 
 
+def kernel_machine(proc_arch: str = "/proc/sys/kernel/arch", cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The machine the kernel runs on, read where qemu user-mode emulation does not rewrite it: under
+    emulation ``platform.machine()`` (uname) is the guest's (aarch64), but the kernel is the host's.
+    /proc/sys/kernel/arch (Linux 6.1+) names it; without that file /proc/cpuinfo tells x86 (its
+    ``vendor_id``) from Arm (``CPU implementer``), qemu before 8.2 passing the host's through. None
+    when neither says."""
+    try:
+        return Path(proc_arch).read_text().strip() or None
+    except OSError:
+        pass
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    keys = {line.partition(":")[0].strip().lower() for line in text.splitlines()}
+    if "vendor_id" in keys:
+        return "x86_64" if platform.architecture()[0] == "64bit" else "i686"
+    if "cpu implementer" in keys:
+        return "aarch64"
+    return None
+
+
+def _same_machine(a: str, b: str) -> bool:
+    aliases = {"arm64": "aarch64", "amd64": "x86_64"}
+    return aliases.get(a.lower(), a.lower()) == aliases.get(b.lower(), b.lower())
+
+
+def runs_emulated(machine: str, kernel: str | None) -> bool:
+    """True when this process runs under user-mode emulation (qemu-user through binfmt_misc, e.g. in
+    scripts/arm64-root.sh's root): the program's machine is not the kernel's. Every time taken in
+    such a process is emulated, never the guest CPU's performance."""
+    return kernel is not None and not _same_machine(machine, kernel)
+
+
+RUNS_EMULATED = runs_emulated(platform.machine(), kernel_machine())
+
 _DEVICE: Device | None = None
 
 

@@ -11,6 +11,11 @@ Binaries are cached in ``$KSELECT_CACHE_DIR/acl`` (default ``~/.cache/kselect/ac
 hash of every runner source and header (``runner/*.cpp``, ``runner/*.hpp``: names and contents)
 and the build command, so editing, adding or removing any of them rebuilds automatically.
 
+The ACL version is read at build time from the library itself (the ``arm_compute_version=vYY.MM``
+string of its build information, see :func:`acl_version`) and passed to the compiler as
+``KSELECT_ACL_VERSION_MAJOR`` / ``_MINOR``: the runner is written for two APIs, 20.08's (Debian 12)
+and 24.11's (Debian 13), and refuses any other version in one line.
+
 Overrides (environment): ``KSELECT_ACL_CXX`` (compiler), ``KSELECT_ACL_INCLUDE`` (directory that
 holds ``arm_compute/``), ``KSELECT_ACL_LIBDIR`` (directory that holds ``libarm_compute.so``),
 ``KSELECT_ACL_QEMU`` (emulator binary).
@@ -21,16 +26,23 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+
+from kselect.core.measuring.device import RUNS_EMULATED
 
 RUNNER_DIR = Path(__file__).resolve().parent / "runner"
 MAIN_SOURCE = RUNNER_DIR / "main.cpp"
 BINARY_STEM = "kselect_acl_runner"
 CXXFLAGS = ["-O2", "-std=c++14", "-Wall"]
 LIBS = ["-larm_compute", "-larm_compute_core", "-lpthread", "-ldl"]
+# newer releases (24.11) ship one library: no libarm_compute_core
+LIBS_SINGLE = ["-larm_compute", "-lpthread", "-ldl"]
 _PROBE_HEADER = Path("arm_compute") / "runtime" / "NEON" / "functions" / "NEConvolutionLayer.h"
 
 
@@ -54,8 +66,10 @@ def is_native() -> bool:
 
 
 def is_emulated() -> bool:
-    """True when the runner runs under qemu user-mode emulation (timings are NOT Arm timings)."""
-    return not is_native()
+    """True when the runner runs under qemu user-mode emulation (timings are NOT Arm timings): run
+    through qemu from a non-Arm host, or natively from a Python that is itself emulated (an arm64
+    root on an x86_64 machine, where the kernel hands every aarch64 program to qemu)."""
+    return not is_native() or RUNS_EMULATED
 
 
 def cache_dir() -> Path:
@@ -86,9 +100,57 @@ def _find_include(incs: list[str]) -> str | None:
 
 def _find_libdir(libs: list[str]) -> str | None:
     for d in libs:
-        if (Path(d) / "libarm_compute.so").exists() and (Path(d) / "libarm_compute_core.so").exists():
+        if (Path(d) / "libarm_compute.so").exists():
             return d
     return None
+
+
+@dataclass(frozen=True)
+class AclVersion:
+    """An Arm Compute Library release, e.g. 20.08 or 24.11 (year.month, as ACL names them)."""
+
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor:02d}"
+
+
+# The releases whose API the runner is written for: Debian 12's and Debian 13's libarm-compute-dev.
+SUPPORTED_VERSIONS = (AclVersion(20, 8), AclVersion(24, 11))
+_VERSION_STRING = re.compile(rb"arm_compute_version=v(\d+)\.(\d+)")
+
+
+def parse_build_information(data: bytes) -> AclVersion | None:
+    """The release named in ACL's build information (``arm_compute_version=v24.11 Build options:
+    ...``, what ``arm_compute::build_information()`` returns; every ACL library holds it)."""
+    match = _VERSION_STRING.search(data)
+    return AclVersion(int(match[1]), int(match[2])) if match else None
+
+
+@lru_cache(maxsize=None)
+def _library_version(library: Path, size: int, mtime: float) -> AclVersion | None:
+    return parse_build_information(library.read_bytes())
+
+
+def acl_version(libdir: str | Path) -> AclVersion:
+    """The version of the ACL in ``libdir`` (its ``libarm_compute.so``), read from the library."""
+    library = (Path(libdir) / "libarm_compute.so").resolve()
+    stat = library.stat()
+    found = _library_version(library, stat.st_size, stat.st_mtime)
+    if found is None:
+        raise AclUnavailable(f"ACL runner: {library} names no ACL release (no arm_compute_version string): "
+                             f"not an Arm Compute Library build kselect can use")
+    return found
+
+
+def check_supported(version: AclVersion, where: str) -> AclVersion:
+    if version not in SUPPORTED_VERSIONS:
+        known = " and ".join(str(v) for v in SUPPORTED_VERSIONS)
+        raise AclUnavailable(f"ACL runner: ACL {version} in {where} has neither API the runner is written for "
+                             f"({known}): install Debian 12's or 13's libarm-compute-dev, or point "
+                             f"KSELECT_ACL_INCLUDE / KSELECT_ACL_LIBDIR at a {known} build")
+    return version
 
 
 def _install_hint() -> str:
@@ -111,7 +173,10 @@ def build_command(output: Path) -> list[str]:
     if lib is None:
         raise AclUnavailable(f"ACL runner: libarm_compute.so not found in {':'.join(libs)} "
                              f"(install: {_install_hint()})")
-    cmd = [cxx, *CXXFLAGS, f"-I{inc}", *(str(s) for s in sources()), "-o", str(output), f"-L{lib}", *LIBS]
+    version = check_supported(acl_version(lib), lib)
+    libraries = LIBS if (Path(lib) / "libarm_compute_core.so").exists() else LIBS_SINGLE
+    cmd = [cxx, *CXXFLAGS, f"-DKSELECT_ACL_VERSION_MAJOR={version.major}", f"-DKSELECT_ACL_VERSION_MINOR={version.minor}",
+           f"-I{inc}", *(str(s) for s in sources()), "-o", str(output), f"-L{lib}", *libraries]
     if lib not in ("/usr/lib/aarch64-linux-gnu", "/usr/lib"):
         cmd.append(f"-Wl,-rpath,{lib}")
     return cmd

@@ -116,6 +116,7 @@ class AclLibrary(Library):
         self._measurer = None  # AclRunner for measuring (worker child)
         self._version: str | None = None
         self._detected: list[str] | None = None  # the runner's detected CPU models
+        self._info: dict | None = None  # the runner's answer to info
         self.last_result: dict | None = None  # the runner's answer to the last measure()
 
     # -- identity -------------------------------------------------------------------------------
@@ -365,9 +366,30 @@ class AclLibrary(Library):
         detected = set(device_models or [])
         return ("detected",) + tuple(m for m in CPU_MODEL_HINTS if m not in detected)
 
+    def missing_dims(self) -> dict[str, str]:
+        """What the ACL found here cannot choose (read off the runner's ``info``): the arm_gemm kernel
+        where forcing is unavailable (the declarations follow 20.08's ABI), the CPU model hint where
+        CPUInfo has no setter (after 20.08)."""
+        extensions = self._runner_info().get("extensions", {})
+        missing = {}
+        if not extensions.get("gemm_forcing", False):
+            missing["gemm_kernel"] = f"arm_gemm kernel forcing unavailable: {extensions.get('gemm_forcing_reason', '?')}"
+        if not self._cpu_model_hint():
+            missing["cpu_model"] = ("no CPU model hint in this ACL (CPUInfo::set_cpu_model is 20.08's; later "
+                                    "releases read the model off the CPU only)")
+        return missing
+
+    def _cpu_model_hint(self) -> bool:
+        return bool(self._runner_info().get("extensions", {}).get("cpu_model_hint", True))
+
+    def _runner_info(self) -> dict:
+        if self._info is None:
+            self._info = self._query_runner().info()
+        return self._info
+
     def _detected_models(self) -> list[str]:
         if self._detected is None:
-            self._detected = self._query_runner().info().get("detected_cpu_models", [])
+            self._detected = self._runner_info().get("detected_cpu_models", [])
         return self._detected
 
     def _int8_space(self, task: Task, device: Device) -> Space:
@@ -410,7 +432,8 @@ class AclLibrary(Library):
             fc_kernels = kernels.get(("FC", "NCHW", False), [])
             if fc_kernels:
                 space.add(Categorical("gemm_kernel", ("default", *fc_kernels), role="micro-kernel"))
-            space.add(Categorical("cpu_model", self._cpu_models(self._detected_models())))
+            if self._cpu_model_hint():
+                space.add(Categorical("cpu_model", self._cpu_models(self._detected_models())))
             self._schedule_dims(space, device)
             return space
         if task.kind == "deconv":  # ACL picks the convolution inside NEDeconvolutionLayer itself
@@ -433,7 +456,7 @@ class AclLibrary(Library):
             names = sorted({name for k, names in kernels.items() if k[0] in kernel_methods for name in names}, key=_kernel_rank)
             space.add(Categorical("gemm_kernel", ("default", *names), role="micro-kernel", when={"method": kernel_methods}))
         gemm_methods = [m for m in methods if m in GEMM_METHODS]
-        if gemm_methods:
+        if gemm_methods and self._cpu_model_hint():
             space.add(Categorical("cpu_model", self._cpu_models(self._detected_models()), when={"method": gemm_methods}))
         self._schedule_dims(space, device)
 

@@ -568,6 +568,13 @@ def rewrite_model(model: onnx.ModelProto, layouts: Mapping[str, str], block: int
     Concat reads are reordered once at the start (see ``anchor_inputs``), for a model cut out of
     a larger one.
     """
+    if block <= 1 and "NCHWc" not in layouts.values():
+        # no NCHWc kernels here (MLAS has them on x86 only; aarch64 reports block 1) and none asked for
+        unchanged = onnx.ModelProto()
+        unchanged.CopyFrom(model)
+        if info is not None:
+            info.update(vars(RewriteInfo()))
+        return unchanged
     rw = _Rewriter(model, layouts, block, strict, block_inputs)
     out = rw.run()
     if info is not None:

@@ -17,6 +17,7 @@ from kselect.core.measuring.measure import task_model
 from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import Task
 from kselect.core.plans.plan import Plan
+from kselect.core.precision.quant import PRECISIONS
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
 from kselect.plugins.onednn.executor import BUILDERS, Executor
@@ -100,8 +101,8 @@ class OnednnLibrary(Library):
 
     def missing_precisions(self) -> dict[str, str]:
         """Each reduced precision oneDNN has no kernels for in kselect here, and why."""
-        missing = {"fp16": "no fp16 candidates in kselect's oneDNN plugin",
-                   "int8": "no int8 candidates in kselect's oneDNN plugin"}
+        missing = {precision: f"no {precision} candidates in kselect's oneDNN plugin"
+                   for precision in PRECISIONS if precision not in ("fp32", "bf16")}
         if dnnl.availability()[0]:
             reason = prim.bf16_missing()
             if reason is not None:
@@ -179,7 +180,7 @@ class OnednnLibrary(Library):
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         model = model_from_proto(task.id, task_model(task, inputs))
-        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False,
+        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=self.emulated,
                     tasks=[{**task.to_json(), "nodes": ["op"]}], plan_level={},
                     nodes={"op": {"library": self.name, "config": config}})
         executor = Executor(self, model, plan)

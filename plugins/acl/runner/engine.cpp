@@ -449,9 +449,9 @@ public:
         for(unsigned cpu = 0; cpu < ci.get_cpu_num(); ++cpu)
         {
             if(!c.models.empty())
-                ci.set_cpu_model(cpu, c.models[0]);
+                set_cpu_model(ci, cpu, c.models[0]);
             else if(cpu < g_cpu.original.size())
-                ci.set_cpu_model(cpu, g_cpu.original[cpu]);
+                set_cpu_model(ci, cpu, g_cpu.original[cpu]);
         }
     }
     std::string ctx_json(size_t i) const

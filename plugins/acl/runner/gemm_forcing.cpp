@@ -15,10 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "acl_version.hpp"
 #include "json.hpp"
 #include "request.hpp"
 
 using namespace arm_compute;
+
+#if KS_ACL_GEMM_FORCING_ABI
 
 // ---------------------------------------------------------------------------------------------
 // arm_gemm internals of ACL v20.08 (not shipped as headers). Declared here to match the 20.08 ABI
@@ -405,3 +408,46 @@ KernelDescription get_gemm_method<float, float, Nothing>(const GemmArgs &args, c
     return ks::ext::interposed_get_gemm_method(args, os);
 }
 } // namespace arm_gemm
+#else // not ACL 20.08: no arm_gemm declarations to trust, so no interposition and no forcing
+
+namespace ks
+{
+namespace ext
+{
+namespace
+{
+const std::string g_reason = "the arm_gemm declarations follow ACL 20.08's ABI; this runner is built for ACL " +
+                             std::to_string(KSELECT_ACL_VERSION_MAJOR) + "." + (KSELECT_ACL_VERSION_MINOR < 10 ? "0" : "") +
+                             std::to_string(KSELECT_ACL_VERSION_MINOR) + ", whose arm_gemm ABI is not verified";
+}
+
+void check_gemm_abi()
+{
+}
+bool gemm_forcing_ok()
+{
+    return false;
+}
+const std::string &gemm_forcing_reason()
+{
+    return g_reason;
+}
+void begin_configure(const JVal &cfg)
+{
+    if(!opt_str(cfg, "gemm_kernel", "").empty())
+        throw Unsupported("gemm_kernel forcing unavailable: " + g_reason);
+}
+std::string end_configure(const JVal &, std::string *)
+{
+    return "";
+}
+std::string gemm_kernels(const JVal &)
+{
+    throw Unsupported("arm_gemm introspection unavailable: " + g_reason);
+}
+void reset_gemm_forcing()
+{
+}
+} // namespace ext
+} // namespace ks
+#endif // KS_ACL_GEMM_FORCING_ABI

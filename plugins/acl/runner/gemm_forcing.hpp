@@ -1,4 +1,4 @@
-// arm_gemm micro-kernel forcing and introspection (ACL v20.08 only): the runner interposes
+// arm_gemm micro-kernel forcing and introspection (ACL v20.08 only; compiled out for other releases): the runner interposes
 // arm_gemm::get_gemm_method<float,float,Nothing> so that a config's "gemm_kernel" makes ACL build
 // that kernel, and records every fp32 GEMM an op configures. See FINDINGS.md.
 #pragma once

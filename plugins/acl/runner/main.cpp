@@ -20,6 +20,7 @@
 #include <iostream>
 #include <string>
 
+#include "acl_version.hpp"
 #include "engine.hpp"
 #include "gemm_forcing.hpp"
 #include "json.hpp"
@@ -53,7 +54,10 @@ namespace ext
 std::string info_json()
 {
     Obj o;
-    o.boolean("gemm_forcing", gemm_forcing_ok()).str("gemm_forcing_reason", gemm_forcing_reason()).raw("schedulers", "[\"default\",\"record\",\"split\"]");
+    o.boolean("gemm_forcing", gemm_forcing_ok())
+        .str("gemm_forcing_reason", gemm_forcing_reason())
+        .boolean("cpu_model_hint", KS_ACL_CPU_MODEL_HINT)
+        .raw("schedulers", "[\"default\",\"record\",\"split\"]");
     return o.done();
 }
 } // namespace ext

@@ -15,9 +15,19 @@
 #include <exception>
 #include <utility>
 
+#include "acl_version.hpp"
 #include "request.hpp"
 
 using namespace arm_compute;
+
+// 24.11's NEGEMMConvolutionLayer takes enable_fast_math before num_groups (20.08: no such argument;
+// a group count passed in its place would silently turn into fast math). Off, as the GEMM method has
+// always run: fast math lets arm_gemm take bf16 kernels on cores that have them.
+#if KS_ACL_24
+#define GEMM_FAST_MATH_OFF false,
+#else
+#define GEMM_FAST_MATH_OFF
+#endif
 
 namespace ks
 {
@@ -29,6 +39,10 @@ std::string conv_method_name(ConvolutionMethod m)
         case ConvolutionMethod::DIRECT: return "DIRECT";
         case ConvolutionMethod::WINOGRAD: return "WINOGRAD";
         case ConvolutionMethod::FFT: return "FFT";
+#if KS_ACL_24
+        case ConvolutionMethod::GEMM_CONV2D: return "GEMM_CONV2D";
+        case ConvolutionMethod::INDIRECT: return "INDIRECT";
+#endif
         default: return "UNKNOWN";
     }
 }
@@ -281,7 +295,7 @@ Status validate_conv(const ConvSpec &s, const std::string &method, DataLayout la
         return NEConvolutionLayer::validate(&t.in_i, &t.w_i, bias, &t.out_i, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), fast_math, static_cast<unsigned>(s.group));
     }
     if(method == "GEMM")
-        return NEGEMMConvolutionLayer::validate(&t.in_i, &t.w_i, bias, &t.out_i, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), static_cast<unsigned>(s.group));
+        return NEGEMMConvolutionLayer::validate(&t.in_i, &t.w_i, bias, &t.out_i, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), GEMM_FAST_MATH_OFF static_cast<unsigned>(s.group));
     // The remaining functions take neither groups nor dilation: refuse here rather than
     // silently computing something else.
     if(s.group != 1)
@@ -345,7 +359,7 @@ std::unique_ptr<IFunction> make_conv(const ConvSpec &s, const std::string &metho
     if(method == "GEMM")
     {
         auto f = std::make_unique<NEGEMMConvolutionLayer>();
-        f->configure(in, w, bias, out, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), static_cast<unsigned>(s.group));
+        f->configure(in, w, bias, out, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), GEMM_FAST_MATH_OFF static_cast<unsigned>(s.group));
         return std::move(f);
     }
     if(method == "WINOGRAD")

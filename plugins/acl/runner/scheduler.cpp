@@ -83,11 +83,19 @@ void RecordingScheduler::schedule(ICPPKernel *kernel, const Hints &hints)
         ks->wall_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
 }
 
+#if KS_ACL_24
+void RecordingScheduler::schedule_op(ICPPKernel *kernel, const Hints &hints, const Window &window, ITensorPack &tensors)
+#else
 void RecordingScheduler::schedule_op(ICPPKernel *kernel, const Hints &hints, ITensorPack &tensors)
+#endif
 {
     KernelStat *ks = g_rec.slot(kernel->name());
     auto        t0 = Clock::now();
+#if KS_ACL_24
+    _inner.schedule_op(kernel, hints, window, tensors);
+#else
     _inner.schedule_op(kernel, hints, tensors);
+#endif
     if(ks != nullptr)
         ks->wall_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
 }
@@ -120,9 +128,13 @@ void SplitScheduler::set_num_threads(unsigned int n)
 
 unsigned int SplitScheduler::num_threads() const { return _n; }
 
-void SplitScheduler::schedule(ICPPKernel *kernel, const Hints &hints) { run_kernel(kernel, hints, nullptr); }
+void SplitScheduler::schedule(ICPPKernel *kernel, const Hints &hints) { run_kernel(kernel, hints, kernel->window(), nullptr); }
 
-void SplitScheduler::schedule_op(ICPPKernel *kernel, const Hints &hints, ITensorPack &tensors) { run_kernel(kernel, hints, &tensors); }
+#if KS_ACL_24
+void SplitScheduler::schedule_op(ICPPKernel *kernel, const Hints &hints, const Window &window, ITensorPack &tensors) { run_kernel(kernel, hints, window, &tensors); }
+#else
+void SplitScheduler::schedule_op(ICPPKernel *kernel, const Hints &hints, ITensorPack &tensors) { run_kernel(kernel, hints, kernel->window(), &tensors); }
+#endif
 
 void SplitScheduler::run_workloads(std::vector<Workload> &workloads)
 {
@@ -245,9 +257,8 @@ void SplitScheduler::parallel(const std::function<void(unsigned)> &fn)
         std::rethrow_exception(_error);
 }
 
-void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, ITensorPack *tensors)
+void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, const Window &maxw, ITensorPack *tensors)
 {
-    const Window &maxw   = kernel->window();
     const bool    all    = hints.split_dimension() == IScheduler::split_dimensions_all;
     size_t        dim    = hints.split_dimension();
     if(all || dim >= Coordinates::num_max_dimensions)
@@ -428,9 +439,9 @@ void install_scheduler(const JVal &cfg, int threads)
 // CPPScheduler (it hands its own CPUInfo to the kernels at run time).
 void set_cpu_model_all(unsigned cpu, CPUModel m)
 {
-    Scheduler::get().cpu_info().set_cpu_model(cpu, m);
+    set_cpu_model(Scheduler::get().cpu_info(), cpu, m);
     if(g_cpp != nullptr && g_cpp != &Scheduler::get())
-        g_cpp->cpu_info().set_cpu_model(cpu, m);
+        set_cpu_model(g_cpp->cpu_info(), cpu, m);
 }
 
 void begin_run()
@@ -504,6 +515,16 @@ std::string cpu_model_str(CPUModel m)
             return kv.first == "A55R0" ? "A55r0" : kv.first == "A55R1" ? "A55r1" : kv.first;
     return "UNKNOWN";
 }
+void set_cpu_model(CPUInfo &ci, unsigned cpu, CPUModel m)
+{
+#if KS_ACL_CPU_MODEL_HINT
+    ci.set_cpu_model(cpu, m);
+#else
+    if(ci.get_cpu_model(cpu) != m)
+        throw Unsupported("cpu_model " + cpu_model_str(m) + ": this ACL has no CPU model hint (CPUInfo::set_cpu_model is ACL 20.08's)");
+#endif
+}
+
 std::string cpu_models_json()
 {
     CPUInfo    &ci = Scheduler::get().cpu_info();

@@ -14,7 +14,10 @@
 #include <vector>
 
 #include "arm_compute/core/CPP/CPPTypes.h"
+#include "arm_compute/core/Window.h"
 #include "arm_compute/runtime/IScheduler.h"
+
+#include "acl_version.hpp"
 
 namespace ks
 {
@@ -30,6 +33,9 @@ extern CpuState g_cpu;
 const std::vector<std::pair<std::string, arm_compute::CPUModel>> &cpu_models();
 std::string cpu_model_str(arm_compute::CPUModel m);
 std::string cpu_models_json(); // the active scheduler's model per cpu
+// The CPU model hint of one cpu (ACL 20.08). Later releases' CPUInfo is read-only: there only the
+// detected model is accepted, anything else throws Unsupported.
+void set_cpu_model(arm_compute::CPUInfo &ci, unsigned cpu, arm_compute::CPUModel m);
 // Apply the config's scheduler, threads and cpu_model (or restore the detected models); the thread
 // count in effect goes to *threads_out.
 void apply_cpu_config(const JVal &cfg, int *threads_out);
@@ -44,7 +50,11 @@ public:
     void         set_num_threads(unsigned int n) override;
     unsigned int num_threads() const override;
     void         schedule(arm_compute::ICPPKernel *kernel, const Hints &hints) override;
-    void         schedule_op(arm_compute::ICPPKernel *kernel, const Hints &hints, arm_compute::ITensorPack &tensors) override;
+#if KS_ACL_24 // the operator passes the window to run
+    void schedule_op(arm_compute::ICPPKernel *kernel, const Hints &hints, const arm_compute::Window &window, arm_compute::ITensorPack &tensors) override;
+#else
+    void schedule_op(arm_compute::ICPPKernel *kernel, const Hints &hints, arm_compute::ITensorPack &tensors) override;
+#endif
     void         run_tagged_workloads(std::vector<Workload> &workloads, const char *tag) override;
 
 protected:
@@ -63,7 +73,11 @@ public:
     void         set_num_threads(unsigned int n) override;
     unsigned int num_threads() const override;
     void         schedule(arm_compute::ICPPKernel *kernel, const Hints &hints) override;
-    void         schedule_op(arm_compute::ICPPKernel *kernel, const Hints &hints, arm_compute::ITensorPack &tensors) override;
+#if KS_ACL_24 // the operator passes the window to run
+    void schedule_op(arm_compute::ICPPKernel *kernel, const Hints &hints, const arm_compute::Window &window, arm_compute::ITensorPack &tensors) override;
+#else
+    void schedule_op(arm_compute::ICPPKernel *kernel, const Hints &hints, arm_compute::ITensorPack &tensors) override;
+#endif
 
     // Stop the workers and unpin the calling thread (idempotent); the object stays valid.
     void shutdown();
@@ -93,7 +107,7 @@ private:
     void        worker(unsigned t);
     // Run fn(t) for t in [0, n): t = 0 on the calling thread, the others on the workers.
     void parallel(const std::function<void(unsigned)> &fn);
-    void run_kernel(arm_compute::ICPPKernel *kernel, const Hints &hints, arm_compute::ITensorPack *tensors);
+    void run_kernel(arm_compute::ICPPKernel *kernel, const Hints &hints, const arm_compute::Window &window, arm_compute::ITensorPack *tensors);
 };
 
 extern arm_compute::IScheduler *g_cpp; // ACL's own CPPScheduler instance
