@@ -15,11 +15,26 @@ from rich.table import Table as _RichTable
 from rich.text import Text
 
 from kselect.cli.output import styled
+from kselect.core import api
+from kselect.core.api import checked_plan
+from kselect.core.config import TuneConfig
 from kselect.core.contract import plugins
+from kselect.core.cross_library.assembly import planned_conversions
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.tuning_loop import library_tasks
 from kselect.core.models.model import load_model
-from kselect.core.models.tasks import Task, extract_tasks, model_stats
+from kselect.core.models.realmodels import REAL_MODELS
+from kselect.core.models.tasks import Task, extract_tasks, model_stats, untuned_ops
+from kselect.core.paths import check_output, check_output_folder, protect_inputs
+from kselect.core.plans.plan import artifact_stem, load_plan_file, write_atomically
+from kselect.core.precision.calibration import image_preprocess
+from kselect.core.records.sql import shown
+from kselect.core.records.store import RecordDB, database_location
+from kselect.core.whole_model.alone import CONFIDENCE
+from kselect.core.whole_model.selection import BASELINE
+from kselect.search.predict import predict_model
 
 
 def _width(stream):
@@ -92,8 +107,6 @@ def _print_json(data) -> None:
 def _write_json_file(path, data) -> None:
     """``--json OUT.json``: the result written beside the table (its path checked before the work, by
     ``_json_file``)."""
-    from kselect.core.plans.plan import write_atomically
-
     write_atomically(Path(path), json.dumps(data, indent=2) + "\n")
     console.print(f"wrote {str(path)}")
 
@@ -101,8 +114,6 @@ def _write_json_file(path, data) -> None:
 def _json_file(args, reads: dict):
     """``--json OUT.json``: OUT.json checked before the work (core/paths.check_output); None when the
     JSON goes to stdout or is not asked for."""
-    from kselect.core.paths import check_output
-
     if args.json in (None, True, "-"):
         return None
     return check_output(args.json, "--json", "the JSON", reads, kind="a JSON file")
@@ -123,8 +134,6 @@ def _model_and_tasks(args):
 
 # -- models, tasks, space, plugins ----------------------------------------------------------
 def cmd_models(args) -> None:
-    from kselect.core.models.realmodels import REAL_MODELS
-
     rows = []
     for name, (description, _) in plugins.models().items():
         params, macs = model_stats(load_model(name))
@@ -149,8 +158,6 @@ def cmd_models(args) -> None:
 
 
 def cmd_tasks(args) -> None:
-    from kselect.core.models.tasks import untuned_ops
-
     model, tasks = _model_and_tasks(args)
     untuned = [{"node": node, "op": op_type, "why": why} for node, op_type, why in untuned_ops(model)]
     if args.json:
@@ -179,8 +186,6 @@ def cmd_tasks(args) -> None:
 
 
 def cmd_space(args) -> None:
-    from kselect.core.measuring.tuning_loop import library_tasks
-
     library = plugins.get_library(args.library)
     model = load_model(args.model, args.input_shape)
     device = this_device()
@@ -360,9 +365,6 @@ class CliTuneEvents:
 
 def tune_config(args):
     """The ``TuneConfig`` of ``kselect tune``'s options, checked before any file is opened."""
-    from kselect.core.config import TuneConfig
-    from kselect.core.measuring.measure import MeasureSettings
-
     settings = MeasureSettings(timeout_s=args.timeout, min_time_s=args.min_time, min_repeats=args.min_repeats,
                                max_time_s=15 * args.min_time)
     return TuneConfig(search=args.search, budget=args.budget, time_budget_s=args.time_budget, seed=args.seed,
@@ -375,8 +377,6 @@ def tune_config(args):
 
 
 def cmd_tune(args) -> None:
-    from kselect.core import api
-
     config = tune_config(args)
     libraries = plugins.select_libraries(args.library)  # for the default plan name; api.tune checks the rest
     model = load_model(args.model, args.input_shape)
@@ -384,8 +384,6 @@ def cmd_tune(args) -> None:
     plan_path = api.check_plan_path(f"{model.name}.{names}.plan.json" if args.output is None else args.output, model,
                                     config.db)
     if any(v is not None for v in (args.image_channels, args.image_scale, args.image_mean, args.image_std)):
-        from kselect.core.precision.calibration import image_preprocess
-
         config = config.but(image_preprocess=image_preprocess(model, args.image_channels, args.image_scale,
                                                               args.image_mean, args.image_std))
     result = api.tune(model, libraries, config, events=CliTuneEvents())
@@ -405,9 +403,6 @@ def cmd_tune(args) -> None:
 
 
 def fleet_db(config) -> str:
-    from kselect.core.records.sql import shown
-    from kselect.core.records.store import database_location
-
     return shown(str(database_location(config.db)))
 
 
@@ -445,7 +440,6 @@ def _layout_summary(plan, library) -> None:
     layouts: dict[str, int] = {}
     for entry in plan.nodes.values():
         layouts[entry["label"]] = layouts.get(entry["label"], 0) + 1
-    from kselect.core.cross_library.assembly import planned_conversions
 
     summary = plan.extra["cross_library"]
     changes = len(planned_conversions(plan))
@@ -497,8 +491,6 @@ def _cross_summary(plan) -> None:
 
 def _check_table(chosen, results) -> None:
     """Each plan's whole-model check against ONNX Runtime's default session, and what was kept."""
-    from kselect.core.whole_model.selection import BASELINE
-
     verified = chosen.extra["verified"]
     model_name = chosen.model.get("name", "")
     table = Table(title=f"{model_name}: whole model, each plan alone in a fresh process per round, ONNX Runtime's "
@@ -569,9 +561,6 @@ def _tune_table(outcomes, plan, library) -> None:
 
 
 def cmd_predict(args) -> None:
-    from kselect.core.records.store import RecordDB, database_location
-    from kselect.search.predict import predict_model
-
     library = plugins.get_library(args.library)
     model = load_model(args.model, args.input_shape)
     json_file = _json_file(args, {"the model": model.source, "the record database": database_location(args.db)})
@@ -600,8 +589,6 @@ def cmd_predict(args) -> None:
 
 # -- plans ----------------------------------------------------------------------------------
 def cmd_plan_show(args) -> None:
-    from kselect.core.plans.plan import load_plan_file
-
     plan = load_plan_file(args.plan)
     if args.json:
         return _print_json(_plan_summary(args.plan, plan))
@@ -625,8 +612,6 @@ def cmd_plan_show(args) -> None:
     console.print(table)
     summary = plan.extra.get("cross_library")
     if summary:
-        from kselect.core.cross_library.assembly import planned_conversions
-
         conversions = planned_conversions(plan)
         predicted = summary["predicted"]
         console.print(f"{len(conversions)} conversions between ops; predicted sum: ops {predicted['ops_us'] / 1000:.3f} ms "
@@ -653,16 +638,12 @@ def _plan_summary(path, plan) -> dict:
             summary[key] = plan.extra[key]
     cross = plan.extra.get("cross_library")
     if cross:
-        from kselect.core.cross_library.assembly import planned_conversions
-
         summary["conversions"] = len(planned_conversions(plan))
         summary["predicted"], summary["greedy"] = cross["predicted"], cross["greedy"]
     return summary
 
 
 def _checked_plan(args, model):
-    from kselect.core.api import checked_plan
-
     return checked_plan(args.plan, model, args.force, on_warning=_force_warning)
 
 
@@ -671,9 +652,6 @@ def _force_warning(problem: str) -> None:
 
 
 def cmd_plan_apply(args) -> None:
-    from kselect.core.paths import check_output_folder, protect_inputs
-    from kselect.core.plans.plan import artifact_stem
-
     model = load_model(args.model, args.input_shape)
     output_dir = check_output_folder(args.output_dir, "-o", "the plan's artifacts")
     protect_inputs({"the model": model.source, "the plan": args.plan})
@@ -693,9 +671,6 @@ def cmd_plan_apply(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from kselect.core import api
-    from kselect.core.whole_model.alone import CONFIDENCE
-
     model = load_model(args.model, args.input_shape)
     json_file = _json_file(args, {"the model": model.source, "the plan": args.plan})
     how = "each alone in fresh processes" if args.alone else "interleaved"
@@ -726,6 +701,7 @@ def cmd_bench(args) -> None:
 
 # -- report ---------------------------------------------------------------------------------
 def cmd_report(args) -> None:
+    # here, not at the top: keeps matplotlib out of importing this module
     from kselect.core.report.page import chart_names, write_report
 
     if args.input_shape and not args.model:

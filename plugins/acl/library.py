@@ -25,12 +25,16 @@ from kselect.core.contract.library import Library
 from kselect.core.contract.space import Categorical, Integer, Space, WorkloadSplit
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device, this_device
+from kselect.core.measuring.measure import time_candidate
 from kselect.core.models.activations import clamp_range
-from kselect.core.models.tasks import Task
+from kselect.core.models.model import model_from_proto
+from kselect.core.models.tasks import Task, extract_tasks, find_ops
 from kselect.core.plans.plan import write_atomically
 from kselect.core.precision.calibration import plan_ranges
-from kselect.core.precision.quant import dequantize
-from kselect.plugins.acl import build, int8
+from kselect.core.precision.quant import asymmetric_u8, dequantize
+from kselect.plugins.acl import build, engine, int8
+from kselect.plugins.acl.client import AclRunner, RunnerError
+from kselect.plugins.acl.engine import ACTIVATIONS, runner_activation
 
 CONV_METHODS = ("GEMM", "WINOGRAD", "DIRECT", "FFT")
 GEMM_METHODS = ("GEMM", "WINOGRAD", "AUTO")  # methods whose work is arm_gemm GEMMs
@@ -156,8 +160,6 @@ class AclLibrary(Library):
 
     # -- runner processes -------------------------------------------------------------------------
     def _query_runner(self):
-        from kselect.plugins.acl.client import AclRunner
-
         if self._query is None:
             try:
                 self._query = AclRunner(timeout_s=600)
@@ -176,8 +178,6 @@ class AclLibrary(Library):
     def fused_activation(task: Task) -> tuple[bool, dict | None]:
         """(whether ACL runs the task's epilogue, the runner's "act" for it): ACL fuses one
         activation of engine.ACTIVATIONS into a conv or fc; other epilogues are not ACL ops."""
-        from kselect.plugins.acl.engine import ACTIVATIONS, runner_activation
-
         if not task.epilogue:
             return True, None
         if len(task.epilogue) != 1 or task.epilogue[0][0] not in ACTIVATIONS:
@@ -245,8 +245,6 @@ class AclLibrary(Library):
 
     def _validate(self, task: Task, extra: dict) -> dict:
         """One runner ``validate`` answer for the task (``extra``: further request fields)."""
-        from kselect.plugins.acl.client import RunnerError
-
         request = {"action": "validate", "op": task.kind, **self.op_spec(task), **extra}
         try:
             result = self._query_runner().request(request)
@@ -538,8 +536,6 @@ class AclLibrary(Library):
     # -- measuring (in the worker child) ------------------------------------------------------------
     def _runner_timing(self, settings) -> dict:
         """Starts the runner process on first use; the core protocol's settings, as it takes them."""
-        from kselect.plugins.acl.client import AclRunner
-
         if self._measurer is None:
             self._measurer = AclRunner(timeout_s=max(5.0, 0.9 * settings.timeout_s))
         self._measurer.timeout_s = max(5.0, 0.9 * settings.timeout_s)
@@ -616,8 +612,6 @@ class AclLibrary(Library):
         tensor's own range in the default activation type (QASYMM8_SIGNED); the other half of the
         round trip is done here, outside the timed work, so the output is the tensor quantized
         and dequantized, which the core checks."""
-        from kselect.core.precision.quant import asymmetric_u8
-
         activations = int8.DEFAULT_ACTIVATIONS
         scale, zero_point = asymmetric_u8(x.min(), x.max())
         quant = int8.activation_quant(activations, scale, zero_point)
@@ -641,9 +635,6 @@ class AclLibrary(Library):
         and out, is charged half. Two arrays alternate, so every call writes its input."""
         from onnx import TensorProto, helper
 
-        from kselect.core.measuring.measure import time_candidate
-        from kselect.core.models.model import model_from_proto
-        from kselect.plugins.acl import engine
 
         shape = list(x.shape)
         graph = helper.make_graph([helper.make_node("LeakyRelu", ["x"], ["y"], alpha=1.0)], "boundary",
@@ -669,8 +660,6 @@ class AclLibrary(Library):
         """Runner configs per conv / fc node: the plan's, or the library defaults. A plan's int8
         entry (task ``T...int8``, config with ``activations`` / ``weights``) carries ``"int8":
         {"activations", "weights"}``, which ``engine.lower`` turns into the node's quantization."""
-        from kselect.core.models.tasks import extract_tasks, find_ops
-
         device = device or this_device()
         configs = {}
         for task in (extract_tasks(model) if find_ops(model) else []):
@@ -694,8 +683,6 @@ class AclLibrary(Library):
     def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
         """A bundle the runner's ``model_load`` runs on the device: ``STEM.acl/graph.json`` (every
         conv / fc with the plan's config) and its weight files, named relative to it."""
-        from kselect.plugins.acl import engine
-
         device = this_device()
         bundle = Path(out_dir) / f"{stem or model.name}.acl"
         bundle.mkdir(parents=True, exist_ok=True)
@@ -713,8 +700,6 @@ class AclLibrary(Library):
         """The model in a persistent runner process (``engine.AclModelRunner``), with the library
         defaults when ``plan`` is None, else the plan's per-op configs. ``in_mixed_plan`` changes
         nothing: ACL's scheduler threads wait on a condition variable, they do not spin."""
-        from kselect.plugins.acl import engine
-
         device = this_device()
         configs = self.node_configs(model, plan, device)
         default = {"threads": armnn_threads(device), "scheduler": "default"}
@@ -727,6 +712,4 @@ class AclLibrary(Library):
         return engine.AclModelRunner(graph, work_dir, timeout_s=timeout_s)
 
     def runs_op(self, op_type: str) -> bool:
-        from kselect.plugins.acl import engine
-
         return hasattr(engine._Lowering, f"op_{op_type}")
