@@ -261,7 +261,7 @@ NOTES = """
   as an app runs a plan. Sharing one process cost ONNX Runtime's default about 1% (resnet50 1.011x,
   googlenet 1.013x, benchmarks/process_context.py); what makes one run unable to rank plans a few
   percent apart is the host's speed drifting by 20% and more within a minute (the per-round
-  ranges above; docs/history/table2-runs.md).
+  ranges above; history/table2-runs.md).
 - *tune s* is the time of this invocation's tuning step: when the records were already stored
   (a rerun on the same database) it is the time of planning and checking only.
   `benchmarks/results/table2_fresh.json` holds a run that tuned everything from scratch.

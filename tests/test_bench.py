@@ -67,7 +67,7 @@ def result(variant: str, ms: float, segments: int, spread: float = 0.05) -> dict
 
 def test_a_plan_with_more_library_switches_is_kept_only_when_clearly_faster():
     single = result("mlas plan", 58.46, 1, spread=0.13)
-    # resnet50 in table2 (stop 10): 5% faster in the run that chose it, 8% slower in the next
+    # resnet50 in a table2 run: 5% faster in the run that chose it, 8% slower in the next
     mixed = result("cross-library plan", 55.53, 4, spread=0.162)
     assert choose_result([single, mixed]) is single  # within max(2%, 16.2% / 2) of it
     clearly = result("cross-library plan", 50.0, 4, spread=0.162)
@@ -87,7 +87,7 @@ def test_among_plans_within_the_margin_the_fewest_segments_win_then_the_fastest(
 
 
 def test_a_plan_whose_threads_sleep_is_kept_only_when_clearly_faster_than_spinning_ones():
-    """vgg16 (table2, stop 10): the MLAS plan with spinning 0 read 1.015x ONNX Runtime's
+    """vgg16 (a table2 run): the MLAS plan with spinning 0 read 1.015x ONNX Runtime's
     default in the run that chose it and 0.79x in the next."""
     sleeping = {**result("mlas plan", 185.22, 1, 0.015), "sleeps": True}
     spinning = {**result("mlas plan (spinning)", 186.5, 1, 0.02), "sleeps": False}
@@ -107,11 +107,11 @@ def test_median_bounds_are_the_sign_test_order_statistics():
 def test_a_plan_replaces_the_default_only_when_its_per_round_speedups_show_it_faster():
     verdict = selection_module.race_verdict
     assert verdict([1.02, 1.02, 1.036, 1.06]) == "faster"  # every round at least 2% faster
-    assert verdict([0.907, 1.03, 1.05, 1.091]) == "undecided"  # resnet101's MLAS plan, table2 stop 17
+    assert verdict([0.907, 1.03, 1.05, 1.091]) == "undecided"  # resnet101's MLAS plan in a table2 run
     assert verdict([0.95, 0.96, 1.0, 1.01]) == "not faster"  # no round 2% faster
     assert verdict([1.05, 1.06, 1.04]) == "undecided"  # too few rounds for a verdict
     assert verdict([0.97, 1.05, 1.06, 1.04]) == "undecided"  # one round at 0.97: the lower bound is below 1
-    # yolov8n's cross-library plan at stop 37: median 1.029x over 10 rounds, lower bound 0.9996x;
+    # yolov8n's cross-library plan in one tune: median 1.029x over 10 rounds, lower bound 0.9996x;
     # the benchmark's own rounds then read it 0.977x. Not shown faster.
     assert verdict([1.5059, 1.039, 0.9635, 0.936, 1.042, 1.0301, 1.084, 1.025, 1.0278, 0.9996]) == "undecided"
     assert verdict([1.5059, 1.039, 1.0035, 1.036, 1.042, 1.0301, 1.084, 1.025, 1.0278, 1.0096]) == "faster"

@@ -17,7 +17,7 @@ from kselect.core.plans.spinning import spin_dims
 
 # A mix must save more than this share of the best library alone. Below it the difference is within
 # the spread of isolated timings taken minutes apart, and a mix adds switches whose cost varies more
-# than one library's speed (docs/history/table2-runs.md).
+# than one library's speed (history/table2-runs.md).
 MIX_RESOLUTION = 0.005
 
 
