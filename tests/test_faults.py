@@ -27,7 +27,10 @@ from kselect.core.whole_model.bench import compare_outputs
 
 
 def _statuses(db) -> dict[str, int]:
+    """Records by status; none while the tune has created the file but not yet its tables."""
     with sqlite3.connect(db) as connection:
+        if not connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'records'").fetchone():
+            return {}
         return dict(connection.execute("SELECT status, COUNT(*) FROM records GROUP BY status").fetchall())
 
 

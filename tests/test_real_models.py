@@ -69,7 +69,7 @@ def test_onnx_runtimes_default_as_a_plan_is_its_default_session_on_a_hard_swish_
     plan = onnxruntime_default_plan(model, this_device(), RecordDB(db))
     assert all(task["config"] == task["default_config"] for task in plan.tasks)
     assert not layouts_are_onnxruntimes(model, plan)  # kselect's rewrite would block ORT's reordering
-    written, _ = write_optimized_model(plan, model, tmp_path / "export")
+    written, _ = write_optimized_model(plan, model, tmp_path / "export", model.name)
     assert written.read_bytes() == model.proto.SerializeToString()
 
 
