@@ -15,6 +15,7 @@ from kselect.core.contract.library import Library
 from kselect.core.measuring import device
 from kselect.plugins.acl import build
 
+import graphs
 
 # -- ACL release, read from the library at build time -------------------------------------------
 
@@ -114,15 +115,13 @@ def test_mlas_plans_run_where_mlas_has_no_nchwc_kernels():
     NCHW runs on the model as it is; asking for NCHWc there is refused."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from kselect.plugins.mlas.rewrite import rewrite_model
 
     weights = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "W")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weights])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = graphs.model([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])], [weights],
+                         input_shape=(1, 3, 8, 8), output_shapes=[(1, 4, 8, 8)], opset=13)
     info: dict = {}
     rewritten = rewrite_model(model, {"conv": "NCHW"}, 1, info=info)
     assert rewritten.SerializeToString() == model.SerializeToString() and rewritten is not model

@@ -5,9 +5,11 @@ import sqlite3
 
 import onnx
 import pytest
+from onnx import TensorProto, helper
+
+import graphs
 from graphs import small_cnn
 from helpers import run_kselect
-from onnx import TensorProto, helper
 
 
 def assert_one_line_error(result, *fragments):
@@ -24,10 +26,8 @@ def files(tmp_path):
     not_onnx = tmp_path / "notes.onnx"
     not_onnx.write_text("this is not a model")
     relu_only = tmp_path / "relu.onnx"
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), relu_only)
+    graphs.saved(graphs.model([helper.make_node("Relu", ["x"], ["y"])], input_shape=(1, 4), output_shapes=[(1, 4)]),
+                 relu_only)
     dynamic = tmp_path / "dynamic.onnx"
     onnx.save(small_cnn(dynamic=True), dynamic)
     corrupt_db = tmp_path / "corrupt.db"
@@ -55,15 +55,12 @@ def test_nothing_tunable(files):
 def test_an_already_quantized_model_is_named_as_such(tmp_path):
     """A dynamically quantized export (ddddocr's common_old.onnx: DynamicQuantizeLinear and
     ConvInteger) has no float conv to tune: the error says what it is and what to do instead."""
-    graph = helper.make_graph(
+    path = graphs.saved(graphs.model(
         [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "scale", "zero_point"]),
          helper.make_node("ConvInteger", ["xq", "w", "zero_point"], ["acc"]),
-         helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
-        [helper.make_tensor("w", TensorProto.UINT8, [4, 2, 3, 3], [1] * 72)])
-    path = tmp_path / "quantized.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+         helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)],
+        [helper.make_tensor("w", TensorProto.UINT8, [4, 2, 3, 3], [1] * 72)], input_shape=(1, 2, 8, 8),
+        output_shapes=[(1, 4, 6, 6)], opset=13), tmp_path / "quantized.onnx")
     assert_one_line_error(run_kselect("tune", path, "--library", "mlas"), "is already quantized (1 DynamicQuantizeLinear, 1 ConvInteger)",
                           "--precision fp32,int8")
 

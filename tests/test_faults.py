@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+import graphs
 from graphs import small_cnn
 from helpers import REPO, run_kselect
 
@@ -917,15 +918,11 @@ def test_case_07_calibration_input_that_would_hang_or_explode_is_one_line(tmp_pa
 
 
 def _one_conv_model(path, x_shape, w_shape, pads=(0, 0, 0, 0), group=1):
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones(w_shape, np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=list(pads), group=group)],
-                              "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    return path
+    return graphs.saved(graphs.model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=list(pads),
+                                                       group=group)], [w], input_shape=x_shape, name="one_conv"), path)
 
 
 @pytest.mark.parametrize("case, x_shape, w_shape, group, says", [
