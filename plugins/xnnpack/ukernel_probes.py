@@ -140,12 +140,16 @@ def probe_tier(tier: str) -> dict:
     """Table of the given ISA tier, read in a child process."""
     if tier not in TIERS:
         raise KeyError(tier)
+    return _probe_in_child("--probe", f"probe {tier}", tier)
+
+
+def _probe_in_child(flag: str, what: str, tier: str) -> dict:
     verify_build()  # refuse here before starting children on an unknown build
-    res, err = run_child(_THIS_MODULE, ["--probe", tier], timeout=120)
+    res, err = run_child(_THIS_MODULE, [flag, tier], timeout=120)
     if res is None:
-        raise OverrideRefused(f"probe {tier}: {err}")
+        raise OverrideRefused(f"{what}: {err}")
     if "error" in res:
-        raise OverrideRefused(f"probe {tier}: {res['error']}")
+        raise OverrideRefused(f"{what}: {res['error']}")
     return res
 
 
@@ -154,13 +158,7 @@ def probe_tier_int8(tier: str) -> dict:
     """8-bit table entries of the given tier (INT8_TIERS), read in a child process."""
     if tier not in INT8_TIERS:
         raise KeyError(tier)
-    verify_build()
-    res, err = run_child(_THIS_MODULE, ["--probe-int8", tier], timeout=120)
-    if res is None:
-        raise OverrideRefused(f"probe int8 {tier}: {err}")
-    if "error" in res:
-        raise OverrideRefused(f"probe int8 {tier}: {res['error']}")
-    return res
+    return _probe_in_child("--probe-int8", f"probe int8 {tier}", tier)
 
 
 def _main(argv: list[str]) -> int:
