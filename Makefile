@@ -1,5 +1,7 @@
 # make demo  - install what is missing, tune the built-in resnet18 on MLAS in fp32 and int8 under a
-#              3% top-1 agreement budget (synthetic data), benchmark the plan against ONNX Runtime's fp32 default
+#              3% top-1 agreement budget (synthetic data), benchmark the plan against ONNX Runtime's fp32 default;
+#              then on oneDNN with every precision this CPU has (--precision all: bf16 on a CPU with AVX512_BF16
+#              or AMX; the tune names each precision the CPU lacks and why), benchmarked the same way
 # make test  - install what is missing, run the test suite
 # make setup - the shared, idempotent install step
 # make test-arm64 - the arm64 subset, every program an aarch64 one: in a Debian 13 arm64 root under qemu
@@ -29,6 +31,10 @@ demo: setup
 	$(KSELECT) tune resnet18 --library mlas --precision fp32,int8 --max-accuracy-drop 0.03 --budget 6 --min-time 0.05 \
 		--db $(DEMO_DIR)/records.db -o $(DEMO_DIR)/resnet18.mlas.plan.json
 	$(KSELECT) bench resnet18 --plan $(DEMO_DIR)/resnet18.mlas.plan.json --alone --rounds 6 --json $(DEMO_DIR)/resnet18.bench.json
+	$(KSELECT) tune resnet18 --library onednn --precision all --max-accuracy-drop 0.03 --budget 2 --min-time 0.05 \
+		--db $(DEMO_DIR)/records.db -o $(DEMO_DIR)/resnet18.onednn.plan.json
+	$(KSELECT) bench resnet18 --plan $(DEMO_DIR)/resnet18.onednn.plan.json --alone --rounds 6 \
+		--json $(DEMO_DIR)/resnet18.onednn.bench.json
 
 test: setup
 	$(PYTHON) -m pytest -q -m "not slow"

@@ -279,6 +279,10 @@ class CliTuneEvents:
         verdict = "races" if drop <= max_drop else "over the budget: not raced"
         console.print(f"the {variant}: metric {score:.4f}, drop {drop:.4f} (budget {max_drop}): {verdict}")
 
+    def precisions_left_out(self, left_out: dict[str, str]) -> None:
+        for precision, why in left_out.items():
+            console.print(f"--precision all: no {precision} here ({why})", style="yellow")
+
     def library_left_out(self, library, why: str) -> None:
         console.print(f"{library.name} is left out of this tune's plans: {why}", style="yellow")
 
@@ -407,7 +411,7 @@ def fleet_db(config) -> str:
 
 
 def _front_table(library, search, check) -> None:
-    """The latency / accuracy / weight-memory front of an int8 tune, the chosen point marked."""
+    """The latency / accuracy / weight-memory front of a tune with reduced precisions, the chosen point marked."""
     precision = search.plan.extra["precision"]
     calibration = precision["calibration"]
     caveat = calibration.get("caveat") or ("SYNTHETIC: random inputs, not data" if calibration["synthetic"] else "")
@@ -415,7 +419,7 @@ def _front_table(library, search, check) -> None:
     kept = check["kept"] if check else search.chosen.name
     table = Table(title=f"precision front on {library.name}: {precision['metric']} on {calibration['held_out_feeds']} "
                         f"held-out feeds, budget: drop <= {precision['max_drop']}{synthetic}")
-    for column in ("plan", "int8 ops", "predicted ms", "measured ms", precision["metric"], "drop", "weights MB", ""):
+    for column in ("plan", "reduced ops", "predicted ms", "measured ms", precision["metric"], "drop", "weights MB", ""):
         table.add_column(column, justify="left" if column in ("plan", "") else "right")
     for point in search.front:
         mark = "kept" if point.name == kept else ("chosen, not kept" if point is search.chosen else "")
@@ -423,7 +427,7 @@ def _front_table(library, search, check) -> None:
             mark = f"failed: {point.failed[:80]}"
         elif not point.within_budget:
             mark = (mark + " " if mark else "") + "over budget"
-        table.add_row(point.name, str(len(point.int8_nodes)), f"{point.predicted_us / 1000:.3f}",
+        table.add_row(point.name, point.describe_ops(), f"{point.predicted_us / 1000:.3f}",
                       "" if point.measured_ms is None else f"{point.measured_ms:.3f}", f"{point.score:.4f}",
                       f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
     console.print(table)

@@ -140,13 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with several libraries: plan on the stored records as they are, without first re-timing "
                         "the configs and conversions the plan chooses among")
     p.add_argument("--check-rounds", type=POSITIVE_INT, default=4, metavar="N",
-                   help="with several libraries or int8: rounds of the end-to-end check before a verdict (default 4)")
+                   help="with several libraries or reduced precisions: rounds of the end-to-end check before a verdict (default 4)")
     p.add_argument("--check-max-rounds", type=POSITIVE_INT, default=10, metavar="N",
-                   help="with several libraries or int8: rounds a plan still undecided may run, at most (default 10)")
+                   help="with several libraries or reduced precisions: rounds a plan still undecided may run, at most (default 10)")
     p.add_argument("--precision", default="fp32", metavar="LIST",
-                   help="precisions per op: fp32 (default) or fp32,int8 (int8 kernels chosen under --max-accuracy-drop)")
+                   help="precisions per op: fp32 (default), or fp32 with any of int8, bf16, fp16 (e.g. fp32,bf16,int8), "
+                        "or all: each op's precision chosen under --max-accuracy-drop")
     p.add_argument("--calibration", metavar="FOLDER",
-                   help="int8: a folder of .npz/.npy feeds or images (docs/mixed-precision.md); half calibrate, half "
+                   help="reduced precisions: a folder of .npz/.npy feeds or images (docs/mixed-precision.md); half calibrate, half "
                         "are held out to measure accuracy. 'samples': for a real model, pinned sample pictures "
                         "preprocessed as its package does (not its own data). The built-in zoo may go without: "
                         "synthetic feeds")
@@ -165,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8, pictures: divided per channel after the mean (default: a real model's package's, "
                         "else ImageNet's 0.229,0.224,0.225; GRAY: 1)")
     p.add_argument("--max-accuracy-drop", type=_fraction, default=0.01, metavar="X",
-                   help="int8: largest drop of the metric from the fp32 model's (default 0.01)")
+                   help="reduced precisions: largest drop of the metric from the fp32 model's (default 0.01)")
     p.add_argument("--metric", default=None,
-                   help="int8: top1, top5, cosine, sqnr or a plugin's (default: top1 for a classifier, else cosine)")
+                   help="reduced precisions: top1, top5, cosine, sqnr or a plugin's (default: top1 for a classifier, else cosine)")
 
     p = commands.add_parser("predict", help="per-op latency predicted by the cost model, without measuring")
     _add_model_args(p)

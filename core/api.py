@@ -36,7 +36,7 @@ from kselect.core.paths import check_output
 from kselect.core.plans.library_plan import verified_library_plan
 from kselect.core.plans.plan import Plan, artifact_stem, check_plan, load_plan_file, validate_plan
 from kselect.core.plans.runtime import load_plan
-from kselect.core.precision.choice import Int8Request, choose_precision, int8_request
+from kselect.core.precision.choice import PrecisionRequest, choose_precision, precision_request, precisions_left_out
 from kselect.core.records.fleet import Fleet, FleetReport, tune_id
 from kselect.core.records.store import RecordDB, database_location
 from kselect.core.whole_model.alone import bench_alone
@@ -55,7 +55,7 @@ class LibraryTuning:
     outcomes: list[TaskOutcome]
     plan: Plan  # verified end to end against the library default, unless the tune ran with verify=False
     tune_s: float  # wall time of tuning and verifying
-    precision: "PrecisionSearch | None" = None  # with int8: the front and the point chosen (core/precision/mixed.py)
+    precision: "PrecisionSearch | None" = None  # with reduced precisions: the front and the point chosen (core/precision/mixed.py)
 
     def to_json(self) -> dict:
         return {"library": self.library.name, "version": self.library.version(), "emulated": self.library.emulated,
@@ -117,6 +117,9 @@ class TuneEvents(Reporter):
 
     def library_tuned(self, tuning: LibraryTuning) -> None: ...
 
+    def precisions_left_out(self, left_out: dict[str, str]) -> None:
+        """``--precision all``: the reduced precisions none of the libraries has here, and why."""
+
     def library_left_out(self, library: Library, why: str) -> None:
         """A tune of several libraries could not plan ``library`` (no valid config of some op):
         the others are planned without it."""
@@ -128,11 +131,11 @@ class TuneEvents(Reporter):
 
     def cross_int8_scored(self, variant: str, score: float | None, drop: float | None, max_drop: float,
                           failed: str = "") -> None:
-        """A plan across libraries with int8 ops (``variant`` names it), its metric on the held-out
+        """A plan across libraries with reduced-precision ops (``variant`` names it), its metric on the held-out
         feeds (``failed``: why it could not be made or run); it races only within ``max_drop``."""
 
     def precision_searched(self, library: Library, search: "PrecisionSearch", check: dict | None) -> None:
-        """The latency / accuracy front of a tune with int8 (core/precision/mixed.py), the point kept, and
+        """The latency / accuracy front of a tune with reduced precisions (core/precision/mixed.py), the point kept, and
         ``check``: the chosen mixed plan timed against the fp32 plan end to end (None: not timed)."""
 
 
@@ -149,8 +152,9 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
     died is taken over once its lease of ``lease_s`` seconds runs out. The worker finishing last
     plans and returns the plan; the others return ``plan=None`` with what they did in ``fleet``.
 
-    ``precision="fp32,int8"`` adds each op's int8 kernels (core/precision/quant.py) and chooses
-    which ops run in int8 under ``max_accuracy_drop`` of ``metric``, measured on held-out feeds of
+    ``precision="fp32,int8"`` (or bf16, fp16; "all") adds each op's kernels in those precisions
+    (core/precision/quant.py, core/precision/half.py) and chooses which ops run in which under
+    ``max_accuracy_drop`` of ``metric``, measured on held-out feeds of
     ``calibration`` (core/precision/choice.py); the plan stores the front, the metric and the budget."""
     if config is None:
         config = TuneConfig.from_options(**options)
@@ -167,7 +171,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
     if not isinstance(model, Model):
         model = load_model(str(model), list(config.input_shape))
     extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
-    int8 = int8_request(model, chosen, config)
+    events.precisions_left_out(precisions_left_out(chosen, config))
+    reduced = precision_request(model, chosen, config)
     device = this_device()
     db = config.db if isinstance(config.db, RecordDB) else RecordDB(database_location(config.db))
     work = []
@@ -178,8 +183,7 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
                                 "study_prefix": f"{device.fingerprint}-{library.name}-{library.version()}-"}
         options = TuneOptions(config.search, config.budget, config.time_budget_s, config.seed, config.early_stop,
                               searcher_options, config.settings)
-        work.append((library, library_tasks(model, library, ("fp32", "int8") if _int8_plans(library, int8) else ("fp32",)),
-                     options))
+        work.append((library, library_tasks(model, library, ("fp32",) + _reduced(library, reduced)), options))
 
     # Tasks first, shared with the other tunes of this model on the database (core/records/fleet.py); each
     # task is measured holding the device's measuring lock.
@@ -208,7 +212,7 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
         for library, tasks, outcomes, options, tune_s in tuned:
             try:
                 tunings[library.name] = plan_library(model, library, device, db, config, tasks, outcomes, tune_s,
-                                                     events, int8 if _int8_plans(library, int8) else None)
+                                                     events, reduced if _reduced(library, reduced) else None)
             except KselectError as exc:  # with several libraries, one that cannot plan is left out
                 if len(tuned) == 1:
                     raise
@@ -220,13 +224,13 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
                             fleet=fleet.report if fleet else None, left_out=left_out)
         if len(tunings) > 1:
-            plan_and_keep_across(result, db, config, events, int8)
+            plan_and_keep_across(result, db, config, events, reduced)
     return result
 
 
-def _int8_plans(library: Library, int8: "Int8Request | None") -> bool:
-    """Whether this tune gives ``library`` int8 ops: int8 asked for, and its plans can hold them."""
-    return int8 is not None and "int8" in library.plan_precisions
+def _reduced(library: Library, request: "PrecisionRequest | None") -> tuple[str, ...]:
+    """The reduced precisions this tune gives ``library`` ops in: those asked for that its plans can hold."""
+    return request.for_library(library) if request is not None else ()
 
 
 class _MeasuringLock:
@@ -264,10 +268,10 @@ def _libraries(libraries) -> list[Library]:
 
 def plan_library(model: Model, library: Library, device: Device, db: RecordDB, config: TuneConfig,
                  tasks: list[Task], outcomes: list[TaskOutcome], tune_s: float, events: TuneEvents | None = None,
-                 int8: Int8Request | None = None) -> LibraryTuning:
+                 reduced: PrecisionRequest | None = None) -> LibraryTuning:
     """Keeps one library's plan from its tuned tasks: the most tuned variant not slower than the
-    library default end to end (``config.verify``), else the tuned one. With ``int8`` (the int8
-    twins among ``tasks``), the mixed-precision plan under the budget replaces it when it is shown
+    library default end to end (``config.verify``), else the tuned one. With ``reduced`` (the
+    reduced-precision twins among ``tasks``), the mixed-precision plan under the budget replaces it when it is shown
     faster end to end (core/precision/choice.py)."""
     events = events or TuneEvents()
     start = time.perf_counter()
@@ -277,9 +281,9 @@ def plan_library(model: Model, library: Library, device: Device, db: RecordDB, c
                                      config.verify, settings=config.settings,
                                      on_result=lambda name, result: events.whole_model_checked(library, name, result))
     search = None
-    if int8:
-        int8_tasks = [t for t in tasks if t.precision == "int8"]
-        plan, search = choose_precision(model, library, device, db, plan, int8_tasks, int8, config, events)
+    if reduced:
+        twins = [t for t in tasks if t.precision != "fp32"]
+        plan, search = choose_precision(model, library, device, db, plan, twins, reduced, config, events)
     tuning = LibraryTuning(library, tasks, outcomes, plan, tune_s + time.perf_counter() - start, search)
     events.library_tuned(tuning)
     return tuning

@@ -70,7 +70,8 @@ class TuneConfig:
       ``remeasure``: with several libraries, re-time the configs the plan chooses among first;
       ``check_rounds`` and ``check_max_rounds``: rounds of those checks;
     - ``input_shape``: ``["name=1,3,224,224"]`` for a model given by name or file;
-    - ``precision`` ("fp32" or "fp32,int8") and, for int8, ``calibration``, ``calibration_method``,
+    - ``precision`` ("fp32"; "fp32,int8", "fp32,bf16", "fp32,bf16,int8", ... or "all") and, with a
+      reduced precision, ``calibration``, ``calibration_method``,
       ``max_accuracy_drop``, ``metric`` (a name or ``evaluate(outputs, feeds) -> float``) and
       ``image_preprocess``.
     """
@@ -115,9 +116,10 @@ class TuneConfig:
         return replace(self, **changes)
 
     @property
-    def wants_int8(self) -> bool:
+    def wants_reduced(self) -> bool:
+        """Whether a precision beside fp32 (int8, bf16, fp16, or "all") is asked for."""
         wanted = [p.strip() for p in self.precision.split(",")] if isinstance(self.precision, str) else list(self.precision)
-        return "int8" in wanted
+        return any(p != "fp32" for p in wanted)
 
     def validate(self) -> None:
         """Every option on its own (what needs the model or the libraries is checked by ``tune``)."""
@@ -148,7 +150,7 @@ class TuneConfig:
             raise KselectError(f"--input-shape {self.input_shape!r}: give strings such as 'input=1,3,224,224' (input_shape)")
         if not isinstance(self.precision, (str, tuple, list)) or not all(
                 isinstance(p, str) for p in ([self.precision] if isinstance(self.precision, str) else self.precision)):
-            raise KselectError(f"--precision {self.precision!r}: give fp32 or fp32,int8 (precision)")
+            raise KselectError(f"--precision {self.precision!r}: give fp32, fp32,int8, fp32,bf16,int8 or all (precision)")
         if self.calibration_method not in CALIBRATION_METHODS:
             raise KselectError(f"--calibration-method {self.calibration_method!r}: choose from "
                                f"{', '.join(CALIBRATION_METHODS)} (calibration_method)")
@@ -158,9 +160,9 @@ class TuneConfig:
                                f"agreement, or of cosine similarity) (max_accuracy_drop)")
         if self.metric is not None and not (isinstance(self.metric, str) or callable(self.metric)):
             raise KselectError(f"--metric {self.metric!r}: give a metric's name or a callable (metric)")
-        if self.metric is not None and not self.wants_int8:
-            raise KselectError("--metric is for int8 (the accuracy budget of int8 ops): add --precision fp32,int8 "
-                               "or leave --metric out")
+        if self.metric is not None and not self.wants_reduced:
+            raise KselectError("--metric is for reduced precisions (their accuracy budget): add --precision fp32,int8 "
+                               "(or bf16, fp16) or leave --metric out")
         check_seconds("lease_s", "--lease", self.lease_s)
 
 

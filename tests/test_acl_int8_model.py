@@ -92,7 +92,8 @@ class Setup:
                 config = config_of(task, index, config)
             assert config in self.acl.space(task, self.device), config
             entries[task.key] = plan_task(task, task.nodes, "acl", config, 1.0, config, 1.0, 1, self.acl.emulated)
-        return mixed_plan(self.fp32_plan, entries, {}, self.int8_nodes if nodes is None else set(nodes),
+        chosen = self.int8_nodes if nodes is None else set(nodes)
+        return mixed_plan(self.fp32_plan, {"int8": entries}, {}, dict.fromkeys(chosen, "int8"),
                           {"ranges": self.ranges, "metric": "cosine", "max_drop": 0.05})
 
     def run(self, plan) -> tuple[list[np.ndarray], dict]:

@@ -672,7 +672,7 @@ def test_case_17_the_python_api_refuses_what_the_cli_refuses_before_measuring(tm
 @pytest.mark.parametrize("extra, says", [
     (("--min-time", "1e12"), "--min-time 1000000000000.0: must be above 0 and at most 60"),
     (("--min-repeats", "1000000000"), "--min-repeats 1000000000: must be between 1 and 100,000"),
-    (("--metric", "foo"), "--metric is for int8"),
+    (("--metric", "foo"), "--metric is for reduced precisions"),
     (("--db", ""), "--db '': give a database file"),
     (("-o", ""), "-o '': give a file name for the plan"),
     (("--db", "mysql://host/x"), "give a database file, sqlite:///FILE or a postgresql:// URL"),

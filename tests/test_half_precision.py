@@ -120,11 +120,12 @@ def test_an_exact_half_precision_candidate_passes_and_a_wrong_one_is_rejected(ma
         assert result.status == "invalid" and "differs from reference" in result.reason
 
 
-def test_a_tune_asking_for_half_precision_is_refused_in_one_line_before_measuring(tmp_path):
-    """bf16 / fp16 kernels are measured per op, but the budgeted choice is between fp32 and int8:
-    a tune asking for bf16 says so and writes nothing, rather than tuning fp32 without a word."""
+def test_a_tune_asking_for_a_precision_no_chosen_library_has_is_refused_in_one_line_before_measuring(tmp_path):
+    """MLAS has no bf16 kernels in kselect: a tune asking it for bf16 says why, and which library's
+    plans hold bf16 ops, and writes nothing, rather than tuning fp32 without a word."""
     db, plan = tmp_path / "records.db", tmp_path / "resnet18.plan.json"
-    result = run_kselect("tune", "resnet18", "--library", "onednn", "--precision", "fp32,bf16", "--db", db, "-o", plan)
+    result = run_kselect("tune", "resnet18", "--library", "mlas", "--precision", "fp32,bf16", "--db", db, "-o", plan)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "bf16 kernels are measured per op" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "mlas has none of them; bf16: no bf16 candidates in kselect's mlas plugin" in result.stderr
     assert not db.exists() and not plan.exists()

@@ -156,6 +156,15 @@ def test_an_int8_candidate_quantizing_wrongly_is_invalid(int8_tasks, activation)
     assert result.status == "invalid" and "differs from reference" in result.reason
 
 
+def _int8_only(drop: dict) -> dict:
+    """Each op's ladder with one rung, int8 (an int8-only library: MLAS, XNNPack, ACL)."""
+    return {node: ["int8"] for node in drop}
+
+
+def _per_rung(values: dict, precision: str = "int8") -> dict:
+    return {(node, precision): value for node, value in values.items()}
+
+
 def test_the_budget_is_honoured_on_a_synthetic_sensitivity_table():
     """SYNTHETIC (made-up drops and times, not measurements): each op adds its own drop in int8
     and saves its own time; the search backs off the most sensitive first and keeps the fastest
@@ -164,24 +173,55 @@ def test_the_budget_is_honoured_on_a_synthetic_sensitivity_table():
     saves = {"a": 30.0, "b": 10.0, "c": 50.0, "d": 5.0, "e": 1.0}
     noise = {"b": 40.0, "e": 30.0}  # the metric ties b and e: the noisier (lower SQNR) e goes back first
 
-    def point(name, nodes):
-        total = sum(drop[n] for n in nodes)
-        return FrontPoint(name, sorted(nodes), 100.0 - sum(saves[n] for n in nodes), 1 - total, total, 0,
+    def point(name, precisions, drop=drop):
+        total = sum(drop[n] for n in precisions)
+        return FrontPoint(name, dict(precisions), 100.0 - sum(saves[n] for n in precisions), 1 - total, total, 0,
                           total <= 0.006)
 
-    front = [point("fp32", set())] + back_off(list(drop), drop, noise, point)
+    front = [point("fp32", {})] + back_off(_int8_only(drop), _per_rung(drop), _per_rung(noise), point)
     assert [p.name for p in front] == ["fp32", "int8", "mixed-1"]
     assert front[1].int8_nodes == ["a", "b", "c", "d", "e"] and not front[1].within_budget
     assert front[2].int8_nodes == ["a", "b", "d", "e"] and front[2].drop == pytest.approx(0.005)
     assert fastest_within_budget(front) is front[2]
 
     tight = {n: d + 0.003 for n, d in drop.items()}
-    front = [point("fp32", set())] + back_off(list(drop), tight, noise,
-                                                lambda name, nodes: point(name, nodes if name == "x" else nodes))
+    front = [point("fp32", {})] + back_off(_int8_only(drop), _per_rung(tight), _per_rung(noise), point)
     chosen = fastest_within_budget(front)
     assert chosen.within_budget and chosen.drop <= 0.006
     order = [set(p.int8_nodes) for p in front[1:] if "+" not in p.name]
     assert all(later < earlier for earlier, later in zip(order, order[1:]))  # one op back per step
+
+
+def test_the_back_off_walks_int8_then_half_precision_then_fp32_per_op():
+    """SYNTHETIC (made-up drops and times, not measurements): three ops with int8 and bf16 kernels,
+    one with bf16 only. Each op climbs one rung at a time, the most sensitive rung first: an op
+    breaking the budget in int8 goes to bf16 first, and on to fp32 only if bf16 still breaks it;
+    the point kept has all three precisions."""
+    ladders = {"a": ["int8", "bf16"], "b": ["int8", "bf16"], "c": ["int8", "bf16"], "d": ["bf16"]}
+    drop = {("a", "int8"): 0.03, ("a", "bf16"): 0.0002,  # a: int8 hurts, bf16 holds
+            ("b", "int8"): 0.0001, ("b", "bf16"): 0.0,  # b: int8 holds
+            ("c", "int8"): 0.05, ("c", "bf16"): 0.02,  # c: neither holds: fp32
+            ("d", "bf16"): 0.0001}
+    saves = {"int8": 30.0, "bf16": 20.0}
+
+    def point(name, precisions):
+        total = sum(drop[(n, p)] for n, p in precisions.items())
+        return FrontPoint(name, dict(precisions), 400.0 - sum(saves[p] for p in precisions.values()), 1 - total,
+                          total, 0, total <= 0.001)
+
+    front = back_off(ladders, drop, {}, point)
+    assert front[0].name == "int8+bf16" and front[0].precisions == {"a": "int8", "b": "int8", "c": "int8", "d": "bf16"}
+    steps = [p.precisions for p in front]
+    assert steps[1] == {"a": "int8", "b": "int8", "c": "bf16", "d": "bf16"}  # c first: the most sensitive rung
+    assert steps[2] == {"a": "bf16", "b": "int8", "c": "bf16", "d": "bf16"}  # then a, one rung
+    assert steps[3] == {"a": "bf16", "b": "int8", "d": "bf16"}  # c's bf16 rung still breaks it: c to fp32
+    for earlier, later in zip(steps, steps[1:4]):  # one op one rung per step
+        changed = [n for n in ladders if earlier.get(n, "fp32") != later.get(n, "fp32")]
+        assert len(changed) == 1
+    chosen = fastest_within_budget(front)
+    assert chosen.precisions == {"a": "bf16", "b": "int8", "d": "bf16"} and chosen.within_budget
+    assert set(chosen.precisions.values()) | {"fp32"} == {"int8", "bf16", "fp32"}
+    assert chosen.to_json()["ops_by_precision"] == {"int8": 1, "bf16": 2}
 
 
 def test_ops_sent_back_to_float_without_need_return_to_int8():
@@ -192,26 +232,26 @@ def test_ops_sent_back_to_float_without_need_return_to_int8():
     drop = {f"op{i}": 0.0001 for i in range(49)} | {"hot": 0.05}
     noise = {node: 30.0 for node in drop}
 
-    def point(name, nodes, drop=drop, budget=0.01):
-        total = sum(drop[n] for n in nodes)
-        return FrontPoint(name, sorted(nodes), 100.0 - len(nodes), 1 - total, total, 0, total <= budget)
+    def point(name, precisions, drop=drop, budget=0.01):
+        total = sum(drop[n] for n in precisions)
+        return FrontPoint(name, dict(precisions), 100.0 - len(precisions), 1 - total, total, 0, total <= budget)
 
-    front = back_off(list(drop), drop, noise, point)
+    front = back_off(_int8_only(drop), _per_rung(drop), _per_rung(noise), point)
     assert [p.name for p in front] == ["int8", "mixed-1", "mixed-1+1", "mixed-1+2"]
     assert len(front[1].int8_nodes) == 47 and front[1].within_budget
     chosen = fastest_within_budget(front)
     assert chosen is front[-1] and set(drop) - set(chosen.int8_nodes) == {"hot"}
 
     drop["op1"] = 0.02  # a second op breaks it: it goes back with "hot", op0 returns, op1 and "hot" do not
-    front = back_off(list(drop), drop, noise, point)
+    front = back_off(_int8_only(drop), _per_rung(drop), _per_rung(noise), point)
     assert [p.name for p in front] == ["int8", "mixed-1", "mixed-1+1", "mixed-1+2", "mixed-1+3"]
     assert [p.within_budget for p in front[2:]] == [True, False, False]
     assert set(drop) - set(fastest_within_budget(front).int8_nodes) == {"hot", "op1"}
 
     # one at a time: a alone looks worst, but in the model only b's drop counts (a's is masked)
     actual = {"a": 0.0, "b": 0.02, "c": 0.0}
-    front = back_off(list(actual), {"a": 0.03, "b": 0.02, "c": 0.0}, {},
-                     lambda name, nodes: point(name, nodes, actual))
+    front = back_off(_int8_only(actual), _per_rung({"a": 0.03, "b": 0.02, "c": 0.0}), {},
+                     lambda name, precisions: point(name, precisions, actual))
     assert [p.name for p in front] == ["int8", "mixed-1", "mixed-2", "mixed-2+1"]
     assert set(fastest_within_budget(front).int8_nodes) == {"a", "c"}
 
@@ -248,7 +288,7 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
     elif case == "calibration without int8":
         _feeds_folder(folder, 2)
         args = ["--calibration", folder]
-        says = "--calibration is for int8"
+        says = "--calibration is for reduced precisions"
     elif case == "two means":
         args += ["--image-mean", "0.5,0.5"]
         says = "give one number per channel (three, or one for GRAY)"
@@ -461,7 +501,7 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
 
     # one library's int8 op put into the plan across them: it runs on that library, the rest as planned
     from kselect.core.precision.calibration import calibration_for
-    from kselect.core.precision.mixed import mixed_plan, score_plan, with_int8_ops
+    from kselect.core.precision.mixed import mixed_plan, score_plan, with_reduced_ops
 
     cross = result.cross_plan
     name = next(n for n in ("mlas", "xnnpack") if set(cross.libraries) != {n})
@@ -469,8 +509,9 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     full = search.plans["int8"]
     entries = {t["key"]: t for t in full.tasks if t.get("precision") == "int8"}
     node = sorted(int8_nodes(full))[0]
-    partial = mixed_plan(search.plans["fp32"], entries, full.plan_level, {node}, full.extra["precision"])
-    combined = with_int8_ops(cross, partial)
+    partial = mixed_plan(search.plans["fp32"], {"int8": entries}, full.plan_level, {node: "int8"},
+                         full.extra["precision"])
+    combined = with_reduced_ops(cross, partial)
     assert int8_nodes(combined) == {node} and combined.nodes[node]["library"] == name
     assert {n: e for n, e in combined.nodes.items() if n != node} == {n: e for n, e in cross.nodes.items() if n != node}
     assert combined.extra["precision"]["ranges"] and name in combined.libraries
@@ -517,12 +558,12 @@ def test_int8_per_op_across_libraries_picks_each_ops_library_and_precision_and_r
     records = {n: stored_outcomes(lists[n], lib, device, db) for n, lib in libraries.items()}
     defaults = {n: library_defaults(lists[n], lib, device) for n, lib in libraries.items()}
     problem = cross_problem(model, libraries, tasks, records, defaults,
-                            {n: p.plan_level for n, p in with_int8.items()}, one)
+                            {n: p.plan_level for n, p in with_int8.items()}, {"int8": one})
     int8_labels = {node: {o.label for o in options if o.label.endswith(":int8")} for node, options in problem.options.items()}
     assert int8_labels[next(iter(one))] == {"mlas:int8", "xnnpack:int8"}
     assert not any(labels for node, labels in int8_labels.items() if node not in one)
 
-    planned = plan_across(model, device, db, libraries, with_int8, FAST, int8_nodes=frozenset(candidates))
+    planned = plan_across(model, device, db, libraries, with_int8, FAST, reduced_nodes={"int8": frozenset(candidates)})
     fp32 = plan_across(model, device, db, libraries, with_int8, FAST)
     assert int8_nodes(planned) <= candidates and not int8_nodes(fp32)
     for node in int8_nodes(planned):

@@ -1,7 +1,9 @@
 """oneDNN's bf16 kernels as candidates (on a CPU with AVX512_BF16 or AMX): bf16 conv, depthwise,
 deconv and inner product twins measured against the float64 reference within the format's
 tolerance on real bf16 kernels; a candidate computing wrongly in half precision rejected; a plan
-with bf16 and fp32 ops run end to end through kselect.load_plan."""
+with bf16 and fp32 ops run end to end through kselect.load_plan; a tune with --precision fp32,bf16
+on a real model choosing bf16 ops under the budget, its plan reproducing the front's metric; a
+tune across MLAS and oneDNN holding int8, bf16 and fp32 ops in one plan."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ needs_bf16 = pytest.mark.skipif(not _OK or prim.bf16_missing() is not None,
                                 reason=_OK and f"oneDNN has no bf16 kernels here: {prim.bf16_missing()}")
 
 QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.02, timeout_s=60)
+TUNE_QUICK = MeasureSettings(min_repeats=3, min_time_s=0.01, max_time_s=0.2, timeout_s=60)
 RELU = [["Relu", ["x"], {}]]
 SILU = [["Sigmoid", ["x"], {}], ["Mul", ["x", "t0"], {}]]
 
@@ -146,3 +149,91 @@ def test_kselect_space_names_each_precision_a_library_offers_and_why_the_others_
         assert space["missing_precisions"]["bf16"] == reason
     mlas = kselect_json("space", "resnet18", "--library", "mlas")
     assert mlas["precisions"] == ["fp32", "int8"] and set(mlas["missing_precisions"]) == {"bf16", "fp16"}
+
+
+YOLO = ("yolov8n-nudenet-320", "--input-shape", "images=1,3,128,128")
+QUICK_TUNE = ("--budget", "1", "--min-time", "0.01", "--min-repeats", "3")
+
+
+@needs_bf16
+def test_a_bf16_tune_of_a_real_model_keeps_bf16_ops_within_the_budget_and_its_plan_scores_as_its_front(tmp_path):
+    """YOLOv8n (64 convs with SiLU) on oneDNN with --precision fp32,bf16 and a cosine budget of
+    0.0005 on the sample pictures: the front's first reduced point runs every op whose bf16 kernel
+    is faster in bf16, the chosen point is within the budget with bf16 ops, the plan stores each
+    op's precision, and the plan run through kselect.load_plan scores on the held-out feeds what
+    the front says."""
+    from kselect.core.models.model import load_model
+    from kselect.core.plans.plan import load_plan_file, reduced_nodes
+    from kselect.core.precision.calibration import calibration_for
+    from kselect.core.precision.mixed import score_plan
+
+    out = tmp_path / "yolo.plan.json"
+    tuned = kselect_json("tune", *YOLO, "--library", "onednn", "--precision", "fp32,bf16", "--calibration", "samples",
+                         "--metric", "cosine", "--max-accuracy-drop", "0.0005", "--no-verify", *QUICK_TUNE,
+                         "--db", tmp_path / "r.db", "-o", out)
+    precision = tuned["libraries"][0]["precision"]
+    front = {point["name"]: point for point in precision["front"]}
+    assert list(front)[:2] == ["fp32", "bf16"] and front["fp32"]["ops_by_precision"] == {}
+    assert set(front["bf16"]["ops_by_precision"]) == {"bf16"} and front["bf16"]["ops_by_precision"]["bf16"] > 30
+    assert front["bf16"]["weight_bytes"] < front["fp32"]["weight_bytes"]
+    chosen = front[precision["chosen"]]
+    assert chosen["within_budget"] and chosen["drop"] <= 0.0005 and chosen["ops_by_precision"].get("bf16")
+
+    plan = load_plan_file(out)
+    assert reduced_nodes(plan) == chosen["precisions"]
+    assert {t["precision"] for t in plan.tasks if t["nodes"][0] in chosen["precisions"]} == {"bf16"}
+    model = load_model(YOLO[0], [YOLO[2]])
+    score, drop = score_plan(model, plan, calibration_for(model, "samples"), None, "cosine")
+    assert score == pytest.approx(chosen["score"], abs=1e-4) and drop <= 0.0005 + 1e-4
+
+
+@needs_bf16
+def test_a_plan_across_mlas_and_onednn_holds_int8_bf16_and_fp32_ops_and_runs(tmp_path):
+    """small_cnn tuned across MLAS and oneDNN with precision "all": MLAS's front starts with every
+    op in int8, oneDNN's with every op whose bf16 kernel is faster in bf16. MLAS's plan with all but
+    two ops in int8, and oneDNN's bf16 op put in on one of those two (the kind of candidate the
+    cross-library race gets: the ladder's middle rung across libraries), holds all three precisions, scores within a cosine of
+    0.95 on the held-out feeds, and runs through kselect.load_plan close to ONNX Runtime's fp32."""
+    import onnx
+
+    from kselect.core.plans.plan import reduced_nodes
+    from kselect.core.precision.calibration import calibration_for
+    from kselect.core.precision.mixed import mixed_plan, score_plan, with_reduced_ops
+
+    model_path = tmp_path / "small.onnx"
+    onnx.save(graphs.small_cnn(), model_path)
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(16):
+        np.save(folder / f"{index}.npy", rng.standard_normal((1, 3, 32, 32), dtype=np.float32))
+    result = kselect.tune(str(model_path), "mlas,onednn", precision="all", calibration=folder, metric="cosine",
+                          max_accuracy_drop=0.05, budget=1, settings=TUNE_QUICK, db=tmp_path / "r.db", verify=False)
+    mlas, onednn = result.tunings["mlas"].precision, result.tunings["onednn"].precision
+    assert mlas.front[1].name == "int8" and set(mlas.front[1].op_counts()) == {"int8"}
+    assert onednn.front[1].name == "bf16" and set(onednn.front[1].op_counts()) == {"bf16"}
+
+    full_int8, all_bf16 = mlas.plans["int8"], onednn.plans["bf16"]
+    in_bf16 = sorted(reduced_nodes(all_bf16))[0]  # one op of those faster in bf16 on oneDNN
+    stays_fp32 = next(node for node in sorted(reduced_nodes(full_int8)) if node != in_bf16)
+    entries = {t["key"]: t for t in full_int8.tasks if t.get("precision") == "int8"}
+    int8 = {node: "int8" for node in reduced_nodes(full_int8) if node not in (in_bf16, stays_fp32)}
+    partly_int8 = mixed_plan(mlas.plans["fp32"], {"int8": entries}, full_int8.plan_level, int8,
+                             full_int8.extra["precision"])
+    combined = with_reduced_ops(partly_int8, all_bf16, {in_bf16})
+    precisions = reduced_nodes(combined)
+    assert set(precisions.values()) == {"int8", "bf16"} and stays_fp32 not in precisions
+    assert {combined.nodes[n]["library"] for n, p in precisions.items() if p == "bf16"} == {"onednn"}
+    assert {combined.nodes[n]["library"] for n, p in precisions.items() if p == "int8"} == {"mlas"}
+    score, drop = score_plan(result.model, combined, calibration_for(result.model, folder), None, "cosine")
+    assert 0.95 < score <= 1.0 + 1e-6
+
+    x = rng.standard_normal((1, 3, 32, 32), dtype=np.float32)
+    runner = kselect.load_plan(combined, result.model)
+    try:
+        output = runner.run({"input": x})[0]
+    finally:
+        runner.close()
+    reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    cosine = float(output.ravel() @ reference.ravel() / (np.linalg.norm(output) * np.linalg.norm(reference)))
+    assert 0.95 < cosine < 1.0 - 1e-7  # int8 and bf16 did run

@@ -201,7 +201,7 @@ def _plans(model, library, ranges, variant: str | None = None,
     for task in twins:
         config = library.default_config(task, device) if variant is None else variant_config(library, task, variant)
         int8_entries[task.key] = plan_task(task, task.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False)
-    plan = mixed_plan(fp32_plan, int8_entries, dict(level), {n for t in twins for n in t.nodes},
+    plan = mixed_plan(fp32_plan, {"int8": int8_entries}, dict(level), {n: "int8" for t in twins for n in t.nodes},
                       {"ranges": ranges, "metric": "cosine", "max_drop": 0.01})
     return fp32_plan, plan
 

@@ -145,7 +145,7 @@ class Setup:
             config = variant_config(self.library, task, variants[k % len(variants)])
             int8_entries[task.key] = plan_task(task, task.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False)
         self.int8_tasks = twins
-        self.plan = mixed_plan(self.fp32_plan, int8_entries, dict(level), {n for t in twins for n in t.nodes},
+        self.plan = mixed_plan(self.fp32_plan, {"int8": int8_entries}, dict(level), {n: "int8" for t in twins for n in t.nodes},
                                {"ranges": ranges, "metric": "cosine", "max_drop": 0.01})
 
     def session(self, proto) -> ort.InferenceSession:

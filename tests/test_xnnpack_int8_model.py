@@ -75,7 +75,7 @@ class Setup:
             entries[task.key] = plan_task(task, task.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False)
         if nodes is None:
             nodes = {node for task in self.int8_tasks for node in task.nodes}
-        return mixed_plan(self.fp32_plan, entries, dict(self.fp32_plan.plan_level), set(nodes),
+        return mixed_plan(self.fp32_plan, {"int8": entries}, dict(self.fp32_plan.plan_level), dict.fromkeys(nodes, "int8"),
                           {"ranges": self.ranges, "metric": "cosine", "max_drop": 0.01})
 
     def run(self, plan) -> list[np.ndarray]:

@@ -13,23 +13,25 @@ from kselect.core.cross_library.plan import plan_across
 from kselect.core.errors import one_line
 from kselect.core.models.model import Model
 from kselect.core.plans.library_plan import onnxruntime_default_plan
-from kselect.core.plans.plan import Plan, int8_nodes
+from kselect.core.plans.plan import Plan, reduced_nodes
 from kselect.core.plans.spinning import spinning_variants
-from kselect.core.precision.mixed import score_plan, with_int8_ops
+from kselect.core.precision.mixed import score_plan, with_reduced_ops
+from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.selection import verified_across
 
 if TYPE_CHECKING:
     from kselect.core.config import TuneConfig
-    from kselect.core.precision.choice import Int8Request
+    from kselect.core.precision.choice import PrecisionRequest
 
 
-def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events, int8: "Int8Request | None" = None) -> None:
+def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
+                         reduced: "PrecisionRequest | None" = None) -> None:
     """Per op across the tuned libraries, conversions counted; then ONNX Runtime's default
-    session, each library's plan, the cross-library plan and (with int8) the cross-library plan
-    with each library's int8 ops put in, when within the accuracy budget, each alone in fresh
-    processes: what is shown faster than the default is kept, else ONNX Runtime's own
-    configuration (when MLAS, its library, was tuned)."""
+    session, each library's plan, the cross-library plan and (with reduced precisions) the
+    cross-library plans with the libraries' reduced-precision ops, when within the accuracy
+    budget, each alone in fresh processes: what is shown faster than the default is kept, else
+    ONNX Runtime's own configuration (when MLAS, its library, was tuned)."""
     settings, verify, remeasure = config.settings, config.verify, config.remeasure
     check_rounds, check_max_rounds = config.check_rounds, config.check_max_rounds
     model, device, tunings = result.model, result.device, result.tunings
@@ -47,28 +49,28 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events, int
     if not verify:
         return
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
-    if int8 is not None:
-        # each library in its int8 plans' session-wide settings (which hold its fp32 ones): the
-        # chosen point's when it runs int8 ops (its front may be the one at other settings, e.g.
-        # per-tensor weights), else its first int8 point's
-        def int8_settings_plan(tuning) -> Plan:
+    if reduced is not None:
+        # each library in its mixed plans' session-wide settings (which hold its fp32 ones): the
+        # chosen point's when it runs reduced-precision ops (its front may be the one at other
+        # settings, e.g. per-tensor weights), else its first such point's
+        def reduced_settings_plan(tuning) -> Plan:
             search = tuning.precision
             if search is None:
                 return fp32_plans[tuning.library.name]
-            if int8_nodes(search.plan):
+            if reduced_nodes(search.plan):
                 return search.plan
             return next((p for point, p in search.plans.items() if point != "fp32"), fp32_plans[tuning.library.name])
 
-        with_int8 = {name: int8_settings_plan(t) for name, t in tunings.items()}
+        with_reduced = {name: reduced_settings_plan(t) for name, t in tunings.items()}
 
-        def plan_int8_per_op(mixed: Plan) -> Plan:
-            with events.working("planning across libraries with int8 per op"):
-                planned = plan_across(model, device, db, {name: t.library for name, t in tunings.items()}, with_int8,
-                                      settings, remeasure=remeasure, int8_nodes=frozenset(int8_nodes(mixed)))
-            planned.extra["precision"] = {**copy.deepcopy(mixed.extra["precision"]), "int8_from": "per op"}
+        def plan_per_op(allowed: dict[str, frozenset], precision_of: dict) -> Plan:
+            with events.working("planning across libraries with each op's precision chosen per op"):
+                planned = plan_across(model, device, db, {name: t.library for name, t in tunings.items()}, with_reduced,
+                                      settings, remeasure=remeasure, reduced_nodes=allowed)
+            planned.extra["precision"] = {**copy.deepcopy(precision_of), "reduced_from": "per op"}
             return planned
 
-        candidates += cross_with_int8_ops(model, plan, tunings, int8, events, plan_int8_per_op)
+        candidates += cross_with_reduced_ops(model, plan, tunings, reduced, events, plan_per_op)
     fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
     with events.working("checking the plans end to end against ONNX Runtime's default session"):
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,
@@ -76,42 +78,67 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events, int
     events.cross_checked(result.plan, result.checks)
 
 
-def cross_with_int8_ops(model: Model, cross: Plan, tunings: dict, int8: "Int8Request", events,
-                        plan_int8_per_op=None) -> list:
-    """Race candidates with int8 ops across libraries, those whose metric on the held-out feeds
-    stays within the budget: per library that chose int8 ops, the plan across libraries with them
-    put in on that library (core/precision/mixed.py, ``with_int8_ops``) and, with ``plan_int8_per_op`` (the
-    library's mixed plan -> plan), the plan across libraries made with its int8 ops free to run in int8 on any
-    library that measured them, or in fp32, per op (core/cross_library/plan.py)."""
+def cross_with_reduced_ops(model: Model, cross: Plan, tunings: dict, request: "PrecisionRequest", events,
+                           plan_per_op=None) -> list:
+    """Race candidates with reduced-precision ops across libraries, those whose metric on the
+    held-out feeds stays within the budget: per library that chose such ops, the plan across
+    libraries with them put in on that library (core/precision/mixed.py, ``with_reduced_ops``);
+    and, with ``plan_per_op`` ((precision -> nodes, a mixed plan's precision record) -> plan), the
+    plan across libraries made with every library's chosen ops free to run in their precision on
+    any library that measured it, or in fp32, per op (core/cross_library/plan.py): where one
+    library chose int8 ops and another bf16 ops, a plan of all three precisions."""
+    options = []
+    chosen: dict[str, set] = {}
+    precision_of = None
+    mixed = {name: t.precision.plan for name, t in tunings.items() if t.precision and reduced_nodes(t.precision.plan)}
+    for name, plan in mixed.items():
+        options.append((f"cross-library plan with {name}'s {_precisions(plan)} ops",
+                        lambda plan=plan: with_reduced_ops(cross, plan)))
+        for node, precision in reduced_nodes(plan).items():
+            chosen.setdefault(precision, set()).add(node)
+        precision_of = precision_of or plan.extra["precision"]
+    # one library's mixed plan, with another's reduced-precision ops on the nodes it keeps in fp32
+    # (e.g. int8 where int8 holds, bf16 where only bf16 does): the ladder's middle rung across libraries
+    for name, plan in mixed.items():
+        for other, other_plan in mixed.items():
+            in_fp32 = set(plan.nodes) - set(reduced_nodes(plan))
+            if other != name and in_fp32 & set(reduced_nodes(other_plan)):
+                options.append((f"{name}'s mixed plan with {other}'s {_precisions(other_plan)} ops where it runs fp32",
+                                lambda plan=plan, other_plan=other_plan, in_fp32=in_fp32:
+                                with_reduced_ops(plan, other_plan, in_fp32)))
+    if plan_per_op is not None and chosen:
+        allowed = {precision: frozenset(nodes) for precision, nodes in chosen.items()}
+        options.append((f"cross-library plan, precision per op among the libraries' "
+                        f"{'/'.join(p for p in PRECISIONS if p in allowed)} ops",
+                        lambda: plan_per_op(allowed, precision_of)))
     candidates, made = [], []
-    for name, tuning in tunings.items():
-        search = tuning.precision
-        if search is None or not int8_nodes(search.plan):
+    for variant, make in options:
+        try:
+            combined = make()
+        except Exception as exc:  # a plan that cannot be made or built is not raced
+            events.cross_int8_scored(variant, None, None, request.max_drop, one_line(exc))
             continue
-        options = [(f"cross-library plan with {name}'s int8 ops", lambda: with_int8_ops(cross, search.plan))]
-        if plan_int8_per_op is not None:
-            options.append((f"cross-library plan, int8 per op among {name}'s int8 ops",
-                            lambda: plan_int8_per_op(search.plan)))
-        for variant, make in options:
+        if combined is None or not reduced_nodes(combined) or any(same_ops(combined, other) for other in made):
+            continue
+        made.append(combined)
+        with events.working(f"measuring the accuracy of the {variant}"):
             try:
-                combined = make()
-            except Exception as exc:  # a plan that cannot be made or built is not raced
-                events.cross_int8_scored(variant, None, None, int8.max_drop, one_line(exc))
+                score, drop = score_plan(model, combined, request.calibration, request.metric,
+                                         combined.extra["precision"].get("metric"))
+            except Exception as exc:  # a combination a runner cannot build is not raced
+                events.cross_int8_scored(variant, None, None, request.max_drop, one_line(exc))
                 continue
-            if combined is None or not int8_nodes(combined) or any(same_ops(combined, other) for other in made):
-                continue
-            made.append(combined)
-            with events.working(f"measuring the accuracy of the {variant}"):
-                try:
-                    score, drop = score_plan(model, combined, int8.calibration, int8.metric, search.metric_name)
-                except Exception as exc:  # a combination a runner cannot build is not raced
-                    events.cross_int8_scored(variant, None, None, int8.max_drop, one_line(exc))
-                    continue
-            events.cross_int8_scored(variant, score, drop, int8.max_drop)
-            combined.extra["precision"]["cross_score"] = {"score": round(score, 6), "drop": round(drop, 6)}
-            if drop <= int8.max_drop:
-                candidates.append((variant, combined))
+        events.cross_int8_scored(variant, score, drop, request.max_drop)
+        combined.extra["precision"]["cross_score"] = {"score": round(score, 6), "drop": round(drop, 6)}
+        if drop <= request.max_drop:
+            candidates.append((variant, combined))
     return candidates
+
+
+def _precisions(plan: Plan) -> str:
+    """The reduced precisions of a plan's ops, e.g. "int8" or "bf16/int8"."""
+    found = set(reduced_nodes(plan).values())
+    return "/".join(p for p in PRECISIONS if p in found)
 
 
 def same_ops(a: Plan, b: Plan) -> bool:

@@ -20,35 +20,36 @@ from kselect.core.measuring.tuning_loop import remeasure as remeasure_configs
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task, extract_tasks
 from kselect.core.plans.plan import Plan
-from kselect.core.precision.quant import INT8_KINDS
+from kselect.core.precision.quant import TWIN_KINDS
 
 REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored record; re-time that one too
 
 
 def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, settings, on_measured=None,
-                remeasure: bool = False, int8_nodes: frozenset = frozenset()) -> Plan:
+                remeasure: bool = False, reduced_nodes: dict[str, frozenset] | None = None) -> Plan:
     """The cross-library plan from stored records: each library keeps the plan-level settings of
     its own plan (``single_plans``); conversions not yet stored are measured now. With
     ``remeasure``, every config the planner chooses among (and each library default) and every
     conversion it needs is timed again first, so that the choice and the prediction rest on
     timings from one period, not on records from hours apart. What switching between each pair of
     natively running libraries costs is measured now (core/cross_library/switches.py) and charged on every edge
-    between them. ``int8_nodes``: ops that may also run in int8, on any library whose plans hold
-    int8 ops and that measured their int8 twins (precision then chosen per op with the library;
-    the accuracy is the caller's to check: core/precision/mixed.py)."""
+    between them. ``reduced_nodes``: precision (int8, bf16, fp16) -> the ops that may also run in
+    it, on any library whose plans hold it and that measured their twins in it (precision then
+    chosen per op with the library; the accuracy is the caller's to check: core/precision/mixed.py)."""
+    reduced_nodes = {p: frozenset(nodes) for p, nodes in (reduced_nodes or {}).items() if nodes}
     task_lists, defaults, plan_level = {}, {}, {}
     for name, library in libraries.items():
-        int8 = bool(int8_nodes) and "int8" in library.plan_precisions
-        task_lists[name] = library_tasks(model, library, ("fp32", "int8") if int8 else ("fp32",))
+        twins = tuple(p for p in reduced_nodes if p in library.plan_precisions)
+        task_lists[name] = library_tasks(model, library, ("fp32",) + twins)
         defaults[name] = library_defaults(task_lists[name], library, device)
         plan_level[name] = dict(single_plans[name].plan_level)
     tasks = extract_tasks(model)
-    if int8_nodes:
-        tasks += [t.at_precision("int8") for t in tasks if t.kind in INT8_KINDS and int8_nodes & set(t.nodes)]
+    tasks += [t.at_precision(precision) for precision, nodes in reduced_nodes.items()
+              for t in list(tasks) if t.kind in TWIN_KINDS and t.precision == "fp32" and nodes & set(t.nodes)]
 
     def current() -> tuple[dict, CrossProblem]:
         records = {name: stored_outcomes(task_lists[name], library, device, db) for name, library in libraries.items()}
-        return records, cross_problem(model, libraries, tasks, records, defaults, plan_level, frozenset(int8_nodes))
+        return records, cross_problem(model, libraries, tasks, records, defaults, plan_level, reduced_nodes)
 
     records, problem = current()
     remeasured: set = set()

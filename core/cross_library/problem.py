@@ -405,11 +405,14 @@ def requantized_sides(label: str, edge: DataEdge, via: tuple, passes: frozenset)
 
 def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dict[str, dict],
                   defaults: dict[str, dict], plan_level: dict[str, dict],
-                  int8_nodes: frozenset = frozenset()) -> CrossProblem:
+                  reduced_nodes: dict[str, frozenset] | None = None) -> CrossProblem:
     """``records[library][task key]``, ``defaults[library][task key]``, ``plan_level[library]``.
-    An int8 twin among ``tasks`` (core/precision/quant.py) offers its records, labelled ``<library>:int8``
-    (the quantize / dequantize labels of core/precision/mixed.py), on its nodes in ``int8_nodes`` only:
-    those ops may run in int8 on any library that measured them, or in fp32."""
+    A twin among ``tasks`` in a reduced precision offers its records on its nodes in
+    ``reduced_nodes[precision]`` only: those ops may run in that precision on any library that
+    measured them, or in fp32. An int8 twin's records are labelled ``<library>:int8`` (the quantize /
+    dequantize labels of core/precision/mixed.py); a half-precision twin's, by their layout, as the
+    fp32 ones (its op reads and writes float tensors)."""
+    reduced_nodes = reduced_nodes or {}
     problem = CrossProblem(crossing=crossing_libraries(libraries), model=model,
                            runs_op=lambda name, op_type: (libraries.get(name) or plugins.get_library(name)).runs_op(op_type))
     task_of = {node: task for task in tasks if task.precision == "fp32" for node in task.nodes}
@@ -418,7 +421,10 @@ def cross_problem(model: Model, libraries: dict, tasks: list[Task], records: dic
             if task.key not in defaults[name]:
                 continue  # a task this library does not support
             int8 = task.precision == "int8"
-            nodes = [node for node in task.nodes if node in int8_nodes] if int8 else task.nodes
+            if task.precision == "fp32":
+                nodes = task.nodes
+            else:
+                nodes = [node for node in task.nodes if node in reduced_nodes.get(task.precision, ())]
             if not nodes:
                 continue
             measured = records[name].get(task.key, [])

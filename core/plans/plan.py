@@ -150,10 +150,17 @@ class PlanNode(TypedDict, total=False):
     conversions: list[PlanConversion]
 
 
-def int8_nodes(plan: "Plan") -> set[str]:
-    """The nodes a plan runs in int8: those of its tasks of precision int8 that the plan holds."""
-    return {node for task in plan.tasks if isinstance(task, dict) and task.get("precision") == "int8"
+def reduced_nodes(plan: "Plan") -> dict[str, str]:
+    """The nodes a plan runs in a reduced precision (int8, bf16, fp16), each with it: those of its
+    tasks of that precision that the plan holds."""
+    return {node: task["precision"] for task in plan.tasks
+            if isinstance(task, dict) and task.get("precision", "fp32") != "fp32"
             for node in task.get("nodes", []) if node in plan.nodes}
+
+
+def int8_nodes(plan: "Plan") -> set[str]:
+    """The nodes a plan runs in int8."""
+    return {node for node, precision in reduced_nodes(plan).items() if precision == "int8"}
 
 
 def plan_task(task: Task, nodes: list[str], library: str, config: dict, time_us: float, default_config: dict,

@@ -1,6 +1,7 @@
-"""Which ops of one library's plan run in int8: the request an int8 tune makes (refused up front when
-it cannot be honoured, calibrated), and the choice among the latency / accuracy front
-(core/precision/mixed.py), timed end to end against the fp32 plan."""
+"""Which ops of one library's plan run in a reduced precision (int8, bf16, fp16): the request a tune
+with reduced precisions makes (refused up front when it cannot be honoured, calibrated), and the
+choice among the latency / accuracy front (core/precision/mixed.py), timed end to end against the
+fp32 plan."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from kselect.core.models.tasks import Task
 from kselect.core.plans.plan import Plan
 from kselect.core.precision.accuracy import get_metric, user_metric
 from kselect.core.precision.calibration import calibration_for, compute_ranges
-from kselect.core.precision.half import HALF_PRECISIONS
 from kselect.core.precision.mixed import search_precision
 from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.store import RecordDB
@@ -30,39 +30,64 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Int8Request:
+class PrecisionRequest:
+    """What a tune with reduced precisions asks: the precisions beside fp32, the held-out data
+    (and, for int8, the calibration ranges), the metric and its budget."""
+    precisions: tuple[str, ...]  # the reduced precisions asked for, among int8, bf16, fp16
     calibration: "Calibration"
     metric: object  # core.accuracy.Metric, or None: chosen from the model's outputs
     metric_name: str | None
     max_drop: float
 
+    def for_library(self, library: Library) -> tuple[str, ...]:
+        """The reduced precisions this tune gives ``library``'s plans: those asked for that its
+        plans can hold."""
+        return tuple(p for p in self.precisions if p in library.plan_precisions)
 
-def int8_request(model: Model, libraries: list[Library], config: "TuneConfig") -> Int8Request | None:
-    """Refuses, before anything is measured, what an int8 tune cannot do; calibrates."""
+
+def wanted_precisions(precision) -> list[str]:
+    """The precisions of a ``--precision`` value: a comma-separated list, or "all"."""
+    wanted = [p.strip() for p in precision.split(",")] if isinstance(precision, str) else list(precision)
+    return list(PRECISIONS) if wanted == ["all"] else wanted
+
+
+def precisions_left_out(libraries: list[Library], config: "TuneConfig") -> dict[str, str]:
+    """With ``--precision all``: each reduced precision none of ``libraries`` has plans in here,
+    and why (e.g. no bf16 kernels on this CPU); the tune goes on with the others, or in fp32."""
+    if wanted_precisions(config.precision) != list(PRECISIONS):
+        return {}
+    left_out = {}
+    for precision in PRECISIONS[1:]:
+        if not any(precision in lib.plan_precisions for lib in libraries):
+            reasons = [f"{lib.name}: {lib.missing_precisions().get(precision) or 'no ' + precision + ' plans'}"
+                       for lib in libraries]
+            left_out[precision] = "; ".join(reasons)
+    return left_out
+
+
+def precision_request(model: Model, libraries: list[Library], config: "TuneConfig") -> PrecisionRequest | None:
+    """Refuses, before anything is measured, what a tune with reduced precisions cannot do; calibrates.
+    ``--precision all`` asks for what the libraries have here (``precisions_left_out`` names the rest)."""
     precision, calibration, method = config.precision, config.calibration, config.calibration_method
     max_drop, metric, preprocess = config.max_accuracy_drop, config.metric, config.image_preprocess
 
-    wanted = [p.strip() for p in precision.split(",")] if isinstance(precision, str) else list(precision)
+    wanted = wanted_precisions(precision)
     unknown = [p for p in wanted if p not in PRECISIONS]
     if unknown or "fp32" not in wanted:
-        raise KselectError(f"--precision {','.join(wanted)}: give fp32 or fp32,int8 (known: {', '.join(PRECISIONS)})")
-    half = [p for p in wanted if p in HALF_PRECISIONS]
-    if half:
-        # bf16 / fp16 twins are measured per op (oneDNN's bf16 kernels, core/precision/half.py), but the
-        # budgeted search below walks between int8 and fp32 only
-        raise KselectError(f"--precision {','.join(wanted)}: {' and '.join(half)} kernels are measured per op, but the "
-                           f"accuracy-budgeted choice is between fp32 and int8 so far: give fp32 or fp32,int8")
-    if "int8" not in wanted:
+        raise KselectError(f"--precision {','.join(wanted)}: give fp32 and any of {', '.join(PRECISIONS[1:])} "
+                           f"(e.g. fp32,int8 or fp32,bf16,int8), or all")
+    reduced = tuple(p for p in PRECISIONS if p in wanted and p != "fp32")
+    if wanted == list(PRECISIONS):
+        reduced = tuple(p for p in reduced if p not in precisions_left_out(libraries, config))
+    if not reduced and wanted != list(PRECISIONS):
         if calibration is not None or preprocess is not None:
-            raise KselectError("--calibration is for int8: add --precision fp32,int8")
+            raise KselectError("--calibration is for reduced precisions: add --precision fp32,int8 (or bf16, fp16)")
         return None
-    lacking = [lib for lib in libraries if "int8" not in lib.plan_precisions]
-    if len(lacking) == len(libraries):  # with several libraries, those without int8 plans are tuned in fp32
-        runs = ", ".join(n for n, lib in plugins.libraries().items() if "int8" in lib.plan_precisions)
-        if "int8" in lacking[0].precisions:
-            raise KselectError(f"{lacking[0].name} measures int8 kernels per op but its whole-model runner has no int8 "
-                               f"path yet, so no int8 plan of it can be checked or shipped (int8 plans: {runs})")
-        raise KselectError(f"{lacking[0].name} has no int8 kernels in kselect (int8 plans: {runs})")
+    if not reduced:
+        return None
+    planned = [lib for lib in libraries if any(p in lib.plan_precisions for p in reduced)]
+    if not planned:  # with several libraries, those without any of them are tuned in fp32
+        raise KselectError(_none_offered(libraries[0], reduced, wanted == list(PRECISIONS)))
     if not 0 <= max_drop < 1:
         raise KselectError(f"--max-accuracy-drop {max_drop}: give a drop between 0 and 1 (0.01: one point of top-1 "
                            f"agreement, or of cosine similarity)")
@@ -71,8 +96,24 @@ def int8_request(model: Model, libraries: list[Library], config: "TuneConfig") -
     else:
         chosen_metric, name = (get_metric(metric), metric) if metric else (None, None)
     data = calibration_for(model, calibration, method, preprocess)
-    compute_ranges(model, data)
-    return Int8Request(data, chosen_metric, name, max_drop)
+    if "int8" in reduced:
+        compute_ranges(model, data)
+    return PrecisionRequest(reduced, data, chosen_metric, name, max_drop)
+
+
+def _none_offered(library: Library, reduced: tuple[str, ...], everything: bool) -> str:
+    """Why ``library`` can give none of the ``reduced`` precisions, in one line, naming the
+    libraries whose plans can."""
+    reasons = []
+    for precision in reduced:
+        runs = ", ".join(n for n, lib in plugins.libraries().items() if precision in lib.plan_precisions) or "none here"
+        if precision in library.precisions:
+            why = f"it measures {precision} kernels per op but its whole-model runner has no {precision} path yet"
+        else:
+            why = library.missing_precisions().get(precision) or f"it has no {precision} kernels in kselect"
+        reasons.append(f"{precision}: {why} ({precision} plans: {runs})")
+    asked = "all" if everything else ",".join(("fp32",) + reduced)
+    return f"--precision {asked}: {library.name} has none of them; " + "; ".join(reasons)
 
 
 FRONT_POINTS_TIMED = 6
@@ -81,19 +122,19 @@ FRONT_POINTS_TIMED = 6
 def points_to_time(front: list, chosen) -> list:
     """The front points timed end to end, at most FRONT_POINTS_TIMED: the fp32 plan, the point
     chosen on predicted latency, the other points within the budget (fastest predicted first),
-    and full int8 for reference."""
+    and every op in its least precise form (the front's second point) for reference."""
     usable = [p for p in front if not p.failed]
     picked = [p for p in (front[0], chosen) if not p.failed]
     within = sorted((p for p in usable if p.within_budget and p not in picked), key=lambda p: p.predicted_us)
     picked += within[:max(0, FRONT_POINTS_TIMED - len(picked) - 1)]
-    full = next((p for p in usable if p.name == "int8"), None)
+    full = next((p for p in usable if p.name != "fp32"), None)
     if full is not None and full not in picked:
         picked.append(full)
     return [p for p in front if p in picked]
 
 
 def choose_precision(model: Model, library: Library, device: Device, db: RecordDB, fp32_plan: Plan,
-                     int8_tasks: list[Task], int8: Int8Request, config: "TuneConfig", events):
+                     twin_tasks: list[Task], request: PrecisionRequest, config: "TuneConfig", events):
     """The front under the budget (core/precision/mixed.py); with ``verify`` the points within the budget
     (``points_to_time``) are timed alone in fresh processes with the fp32 plan, rounds taking
     turns; the fastest measured one is kept when the race (core/selection.race_verdict, the rule
@@ -101,15 +142,16 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
     to ``check_max_rounds`` while undecided; else the fp32 plan."""
     settings, verify = config.settings, config.verify
     check_rounds, check_max_rounds = config.check_rounds, config.check_max_rounds
-    with events.working(f"choosing which ops run in int8 ({int8.metric_name or 'metric'} drop <= {int8.max_drop}, "
-                        f"{int8.calibration.describe()})"):
-        search = search_precision(model, library, device, db, settings, fp32_plan, int8_tasks, int8.calibration,
-                                  int8.metric, int8.metric_name, int8.max_drop)
+    reduced = sorted({t.precision for t in twin_tasks}, key=PRECISIONS.index)
+    with events.working(f"choosing which ops run in {' or '.join(reduced)} ({request.metric_name or 'metric'} drop <= "
+                        f"{request.max_drop}, {request.calibration.describe()})"):
+        search = search_precision(model, library, device, db, settings, fp32_plan, twin_tasks, request.calibration,
+                                  request.metric, request.metric_name, request.max_drop)
     name = search.metric_name
     check = None
     chosen = search.plan
-    if verify and any(p.within_budget and p.int8_nodes for p in search.front):
-        within = {p.name for p in search.front if p.within_budget and p.int8_nodes}
+    if verify and any(p.within_budget and p.precisions for p in search.front):
+        within = {p.name for p in search.front if p.within_budget and p.precisions}
         timed_points = points_to_time(search.front, search.chosen)
         # the fastest of the points timed within the budget races the fp32 plan: one comparison each
         comparisons = sum(p.name in within for p in timed_points)
@@ -153,8 +195,8 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
     front = [point.to_json() for point in search.front]
     for plan in {id(p): p for p in [chosen, *search.plans.values()]}.values():
         if "precision" in plan.extra or plan is chosen:
-            plan.extra["precision"] = {**plan.extra.get("precision", {}), "metric": name, "max_drop": int8.max_drop,
-                                       "calibration": int8.calibration.to_json(), "front": front,
+            plan.extra["precision"] = {**plan.extra.get("precision", {}), "metric": name, "max_drop": request.max_drop,
+                                       "calibration": request.calibration.to_json(), "front": front,
                                        "chosen": check["kept"] if check else search.chosen.name,
                                        **({"check": check} if check else {})}
     events.precision_searched(library, search, check)

@@ -1,34 +1,40 @@
-"""Mixed precision: which ops of a library's plan run in int8, under an accuracy budget.
+"""Mixed precision: which ops of a library's plan run in a reduced precision (int8, bf16, fp16),
+under an accuracy budget.
 
 The flow (NNCF's accuracy-controlled quantization is the anchor):
 
-1. Each op's int8 time comes from the int8 twins' records (tuned like any task), its float time
-   from the fp32 plan; the quantize / dequantize a tensor pays between a float and an int8 op
-   is measured like a layout conversion (the label ``<library>:int8``) and counted.
-2. Every op with a measured int8 config is a candidate, faster alone or not: an op slower in int8
-   by itself can still save the quantize / dequantize around it. Each alone in int8 gives its
-   sensitivity: the drop of the metric (core/precision/accuracy.py) on the first SENSITIVITY_FEEDS
-   held-out feeds, and the output SQNR.
-3. All candidates in int8 first; while the drop exceeds the budget, the most sensitive candidate
-   (ties, common with a coarse metric such as top-1 on few feeds, broken by the lowest output
-   SQNR) goes back to float, and the metric is measured again on the whole model (a large model's
-   candidates go back in groups); once within the budget, the ops sent back return to int8 one
-   at a time, least sensitive first, each kept while the budget holds. Every step is a
-   point of the front (predicted latency, metric, weight bytes): the fp32 plan, full int8, and
-   the mixed plans between.
+1. Each op's time in a reduced precision comes from its twins' records (tuned like any task), its
+   float time from the fp32 plan. The quantize / dequantize a tensor pays between a float and an
+   int8 op is measured like a layout conversion (the label ``<library>:int8``) and counted; a half
+   precision op reads and writes float tensors in its layout (oneDNN's bf16 kernels convert within
+   the op), so only a change of layout is counted for it.
+2. Each op has a ladder: the reduced precisions it has measured configs in, from the least
+   precise toward fp32 (``LADDER``: int8, bf16, fp16), e.g. int8 -> bf16 -> fp32. A half-precision
+   rung slower than the op's fp32 config is left out (it could only lose); an int8 rung is kept
+   even so, since an op slower in int8 by itself can still save the quantize / dequantize around it.
+   Each op alone at each rung gives its sensitivity there: the drop of the metric
+   (core/precision/accuracy.py) on the first SENSITIVITY_FEEDS held-out feeds, and the output SQNR.
+3. Every op on its ladder's first rung first; while the drop exceeds the budget, the op whose
+   current rung is the most sensitive (ties, common with a coarse metric such as top-1 on few
+   feeds, broken by the lowest output SQNR) climbs one rung (int8 -> bf16, or to fp32), and the
+   metric is measured again on the whole model (a large model's ops climb in groups); once within
+   the budget, the climbs are undone one at a time, the last first, each kept while the budget
+   holds. Every step is a point of the front (predicted latency, metric, weight bytes): the fp32
+   plan, every op at its first rung, and the mixed plans between.
    Plan-level settings that change the arithmetic (per-tensor weights, int8 activations) get a
    front of their own where the op times favour them over the library's own (``precision_defaults``).
 4. The chosen plan is the fastest predicted point within the budget; ``core.api`` then times the
    points within the budget end to end with the rounds protocol and keeps the fastest measured
    one if it is shown faster than the fp32 plan.
 5. With several libraries, the plan across them (made per op in fp32) also races with each
-   library's chosen int8 ops put in (``with_int8_ops``), and planned again with those ops free to
-   run in int8 on any library or in fp32, per op (core/cross_library/plan.plan_across ``int8_nodes``),
-   each once its metric on the held-out feeds is measured within the budget (``score_plan``).
+   library's chosen reduced-precision ops put in (``with_reduced_ops``), and planned again with
+   every library's chosen ops free to run in their precision on any library that measured it, or in
+   fp32, per op (core/cross_library/plan.plan_across ``reduced_nodes``), each once its metric on
+   the held-out feeds is measured within the budget (``score_plan``).
 
-A plan's int8 ops are entries of their int8 tasks (``Task.precision``); ``plan.extra["precision"]``
-holds the calibration ranges the library's runner quantizes with, the metric, the budget and
-the front.
+A plan's reduced-precision ops are entries of their twin tasks (``Task.precision``);
+``plan.extra["precision"]`` holds the calibration ranges an int8 runner quantizes with, the metric,
+the budget and the front.
 """
 
 from __future__ import annotations
@@ -46,13 +52,17 @@ from kselect.core.errors import KselectError, one_line
 from kselect.core.measuring.tuning_loop import library_defaults, stored_outcomes
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
-from kselect.core.plans.plan import Plan, choose, int8_nodes, plan_node, plan_task
+from kselect.core.plans.plan import Plan, choose, plan_node, plan_task, reduced_nodes
 from kselect.core.plans.runtime import library_runner
 from kselect.core.precision.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.precision.calibration import Calibration
 from kselect.core.records.store import RecordDB
 
-MAX_BACKOFF_STEPS = 24  # more candidates than this go back to float in groups
+# The rungs an op climbs toward fp32, least precise first: int8 (8 bits), bf16 (8 significant
+# bits, fp32's range), fp16 (11 significant bits, a narrower range).
+LADDER = ("int8", "bf16", "fp16")
+WEIGHT_BYTES = {"int8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
+MAX_BACKOFF_STEPS = 24  # more climbs than this are made in groups
 # Sensitivities only order the ops (ties broken by SQNR, which is continuous): a share of the
 # held-out feeds does; every point of the front is measured on all of them.
 SENSITIVITY_FEEDS = 16
@@ -61,7 +71,7 @@ SENSITIVITY_FEEDS = 16
 @dataclass
 class FrontPoint:
     name: str
-    int8_nodes: list[str]
+    precisions: dict[str, str]  # node -> its reduced precision; a node not named runs in fp32
     predicted_us: float
     score: float
     drop: float
@@ -70,8 +80,22 @@ class FrontPoint:
     measured_ms: float | None = None  # end to end, when timed
     failed: str | None = None  # the plan could not be built or run: why (never chosen)
 
+    @property
+    def int8_nodes(self) -> list[str]:
+        return sorted(node for node, precision in self.precisions.items() if precision == "int8")
+
+    def op_counts(self) -> dict[str, int]:
+        """Ops per reduced precision, in ``LADDER`` order."""
+        counts = {p: sum(1 for q in self.precisions.values() if q == p) for p in LADDER}
+        return {p: n for p, n in counts.items() if n}
+
+    def describe_ops(self) -> str:
+        """E.g. "int8 12, bf16 3"; "-" for the fp32 plan."""
+        return ", ".join(f"{p} {n}" for p, n in self.op_counts().items()) or "-"
+
     def to_json(self) -> dict:
-        data = {"name": self.name, "int8_ops": len(self.int8_nodes), "predicted_us": round(self.predicted_us, 1),
+        data = {"name": self.name, "int8_ops": len(self.int8_nodes), "ops_by_precision": self.op_counts(),
+                "precisions": dict(sorted(self.precisions.items())), "predicted_us": round(self.predicted_us, 1),
                 "score": None if self.failed else round(self.score, 6),
                 "drop": None if self.failed else round(self.drop, 6), "weight_bytes": self.weight_bytes,
                 "within_budget": self.within_budget}
@@ -87,22 +111,23 @@ class PrecisionSearch:
     front: list[FrontPoint]
     chosen: FrontPoint
     plan: Plan  # the chosen point's plan
-    sensitivity: dict[str, float] = field(default_factory=dict)  # node -> drop alone in int8
+    sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> precision -> drop alone
     plans: dict[str, Plan] = field(default_factory=dict)  # front point name -> its plan
     metric_name: str = ""
 
 
-def int8_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
-                 int8_tasks: list[Task], fixed: dict | None = None) -> tuple[dict, dict[str, dict]]:
-    """The int8 plan-level settings and, per int8 task key, its chosen entry, from the records:
-    within the fp32 plan's session-wide settings (one session runs both precisions) and ``fixed``."""
-    records = stored_outcomes(int8_tasks, library, device, db)
+def precision_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
+                      twin_tasks: list[Task], fixed: dict | None = None) -> tuple[dict, dict[str, dict]]:
+    """The plan-level settings and, per twin task key, its chosen entry, from the records of
+    ``twin_tasks`` (tasks of one reduced precision): within the fp32 plan's session-wide settings
+    (one session runs every precision) and ``fixed``."""
+    records = stored_outcomes(twin_tasks, library, device, db)
     shared = {**fp32_plan.plan_level, **(fixed or {})}
     records = {key: [r for r in rs if all(r.config.get(k, v) == v for k, v in shared.items())]
                for key, rs in records.items()}
-    defaults = library_defaults(int8_tasks, library, device)
+    defaults = library_defaults(twin_tasks, library, device)
     defaults = {key: {**config, **{k: v for k, v in shared.items() if k in config}} for key, config in defaults.items()}
-    measured = [t for t in int8_tasks if any(r.result.status == "ok" for r in records.get(t.key, []))]
+    measured = [t for t in twin_tasks if any(r.result.status == "ok" for r in records.get(t.key, []))]
     if not measured:
         return {}, {}
     assignment, choices = choose(measured, records, defaults, library.plan_level_dims)
@@ -111,11 +136,11 @@ def int8_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan
     return {**shared, **assignment}, entries
 
 
-def precision_defaults(library: Library, device, int8_tasks: list[Task]) -> dict:
+def precision_defaults(library: Library, device, twin_tasks: list[Task]) -> dict:
     """The library's own values of its plan-level dims that change the arithmetic (role
     "precision": MLAS's activation type and weight granularity), as its quantizer writes them."""
     found = {}
-    for task in int8_tasks:
+    for task in twin_tasks:
         default = library.default_config(task, device)
         for dim in library.space(task, device).dims:
             if dim.role == "precision" and dim.name in library.plan_level_dims and dim.name in default:
@@ -123,64 +148,77 @@ def precision_defaults(library: Library, device, int8_tasks: list[Task]) -> dict
     return found
 
 
-def mixed_plan(fp32_plan: Plan, int8_entries: dict[str, dict], int8_settings: dict, nodes: set[str],
+def mixed_plan(fp32_plan: Plan, entries: dict[str, dict[str, dict]], settings: dict, precisions: dict[str, str],
                precision: dict) -> Plan:
-    """``fp32_plan`` with ``nodes`` run by their int8 tasks."""
+    """``fp32_plan`` with each node of ``precisions`` run by its twin task in that precision
+    (``entries[precision][task key]``)."""
     plan = copy.deepcopy(fp32_plan)
-    if not nodes:
+    if not precisions:
         return plan
-    # a plan with layouts per op labels every node; an int8 op's layout is the library's int8
+    # a plan with layouts per op labels every node: an int8 op's is the library's int8 label, a
+    # half-precision op's the layout its config reads and writes float tensors in
     labelled = any("label" in entry for entry in fp32_plan.nodes.values())
     tasks = []
     for entry in plan.tasks:
-        kept = [node for node in entry["nodes"] if node not in nodes]
+        kept = [node for node in entry["nodes"] if node not in precisions]
         if kept:
             tasks.append({**entry, "nodes": kept})
-    for entry in int8_entries.values():
-        chosen = [node for node in entry["nodes"] if node in nodes]
-        if chosen:
+    for reduced, by_key in entries.items():
+        for entry in by_key.values():
+            chosen = [node for node in entry["nodes"] if precisions.get(node) == reduced]
+            if not chosen:
+                continue
             tasks.append({**entry, "nodes": chosen})
             task = Task.from_json(entry)
-            layout = {"label": f"{entry['library']}:int8"} if labelled else {}
+            layout = {"label": _label(entry["library"], reduced, entry["config"])} if labelled else {}
             for node in chosen:
                 plan.nodes[node] = plan_node(task, entry["library"], entry["config"], **layout)
     plan.tasks = tasks
-    plan.plan_level = dict(int8_settings)
-    plan.library_settings = {plan.library: dict(int8_settings)}
+    plan.plan_level = dict(settings)
+    plan.library_settings = {plan.library: dict(settings)}
     plan.extra["precision"] = precision
     return plan
 
 
-def with_int8_ops(cross: Plan, mixed: Plan) -> Plan | None:
-    """The plan across libraries with one library's int8 ops put in: each node ``mixed`` (that
-    library's mixed-precision plan) runs in int8 runs so here, on that library, with its config
-    and its int8 settings and calibration ranges; every other node stays as ``cross`` planned it.
-    None when ``mixed`` has no int8 node, or ``cross`` runs on that library alone (``mixed``
-    itself is then the plan to race)."""
-    library, int8 = mixed.library, int8_nodes(mixed)
-    if not int8 or set(cross.libraries) == {library}:
+def _label(library_name: str, precision: str, config: dict) -> str:
+    if precision == "int8":
+        return f"{library_name}:int8"
+    return str(plugins.get_library(library_name).layout_label(config))
+
+
+def with_reduced_ops(cross: Plan, mixed: Plan, only: set[str] | None = None) -> Plan | None:
+    """The plan across libraries with one library's reduced-precision ops put in: each node
+    ``mixed`` (that library's mixed-precision plan) runs in int8, bf16 or fp16 (of ``only``, when
+    given) runs so here, on that library, with its config, its plan-level settings and its
+    calibration ranges; every other node stays as ``cross`` planned it. None when there is no
+    such node, or ``cross`` runs on that library alone (``mixed`` itself is then the plan to race)."""
+    library, reduced = mixed.library, reduced_nodes(mixed)
+    if only is not None:
+        reduced = {node: precision for node, precision in reduced.items() if node in only}
+    if not reduced or set(cross.libraries) == {library}:
         return None
     plan = copy.deepcopy(cross)
     tasks = []
     for entry in plan.tasks:
-        kept = [node for node in entry["nodes"] if node not in int8]
+        kept = [node for node in entry["nodes"] if node not in reduced]
         if kept:
             tasks.append({**entry, "nodes": kept})
     for entry in mixed.tasks:
-        chosen = [node for node in entry["nodes"] if node in int8]
-        if entry.get("precision") == "int8" and chosen:
+        chosen = [node for node in entry["nodes"] if node in reduced]
+        if entry.get("precision", "fp32") != "fp32" and chosen:
             tasks.append({**copy.deepcopy(entry), "nodes": chosen})
     plan.tasks = tasks
-    for node in int8:
+    for node in reduced:
         plan.nodes[node] = copy.deepcopy(mixed.nodes[node])
     used = {entry["library"] for entry in plan.nodes.values()}
     versions = {**plan.libraries, library: mixed.libraries[library]}
     plan.libraries = {name: version for name, version in versions.items() if name in used}
-    # the cross plan's settings for the library (its one-spinner policy) stand; the int8 ones join them
+    # the cross plan's settings for the library (its one-spinner policy) stand; the mixed plan's join them
     settings = {**plan.library_settings, library: {**mixed.plan_level, **plan.library_settings.get(library, {})}}
     plan.library_settings = {name: value for name, value in settings.items() if name in used}
     plan.plan_level = {} if len(used) > 1 else dict(plan.library_settings[library])
-    plan.extra["precision"] = {**copy.deepcopy(mixed.extra["precision"]), "int8_from": library}
+    plan.extra["precision"] = {**copy.deepcopy(cross.extra.get("precision") or mixed.extra["precision"]),
+                               "reduced_from": library}
     return plan
 
 
@@ -206,48 +244,76 @@ def _library_outputs(library: Library, model: Model, plan: Plan | None, feeds: l
         runner.close()
 
 
-def weight_bytes(model: Model, int8_nodes: set[str]) -> int:
-    """Bytes of the weights: 1 per weight of an int8 op (its bias stays 32-bit), 4 otherwise."""
-    quantized = {node.input[1] for node in model.proto.graph.node if node.name in int8_nodes}
+def weight_bytes(model: Model, precisions: dict[str, str]) -> int:
+    """Bytes of the weights: per weight of an op, 1 in int8, 2 in bf16 or fp16, 4 in fp32 (a
+    bias stays 32-bit)."""
+    weight_of = {node.input[1]: precisions[node.name] for node in model.proto.graph.node
+                 if node.name in precisions and len(node.input) > 1}
     total = 0
     for name, tensor in model.initializers.items():
         count = 1
         for d in tensor.dims:
             count *= d
-        itemsize = 1 if name in quantized else 4
-        total += count * itemsize
+        total += count * WEIGHT_BYTES[weight_of.get(name, "fp32")]
     return total
 
 
 class _Predictor:
-    """Summed op times of a labelling of the nodes in fp32 / int8, with the quantize and
-    dequantize of every tensor that changes precision on the way (measured conversions), each
-    tensor's counted once: the one-library case of core/cross_library/problem.py."""
+    """Summed op times of an assignment of precisions to the nodes, with the quantize and
+    dequantize of every tensor that changes between float and int8 on the way, and the layout
+    changes around a half-precision op (measured conversions), each tensor's counted once: the
+    one-library case of core/cross_library/problem.py."""
 
-    def __init__(self, model, library, device, db, settings, fp32_plan, int8_entries):
-        self.int8_us = {node: entry["time_us"] for entry in int8_entries.values() for node in entry["nodes"]}
-        self.options = {}
+    def __init__(self, model, library, device, db, settings, fp32_plan, entries: dict[str, dict[str, dict]]):
+        labelled = any("label" in entry for entry in fp32_plan.nodes.values())
+        self.reduced_us = {precision: {node: entry["time_us"] for entry in by_key.values() for node in entry["nodes"]}
+                           for precision, by_key in entries.items()}
+        self.options: dict[str, dict[str, Option]] = {}
         for entry in fp32_plan.tasks:
             for node in entry["nodes"]:
-                self.options[node] = {False: Option(f"{library.name}:NCHW", entry["time_us"])}
-                if node in self.int8_us:
-                    self.options[node][True] = Option(f"{library.name}:int8", self.int8_us[node])
-        self.problem = CrossProblem(options={node: list(by_precision.values()) for node, by_precision in self.options.items()})
+                fp32_label = fp32_plan.nodes[node].get("label") if labelled else None
+                self.options[node] = {"fp32": Option(fp32_label or f"{library.name}:NCHW", entry["time_us"])}
+        for precision, by_key in entries.items():
+            for entry in by_key.values():
+                label = _label(library.name, precision, entry["config"]) if labelled or precision == "int8" \
+                    else f"{library.name}:NCHW"
+                for node in entry["nodes"]:
+                    if node in self.options:
+                        self.options[node][precision] = Option(label, entry["time_us"])
+        self.problem = CrossProblem(options={node: list(by_precision.values())
+                                             for node, by_precision in self.options.items()})
         connect(self.problem, model, {library.name: library})
         self.table: ConversionTable = measure_conversions(self.problem.sides(), {library.name: library}, device, db,
                                                           settings)
 
-    def __call__(self, int8_nodes: set[str]) -> float:
+    def ladder(self, node: str) -> list[str]:
+        """The node's rungs toward fp32 (``LADDER`` order): every measured reduced precision but a
+        half-precision one slower than fp32 on the same layout, which could only lose."""
+        options = self.options.get(node, {})
+        fp32 = options.get("fp32")
+        rungs = []
+        for precision in LADDER:
+            option = options.get(precision)
+            if option is None:
+                continue
+            if precision != "int8" and fp32 is not None and option.label == fp32.label and option.time_us >= fp32.time_us:
+                continue
+            rungs.append(precision)
+        return rungs
+
+    def __call__(self, precisions: dict[str, str]) -> float:
         assignment = {node: options[0] for node, options in self.problem.options.items()}
-        assignment.update({node: by_precision[node in int8_nodes] for node, by_precision in self.options.items()})
+        assignment.update({node: by_precision[precisions.get(node, "fp32")]
+                           for node, by_precision in self.options.items()})
         return self.problem.total_us(self.table, assignment)
 
 
 def search_precision(model: Model, library: Library, device, db: RecordDB, settings, fp32_plan: Plan,
-                     int8_tasks: list[Task], calibration: Calibration, metric: Metric | None, metric_name: str | None,
+                     twin_tasks: list[Task], calibration: Calibration, metric: Metric | None, metric_name: str | None,
                      max_drop: float, on_step: Callable[[str], None] | None = None) -> PrecisionSearch:
-    """Steps 1-3 of the module docstring; returns the front and the chosen point's plan. ``metric``
-    None: the default for the model's outputs (core/precision/accuracy.default_metric).
+    """Steps 1-3 of the module docstring over the reduced-precision twins ``twin_tasks``; returns
+    the front and the chosen point's plan. ``metric`` None: the default for the model's outputs
+    (core/precision/accuracy.default_metric).
 
     The plan-level settings that change the arithmetic (``precision_defaults``: per-tensor
     weights, int8 activations) are not chosen on speed alone: the front is searched at the
@@ -263,106 +329,140 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                  "max_drop": max_drop}
     fp32_score = metric(reference, reference, calibration.held_out)
     plans: dict[str, Plan] = {}
-    sensitivity: dict[str, float] = {}
+    sensitivity: dict[str, dict[str, float]] = {}
 
-    def search_front(int8_settings: dict, int8_entries: dict, suffix: str) -> list[FrontPoint]:
-        """One front at one set of int8 plan-level settings; the fp32 point with the first."""
+    def search_front(settings_of_front: dict, entries: dict[str, dict[str, dict]], suffix: str) -> list[FrontPoint]:
+        """One front at one set of plan-level settings; the fp32 point with the first."""
         predict = None
-        candidates: list[str] = []
-        if int8_entries:
-            say("measuring quantize / dequantize conversions")
-            predict = _Predictor(model, library, device, db, settings, fp32_plan, int8_entries)
-            candidates = [node for node in fp32_plan.nodes if node in predict.int8_us]
+        ladders: dict[str, list[str]] = {}
+        if any(entries.values()):
+            say("measuring the conversions between precisions")
+            predict = _Predictor(model, library, device, db, settings, fp32_plan, entries)
+            ladders = {node: predict.ladder(node) for node in fp32_plan.nodes}
+            ladders = {node: rungs for node, rungs in ladders.items() if rungs}
 
-        def point(name: str, nodes: set[str]) -> FrontPoint:
+        def point(name: str, precisions: dict[str, str]) -> FrontPoint:
             name = name if name == "fp32" else name + suffix
-            plan = mixed_plan(fp32_plan, int8_entries, int8_settings, nodes, precision)
-            predicted = predict(nodes) if predict else fp32_plan.estimated_us()
+            plan = mixed_plan(fp32_plan, entries, settings_of_front, precisions, precision)
+            predicted = predict(precisions) if predict else fp32_plan.estimated_us()
             score = fp32_score
             try:
-                if nodes:
+                if precisions:
                     score = metric(_library_outputs(library, model, plan, calibration.held_out), reference,
                                    calibration.held_out)
             except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
-                return FrontPoint(name, sorted(nodes), predicted, float("nan"), float("inf"),
-                                  weight_bytes(model, nodes), failed=one_line(exc)[:300])
+                return FrontPoint(name, dict(precisions), predicted, float("nan"), float("inf"),
+                                  weight_bytes(model, precisions), failed=one_line(exc)[:300])
             plans[name] = plan
             drop = fp32_score - score
-            return FrontPoint(name, sorted(nodes), predicted, score, drop, weight_bytes(model, nodes), drop <= max_drop)
+            return FrontPoint(name, dict(precisions), predicted, score, drop, weight_bytes(model, precisions),
+                              drop <= max_drop)
 
-        front = [] if "fp32" in plans else [point("fp32", set())]
-        noise: dict[str, float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
-        drops: dict[str, float] = {}
-        if candidates:
-            say(f"sensitivity of {len(candidates)} ops, each alone in int8")
+        front = [] if "fp32" in plans else [point("fp32", {})]
+        noise: dict[tuple[str, str], float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
+        drops: dict[tuple[str, str], float] = {}
+        if ladders:
+            rungs = sum(len(r) for r in ladders.values())
+            say(f"sensitivity of {len(ladders)} ops, each alone in each of its reduced precisions ({rungs} runs)")
             feeds, expected = calibration.held_out[:SENSITIVITY_FEEDS], reference[:SENSITIVITY_FEEDS]
             fp32_on_feeds = metric(expected, expected, feeds)
-            for node in list(candidates):
-                plan = mixed_plan(fp32_plan, int8_entries, int8_settings, {node}, precision)
-                try:
-                    outputs = _library_outputs(library, model, plan, feeds)
-                except Exception as exc:  # this op cannot run in int8 in the whole model: it stays float
-                    say(f"{node} in int8 failed ({one_line(exc)[:200]}): it stays fp32")
-                    candidates.remove(node)
-                    continue
-                drops[node] = fp32_on_feeds - metric(outputs, expected, feeds)
-                noise[node] = sqnr(outputs, expected, feeds)
-            if candidates:
-                say("all candidates in int8, then backing off the most sensitive")
-                front += back_off(candidates, drops, noise, point)
-        for node, drop in drops.items():
-            sensitivity.setdefault(node, drop)
+            for node in list(ladders):
+                for reduced in list(ladders[node]):
+                    plan = mixed_plan(fp32_plan, entries, settings_of_front, {node: reduced}, precision)
+                    try:
+                        outputs = _library_outputs(library, model, plan, feeds)
+                    except Exception as exc:  # this op cannot run so in the whole model: that rung is gone
+                        say(f"{node} in {reduced} failed ({one_line(exc)[:200]}): not a candidate in {reduced}")
+                        ladders[node].remove(reduced)
+                        continue
+                    drops[(node, reduced)] = fp32_on_feeds - metric(outputs, expected, feeds)
+                    noise[(node, reduced)] = sqnr(outputs, expected, feeds)
+            ladders = {node: rungs for node, rungs in ladders.items() if rungs}
+            if ladders:
+                say("every op in its least precise form, then climbing toward fp32 from the most sensitive")
+                front += back_off(ladders, drops, noise, point)
+        for (node, reduced), drop in drops.items():
+            sensitivity.setdefault(node, {}).setdefault(reduced, drop)
         return front
 
+    int8_tasks = [t for t in twin_tasks if t.precision == "int8"]
+    half = {}  # half-precision entries and settings do not depend on the int8 arithmetic settings
+    half_settings: dict = {}
+    for reduced in LADDER[1:]:
+        tasks = [t for t in twin_tasks if t.precision == reduced]
+        if tasks:
+            found_settings, half[reduced] = precision_choices(model, library, device, db, fp32_plan, tasks)
+            half_settings.update(found_settings)
     own = precision_defaults(library, device, int8_tasks)
-    choices = [int8_choices(model, library, device, db, fp32_plan, int8_tasks, own)]
-    fastest = int8_choices(model, library, device, db, fp32_plan, int8_tasks)
-    differs = {k: v for k, v in fastest[0].items() if k in own and own[k] != v}
-    if differs and fastest[1]:
-        choices.append(fastest)
+    choices = [precision_choices(model, library, device, db, fp32_plan, int8_tasks, own)] if int8_tasks else [({}, {})]
+    differs = {}
+    if int8_tasks:
+        fastest = precision_choices(model, library, device, db, fp32_plan, int8_tasks)
+        differs = {k: v for k, v in fastest[0].items() if k in own and own[k] != v}
+        if differs and fastest[1]:
+            choices.append(fastest)
     front: list[FrontPoint] = []
     for index, (int8_settings, int8_entries) in enumerate(choices):
         suffix = "" if index == 0 else " (" + ", ".join(f"{k} {v}" for k, v in differs.items()) + ")"
         if suffix:
             say(f"again with {suffix[2:-1]}, which its op times favour")
-        front += search_front(int8_settings, int8_entries, suffix)
+        entries = {**({"int8": int8_entries} if int8_entries else {}), **{p: e for p, e in half.items() if e}}
+        front += search_front({**half_settings, **int8_settings} or dict(fp32_plan.plan_level), entries, suffix)
     chosen = fastest_within_budget(front)
     return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name)
 
 
-def back_off(candidates: list[str], sensitivity: dict[str, float], noise: dict[str, float],
-             point: Callable[[str, set[str]], FrontPoint]) -> list[FrontPoint]:
-    """All ``candidates`` in int8 ("int8"), then the most sensitive going back to float, one at a
-    time (in groups past MAX_BACKOFF_STEPS candidates), each step measured by ``point(name,
-    int8 nodes)``, until a point is within the budget or none is left in int8. Sensitivities are
-    each op's alone, and a group goes back whole, so some ops may have gone back without need:
-    once within the budget, the ops sent back return to int8 one at a time, the least sensitive
-    first (at most MAX_BACKOFF_STEPS tries), each kept if the budget still holds ("mixed-3+1",
-    ...)."""
-    current = set(candidates)
-    front = [point("int8", current)]
-    order = sorted(candidates, key=lambda n: (-sensitivity[n], noise.get(n, 0.0)))
-    group = max(1, -(-len(order) // MAX_BACKOFF_STEPS))
-    step, sent_back = 0, []
-    while not front[-1].within_budget and order:
-        back, order = order[:group], order[group:]
-        current -= set(back)
-        sent_back += back
+def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], float],
+             noise: dict[tuple[str, str], float], point: Callable[[str, dict[str, str]], FrontPoint]) -> list[FrontPoint]:
+    """Every op of ``ladders`` (node -> its rungs, least precise first) on its first rung (the
+    point named by those precisions, e.g. "int8" or "int8+bf16"), then the op whose current rung
+    is the most sensitive (``sensitivity[(node, precision)]``: its drop alone there; ties broken by
+    the lowest SQNR, ``noise``) climbing one rung toward fp32, one op at a time (in groups past
+    MAX_BACKOFF_STEPS climbs), each step measured by ``point(name, node -> precision)``, until a
+    point is within the budget or every op is in fp32. Sensitivities are each op's alone, and a
+    group climbs whole, so some climbs may not have been needed: once within the budget, they are
+    undone one at a time, the last first (at most MAX_BACKOFF_STEPS tries), each kept if the
+    budget still holds ("mixed-3+1", ...)."""
+    current = {node: rungs[0] for node, rungs in ladders.items()}
+    start = "+".join(p for p in LADDER if p in current.values())
+    front = [point(start, dict(current))]
+    group = max(1, -(-sum(len(r) for r in ladders.values()) // MAX_BACKOFF_STEPS))
+    step, climbs = 0, []  # climbs: (node, the precision it left)
+
+    def climb(node: str) -> None:
+        rungs = ladders[node]
+        climbs.append((node, current[node]))
+        higher = rungs.index(current[node]) + 1
+        if higher < len(rungs):
+            current[node] = rungs[higher]
+        else:
+            del current[node]
+
+    while not front[-1].within_budget and current:
+        ranked = sorted(current, key=lambda n: (-sensitivity[(n, current[n])], noise.get((n, current[n]), 0.0)))
+        for node in ranked[:group]:
+            climb(node)
         step += 1
         if current:
-            front.append(point(f"mixed-{step}", set(current)))
+            front.append(point(f"mixed-{step}", dict(current)))
     if current and front[-1].within_budget:
-        measured, tries = {frozenset(p.int8_nodes) for p in front}, 0
-        for node in reversed(sent_back):
+        measured, tries = {frozenset(p.precisions.items()) for p in front}, 0
+        for node, left in reversed(climbs):
             if tries == MAX_BACKOFF_STEPS:
                 break
-            if frozenset(current | {node}) in measured:  # e.g. the point before the last step
+            rungs = ladders[node]
+            above = rungs[rungs.index(left) + 1] if rungs.index(left) + 1 < len(rungs) else "fp32"
+            if current.get(node, "fp32") != above:  # a later climb of it stands: this one cannot be undone alone
+                continue
+            trial_precisions = {**current, node: left}
+            if frozenset(trial_precisions.items()) in measured:  # e.g. the point before the last step
                 continue
             tries += 1
-            trial = point(f"mixed-{step}+{tries}", current | {node})
+            trial = point(f"mixed-{step}+{tries}", trial_precisions)
             front.append(trial)
+            measured.add(frozenset(trial_precisions.items()))
             if trial.within_budget:
-                current.add(node)
+                current[node] = left
     return front
 
 

@@ -470,15 +470,16 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         title = (f"Latency / accuracy front: {metric}, budget drop <= {precision.get('max_drop')}{synthetic}"
                  + (" [EMULATED]" if self.emulated else ""))
         svg = charts.precision_front(points, metric, budget, title, self.unit_note)
-        caption = (f"Each point is a plan with some ops in int8 (fp32: none, int8: every op that has int8 kernels); "
+        caption = (f"Each point is a plan with some ops in a reduced precision (fp32: none; the second point: every op "
+                   f"in the least precise form it has kernels for, e.g. int8, then ops climbing toward fp32); "
                    f"{metric} on {calibration.get('held_out_feeds', '?')} held-out feeds; the star is the point kept")
-        cells = [[esc(p["name"]) + (" <strong>(kept)</strong>" if p["name"] == kept else ""), esc(p.get("int8_ops", "-")),
+        cells = [[esc(p["name"]) + (" <strong>(kept)</strong>" if p["name"] == kept else ""), esc(_ops_by_precision(p)),
                   _ms(p["predicted_us"] / 1000, self.emulated), _ms(p.get("measured_ms"), self.emulated),
                   esc("-" if p.get("score") is None else f"{p['score']:.4f}"),
                   esc("-" if p.get("drop") is None else f"{p['drop']:.4f}"), f"{p.get('weight_bytes', 0) / 1e6:.2f}",
                   esc(p.get("failed") or ("yes" if p.get("within_budget") else "no"))] for p in front]
-        table = _table(["point", "int8 ops", "predicted ms", "measured ms", metric, "drop", "weights MB",
-                        "within budget"], cells, {"int8 ops", "predicted ms", "measured ms", metric, "drop", "weights MB"})
+        table = _table(["point", "reduced ops", "predicted ms", "measured ms", metric, "drop", "weights MB",
+                        "within budget"], cells, {"reduced ops", "predicted ms", "measured ms", metric, "drop", "weights MB"})
         check = precision.get("check")
         if check and "failed" in check:
             said = f"the end-to-end check against the fp32 plan failed ({check['failed']}); kept: {check.get('kept')}"
@@ -541,3 +542,12 @@ figcaption { font-size: .85rem; color: #555; }
 .note { color: #555; font-style: italic; }
 footer { margin-top: 2rem; font-size: .8rem; color: #777; }
 """
+
+
+def _ops_by_precision(point: dict) -> str:
+    """A front point's ops per reduced precision, e.g. "int8 12, bf16 3" (a front stored before
+    half precision counts its int8 ops only)."""
+    counts = point.get("ops_by_precision")
+    if counts is None:
+        return str(point.get("int8_ops", "-"))
+    return ", ".join(f"{precision} {count}" for precision, count in counts.items()) or "-"

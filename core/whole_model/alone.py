@@ -5,6 +5,7 @@ child each runner runs in)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -38,7 +39,9 @@ def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_proces
     """Times each candidate on the whole model in processes of its own. ``candidates``: name ->
     a Plan (run through core/plans/runtime.py), a library name (that library's defaults), or
     ``{"library": name, "model": path}`` (its defaults on another ONNX file with the same inputs,
-    e.g. ONNX Runtime's own quantized model). In each of
+    e.g. ONNX Runtime's own quantized model), or ``{"factory": "module:function", "args": {...}}``
+    (the runner ``function(model, **args)`` returns, e.g. OpenVINO as its users run it:
+    kselect/plugins/openvino/baselines.py). In each of
     ``rounds`` rounds every candidate gets a fresh ``python -m kselect.core.whole_model.alone`` process
     (order reversed every other round) that builds it, warms it up and times at least
     ``runs_per_process`` runs and ``min_time_s``. Returns, per candidate: ``times`` (ms of every
@@ -58,7 +61,7 @@ def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_proces
         jobs = {}
         for index, (name, candidate) in enumerate(candidates.items()):
             runner = {"library": candidate}
-            if isinstance(candidate, dict):  # {"library": name, "model": path}: its defaults on another file
+            if isinstance(candidate, dict):  # {"library": name, "model": path} or {"factory": ..., "args": ...}
                 runner = dict(candidate)
             elif not isinstance(candidate, str):
                 runner = {"plan": str(work / f"plan{index}.json")}
@@ -122,8 +125,13 @@ def _alone_main(job: dict) -> None:
         spec = job["runner"]
         shapes = [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()]
         model = load_model(spec.get("model", job["model"]), shapes)
-        runner = (load_plan(spec["plan"], model) if "plan" in spec
-                  else library_runner(plugins.get_library(spec["library"]), model))
+        if "plan" in spec:
+            runner = load_plan(spec["plan"], model)
+        elif "factory" in spec:  # "module:function"(model, **args), e.g. a library as its users run it
+            module, _, function = spec["factory"].partition(":")
+            runner = getattr(importlib.import_module(module), function)(model, **spec.get("args", {}))
+        else:
+            runner = library_runner(plugins.get_library(spec["library"]), model)
         feeds = random_feeds(model)
         outputs = runner(feeds)
         start, warmups = time.perf_counter(), 0

@@ -10,7 +10,7 @@ import statistics
 from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
 from kselect.core.models.model import Model
-from kselect.core.plans.plan import int8_nodes
+from kselect.core.plans.plan import reduced_nodes
 from kselect.core.plans.spinning import spin_dims
 from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
 from kselect.core.whole_model.bench import bench_in_process, compare_outputs, fresh_runners, relative_iqr
@@ -143,9 +143,9 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     confidence = family_confidence(comparisons)
 
     def acceptable(error: float, plan) -> bool:
-        # a plan with int8 ops was held to its accuracy budget on held-out feeds (core/precision/mixed.py):
-        # of it, only finite outputs are asked here
-        return math.isfinite(error) if int8_nodes(plan) else error <= max_error
+        # a plan with reduced-precision ops was held to its accuracy budget on held-out feeds
+        # (core/precision/mixed.py): of it, only finite outputs are asked here
+        return math.isfinite(error) if reduced_nodes(plan) else error <= max_error
 
     def matches(name: str, measured: dict, reference: dict) -> bool:
         return acceptable(compare_outputs(reference["outputs"], measured["outputs"]), plans[name])

@@ -1,0 +1,264 @@
+"""Precision per op against the peers a user picks instead, per model: ONNX Runtime's fp32 default
+and its static INT8, OpenVINO's default (bf16 on a CPU with AVX512_BF16 or AMX), OpenVINO in f32,
+and OpenVINO INT8 (NNCF post-training quantization on the same calibration feeds); kselect's kept
+plan at each ``--budgets`` cosine-drop (top-1 agreement for classifiers), tuned with
+``--precision all`` across ``--libraries`` (records shared between the budgets, so only the
+first tune measures kernels).
+
+Every side is timed with the rounds protocol: alone in a fresh process per round, sides taking
+turns (``kselect.core.whole_model.alone.timed_alone``); per-round speedups over ONNX Runtime's fp32
+default with distribution-free bounds. Accuracy: each side's metric on the held-out feeds against
+the fp32 model as ONNX Runtime runs it. Weights: bytes of the weight tensors as each side runs
+them (OpenVINO's default converts f32 weights to bf16 when it compiles). Tune s: kselect's wall
+time per tune.
+
+The built-in zoo has no data: its calibration and held-out feeds are seeded random inputs, and the
+table says SYNTHETIC. A real model (``kselect models``) is calibrated and checked on the pinned
+sample pictures, preprocessed as its package does. Prints a table per model, writes JSON (models of
+an earlier run on this device are kept unless run again).
+
+Benchmark-only dependencies: ``pip install -e .[bench]`` (NNCF, pinned).
+
+    .venv/bin/python benchmarks/precision.py --models resnet18,mobilenetv2
+    .venv/bin/python benchmarks/precision.py --models yolov8n-nudenet-320 --budgets 0.0005,0.01
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+import kselect
+from kselect.core.contract import plugins
+from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.models.model import load_model
+from kselect.core.precision.accuracy import default_metric, get_metric, run_outputs
+from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
+from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
+
+console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
+OPENVINO = "kselect.plugins.openvino.baselines:runner"
+COLUMNS = ("side", "precisions", "ms (median)", "speedup over ORT fp32", "per-round bounds", "metric", "drop",
+           "weights MB", "tune s")
+
+
+def weight_bytes(path: Path) -> int:
+    """Bytes of an ONNX model's initializers as stored."""
+    total = 0
+    for tensor in onnx.load(str(path)).graph.initializer:
+        total += (math.prod(tensor.dims) if tensor.dims else 1) * onnx.helper.tensor_dtype_to_np_dtype(
+            tensor.data_type).itemsize
+    return total
+
+
+def nncf_int8(model, calibration: Calibration, path: Path) -> Path:
+    """What a user of OpenVINO runs for INT8: NNCF's post-training quantization of the converted
+    model on the calibration feeds (its defaults: mixed preset, 300 subset samples at most)."""
+    import nncf
+    import openvino as ov
+
+    ov_model = ov.convert_model(model.source if Path(model.source).is_file() else _saved(model, path.parent))
+    ov_model.reshape({name: shape for name, shape in model.input_shapes.items()})
+    quantized = nncf.quantize(ov_model, nncf.Dataset(calibration.calibrate), subset_size=len(calibration.calibrate))
+    ov.save_model(quantized, str(path), compress_to_fp16=False)
+    return path
+
+
+def _saved(model, folder: Path) -> str:
+    path = folder / f"{model.name}.onnx"
+    onnx.save(model.proto, str(path))
+    return str(path)
+
+
+def in_process_outputs(candidate, model, feeds: list) -> list:
+    """The outputs of a side on ``feeds``, built in this process as timed_alone builds it."""
+    from kselect.core.plans.runtime import library_runner, load_plan
+    from kselect.plugins.openvino.baselines import runner as openvino_runner
+
+    if isinstance(candidate, str):
+        runner = library_runner(plugins.get_library(candidate), model)
+    elif isinstance(candidate, dict) and "factory" in candidate:
+        runner = openvino_runner(model, **candidate.get("args", {}))
+    elif isinstance(candidate, dict):
+        runner = library_runner(plugins.get_library(candidate["library"]), load_model(candidate["model"]))
+    else:
+        runner = load_plan(candidate, model)
+    try:
+        return run_outputs(runner, feeds)
+    finally:
+        getattr(runner, "close", lambda: None)()
+
+
+def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
+    model = load_model(name)
+    if model.source == "builtin":
+        feeds = synthetic_feeds(model, args.calibration_feeds + args.held_out, seed=1)
+        calibration = Calibration(feeds[:args.calibration_feeds], feeds[args.calibration_feeds:], "synthetic", True)
+    else:
+        calibration = calibration_for(model, "samples")
+    reference = in_process_outputs("mlas", model, calibration.held_out)
+    metric_name = args.metric or default_metric(reference)
+    metric = get_metric(metric_name)
+    fp32_score = metric(reference, reference, calibration.held_out)
+    fp32_bytes = weight_bytes(Path(_saved(model, work)))
+
+    ort_int8 = work / f"{name}.ort_int8.onnx"
+    quantize_qdq(model.proto, ort_int8, calibration.calibrate, method=calibration.method)
+    openvino_int8 = nncf_int8(model, calibration, work / f"{name}.nncf_int8.xml")
+    candidates = {
+        "ORT fp32 default": "mlas",
+        "ORT static INT8 (quantize_static)": {"library": "mlas", "model": str(ort_int8)},
+        "OpenVINO default": {"factory": OPENVINO, "args": {}},
+        "OpenVINO f32 (INFERENCE_PRECISION_HINT=f32)": {"factory": OPENVINO,
+                                                        "args": {"properties": {"INFERENCE_PRECISION_HINT": "f32"}}},
+        "OpenVINO INT8 (NNCF PTQ)": {"factory": OPENVINO, "args": {"ir_path": str(openvino_int8)}},
+    }
+    from kselect.plugins.openvino.baselines import runner as openvino_runner
+    default_precision = openvino_runner(model).inference_precision()
+    sides = {
+        "ORT fp32 default": {"precisions": "fp32", "weight_bytes": fp32_bytes},
+        "ORT static INT8 (quantize_static)": {"precisions": "int8", "weight_bytes": weight_bytes(ort_int8)},
+        "OpenVINO default": {"precisions": default_precision,
+                             "weight_bytes": fp32_bytes // (2 if default_precision in ("bf16", "f16") else 1)},
+        "OpenVINO f32 (INFERENCE_PRECISION_HINT=f32)": {"precisions": "f32", "weight_bytes": fp32_bytes},
+        "OpenVINO INT8 (NNCF PTQ)": {"precisions": "int8", "weight_bytes": openvino_int8.with_suffix(".bin").stat().st_size},
+    }
+    for side, candidate in candidates.items():
+        outputs = in_process_outputs(candidate, model, calibration.held_out)
+        sides[side].update({"score": metric(outputs, reference, calibration.held_out), "tune_s": None})
+        sides[side]["drop"] = fp32_score - sides[side]["score"]
+
+    for budget in args.budgets:
+        start = time.perf_counter()
+        config = kselect.TuneConfig(precision="all", calibration=calibration, metric=metric_name,
+                                    max_accuracy_drop=budget, budget=args.budget, db=args.db, settings=settings,
+                                    check_rounds=args.check_rounds)
+        result = kselect.tune(model, args.libraries, config)
+        side = f"kselect, drop <= {budget}"
+        plan = result.plan
+        candidates[side] = plan
+        reduced = {}
+        for entry in plan.tasks:
+            precision = entry.get("precision", "fp32")
+            reduced[precision] = reduced.get(precision, 0) + len([n for n in entry["nodes"] if n in plan.nodes])
+        outputs = in_process_outputs(plan, model, calibration.held_out)
+        score = metric(outputs, reference, calibration.held_out)
+        wbytes = _plan_weight_bytes(model, plan)
+        sides[side] = {"precisions": ", ".join(f"{p} {n}" for p, n in sorted(reduced.items())),
+                       "libraries": sorted(plan.libraries), "kept": result.kept, "score": score,
+                       "drop": fp32_score - score, "weight_bytes": wbytes,
+                       "tune_s": round(time.perf_counter() - start, 1)}
+
+    timed = timed_alone(model, candidates, rounds=args.rounds, runs_per_process=args.runs)
+    baseline = timed["ORT fp32 default"]["process_ms"]
+    for side, figures in sides.items():
+        source = timed[side]
+        if source["failed"]:
+            figures["failed"] = source["failed"]
+            continue
+        low, median, high = median_bounds(paired_speedups(baseline, source["process_ms"]))
+        figures.update({"ms": round(statistics.median(source["process_ms"]), 4), "speedup": round(median, 4),
+                        "bounds": [round(low, 4), round(high, 4)], "process_ms": source["process_ms"]})
+    return {"model": name, "metric": metric_name, "synthetic": calibration.synthetic,
+            "data": "SYNTHETIC random inputs" if calibration.synthetic else
+            f"{calibration.source}" + (f", {calibration.caveat}" if calibration.caveat else ""),
+            "held_out": len(calibration.held_out), "calibration_feeds": len(calibration.calibrate), "sides": sides}
+
+
+def _plan_weight_bytes(model, plan) -> int:
+    from kselect.core.plans.plan import reduced_nodes
+    from kselect.core.precision.mixed import weight_bytes as by_precision
+
+    return by_precision(model, reduced_nodes(plan))
+
+
+def row(side: str, f: dict) -> list[str]:
+    if "failed" in f:
+        return [side, f["precisions"], "failed: " + f["failed"], "", "", "", "", "", ""]
+    return [side, f["precisions"], f"{f['ms']:.3f}", f"{f['speedup']:.3f}x", f"{f['bounds'][0]:.3f}-{f['bounds'][1]:.3f}",
+            f"{f['score']:.4f}", f"{f['drop']:.4f}", f"{f['weight_bytes'] / 1e6:.2f}",
+            "" if f["tune_s"] is None else f"{f['tune_s']:.0f}"]
+
+
+def summary(results: list[dict], budgets: list[float]) -> dict:
+    """Per budget, the geomean speedup of kselect's kept plan over ORT fp32; per model, whether the
+    plan at a budget no looser than OpenVINO default's own drop is at least as fast as it."""
+    out = {"geomean": {}, "against_openvino_default": {}}
+    for budget in budgets:
+        ratios = [r["sides"].get(f"kselect, drop <= {budget}", {}).get("speedup") for r in results]
+        if ratios and all(ratios):
+            out["geomean"][str(budget)] = round(math.exp(sum(math.log(x) for x in ratios) / len(ratios)), 3)
+    for r in results:
+        openvino = r["sides"]["OpenVINO default"]
+        fair = [b for b in budgets if b <= max(openvino.get("drop", 0.0), 0.0)] or [min(budgets)]
+        side = r["sides"].get(f"kselect, drop <= {max(fair)}", {})
+        if "speedup" in side and "speedup" in openvino:
+            out["against_openvino_default"][r["model"]] = {
+                "budget": max(fair), "openvino_drop": round(openvino["drop"], 6),
+                "kselect_speedup": side["speedup"], "openvino_speedup": openvino["speedup"],
+                "as_fast": side["speedup"] >= openvino["speedup"]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet18,mobilenetv2,resnet50")
+    parser.add_argument("--budgets", default="0.0005,0.01", help="metric drops kselect's plans are chosen under")
+    parser.add_argument("--libraries", default="mlas,onednn", help="libraries kselect tunes, with --precision all")
+    parser.add_argument("--metric", default=None, help="default: top1 for classifiers, else cosine")
+    parser.add_argument("--budget", type=int, default=4, help="configs measured per task")
+    parser.add_argument("--min-time", type=float, default=0.05)
+    parser.add_argument("--calibration-feeds", type=int, default=16)
+    parser.add_argument("--held-out", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--check-rounds", type=int, default=4, help="kselect tune's end-to-end check rounds")
+    parser.add_argument("--runs", type=int, default=10, help="timed runs per process")
+    parser.add_argument("--db", default="benchmarks/results/precision.db")
+    parser.add_argument("--json", default="benchmarks/results/precision.json")
+    args = parser.parse_args()
+    args.budgets = [float(b) for b in args.budgets.split(",")]
+    settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
+    device = this_device()
+    earlier = []
+    if Path(args.json).is_file():
+        previous = json.loads(Path(args.json).read_text())
+        if previous.get("device_fingerprint") == device.fingerprint:
+            earlier = [m for m in previous["models"] if m["model"] not in args.models.split(",")]
+    results = []
+    header = {"device": device.summary(), "device_fingerprint": device.fingerprint,
+              "libraries": {name: plugins.get_library(name).version() for name in args.libraries.split(",")},
+              "openvino": plugins.get_library("openvino").version(), "budget": args.budget,
+              "min_time_s": args.min_time, "rounds": args.rounds, "runs_per_process": args.runs}
+    with tempfile.TemporaryDirectory(prefix="kselect-precision-") as work:
+        for name in args.models.split(","):
+            result = run_model(name, args, settings, Path(work))
+            results.append(result)
+            table = Table(title=f"{name}: {result['metric']} on {result['held_out']} held-out feeds ({result['data']}), "
+                                f"{args.rounds} rounds, each side alone in fresh processes")
+            for column in COLUMNS:
+                table.add_column(column, justify="left" if column in ("side", "precisions") else "right")
+            for side, figures in result["sides"].items():
+                table.add_row(*row(side, figures))
+            console.print(table)
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            everything = earlier + results
+            Path(args.json).write_text(json.dumps({**header, "models": everything,
+                                                   "summary": summary(everything, args.budgets)}, indent=2) + "\n")
+    console.print(f"summary: {json.dumps(summary(earlier + results, args.budgets))}; wrote {args.json}")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
