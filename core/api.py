@@ -83,6 +83,7 @@ class TuneResult:
     checks: list[dict] = field(default_factory=list)  # several libraries: each plan's whole-model check
     fleet: FleetReport | None = None  # what this worker did among the tunes sharing the database
     left_out: dict[str, str] = field(default_factory=dict)  # several libraries: library -> why it has no plan
+    precisions_left_out: dict[str, str] = field(default_factory=dict)  # --precision all: precision -> why not here
 
     @property
     def kept(self) -> str | None:
@@ -92,7 +93,7 @@ class TuneResult:
         return {"model": self.model.name, "device": self.device.summary(), "kept": self.kept,
                 "fleet": self.fleet.to_json() if self.fleet else None,
                 "libraries": [tuning.to_json() for tuning in self.tunings.values()],
-                "left_out": self.left_out,
+                "left_out": self.left_out, "precisions_left_out": self.precisions_left_out,
                 "cross_library": (self.cross_plan.extra.get("cross_library") if self.cross_plan else None),
                 "checks": [{k: v for k, v in check.items() if k not in ("process_ms", "default_process_ms")}
                            for check in self.checks]}
@@ -171,7 +172,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
     if not isinstance(model, Model):
         model = load_model(str(model), list(config.input_shape))
     extract_tasks(model)  # a model with nothing to tune is refused before the record database is opened
-    events.precisions_left_out(precisions_left_out(chosen, config))
+    missing_precisions = precisions_left_out(chosen, config)
+    events.precisions_left_out(missing_precisions)
     reduced = precision_request(model, chosen, config)
     device = this_device()
     db = config.db if isinstance(config.db, RecordDB) else RecordDB(database_location(config.db))
@@ -222,7 +224,8 @@ def tune(model: Model | str, libraries: str | list = "mlas", config: TuneConfig 
         if not tunings:
             raise last_error
         result = TuneResult(model, device, next(iter(tunings.values())).plan, tunings,
-                            fleet=fleet.report if fleet else None, left_out=left_out)
+                            fleet=fleet.report if fleet else None, left_out=left_out,
+                            precisions_left_out=missing_precisions)
         if len(tunings) > 1:
             plan_and_keep_across(result, db, config, events, reduced)
     return result

@@ -5,6 +5,8 @@ format, accepted for it and rejected for a finer one)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from helpers import run_kselect
@@ -129,3 +131,23 @@ def test_a_tune_asking_for_a_precision_no_chosen_library_has_is_refused_in_one_l
     assert result.stderr.count("\n") == 1
     assert "mlas has none of them; bf16: no bf16 candidates in kselect's mlas plugin" in result.stderr
     assert not db.exists() and not plan.exists()
+
+
+def test_precision_all_names_each_precision_the_libraries_lack_and_tunes_the_others(tmp_path, small_model_path):
+    """``--precision all`` on MLAS: bf16 and fp16 are named with MLAS's reason (in the JSON and in
+    one line each on stderr) and the tune goes on with int8; its front walks int8 only."""
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(8):
+        np.save(folder / f"{index}.npy", rng.standard_normal((1, 3, 32, 32), dtype=np.float32))
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "all", "--calibration", folder,
+                         "--metric", "cosine", "--budget", "1", "--min-time", "0.01", "--no-verify",
+                         "--db", tmp_path / "r.db", "-o", tmp_path / "plan.json", "--json")
+    assert result.returncode == 0, result.stderr
+    tuned = json.loads(result.stdout)
+    assert tuned["precisions_left_out"] == {"bf16": "mlas: no bf16 candidates in kselect's mlas plugin",
+                                            "fp16": "mlas: no fp16 candidates in kselect's mlas plugin"}
+    assert "--precision all: no bf16 here (mlas: no bf16 candidates in kselect's mlas plugin)" in result.stderr
+    front = tuned["libraries"][0]["precision"]["front"]
+    assert front[1]["name"] == "int8" and set(front[1]["ops_by_precision"]) == {"int8"}

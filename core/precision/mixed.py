@@ -52,7 +52,7 @@ from kselect.core.errors import KselectError, one_line
 from kselect.core.measuring.tuning_loop import library_defaults, stored_outcomes
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
-from kselect.core.plans.plan import Plan, choose, plan_node, plan_task, reduced_nodes
+from kselect.core.plans.plan import LIBRARY_DEFAULT, Plan, choose, plan_node, plan_task, reduced_nodes
 from kselect.core.plans.runtime import library_runner
 from kselect.core.precision.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.precision.calibration import Calibration
@@ -219,6 +219,8 @@ def with_reduced_ops(cross: Plan, mixed: Plan, only: set[str] | None = None) -> 
     plan.plan_level = {} if len(used) > 1 else dict(plan.library_settings[library])
     plan.extra["precision"] = {**copy.deepcopy(cross.extra.get("precision") or mixed.extra["precision"]),
                                "reduced_from": library}
+    for key in (LIBRARY_DEFAULT, "verified"):  # what kept ``cross`` alone says nothing of this plan
+        plan.extra.pop(key, None)
     return plan
 
 

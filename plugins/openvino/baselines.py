@@ -30,7 +30,9 @@ class Runner:
         return [self.request.get_output_tensor(index).data.copy() for index in self.output_indices]
 
     def inference_precision(self) -> str:
-        return str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        """The precision OpenVINO compiled the model in: "bf16", "f16" or "f32"."""
+        value = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        return value.to_string() if hasattr(value, "to_string") else str(value)
 
     def close(self) -> None:
         self.request = None
