@@ -1,6 +1,8 @@
 """The OpenVINO plugin (PyPI openvino, its CPU plugin): a candidate is what the runtime model shows
 OpenVINO ran, a hint it ignores is never a candidate; a plan runs the whole model with its hints
-and exports as an IR that plain openvino loads; OpenVINO missing is told in one line."""
+and exports as an IR that plain openvino loads; bf16 twins where the CPU plugin runs bf16, measured
+within the half tolerance and chosen under an accuracy budget into plans that run them in bf16;
+OpenVINO missing is told in one line."""
 
 from __future__ import annotations
 
@@ -10,22 +12,27 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from graphs import small_cnn
-from helpers import run_kselect
+from helpers import kselect_json, run_kselect
 
+import kselect
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
-from kselect.core.measuring.measure import MeasureSettings
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
 from kselect.core.measuring.worker import MeasureWorker
 from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import extract_tasks
-from kselect.core.plans.plan import Plan
+from kselect.core.plans.plan import Plan, load_plan_file, reduced_nodes
 from kselect.core.plans.runtime import load_plan
+from kselect.core.precision.half import half_tolerance
 
 openvino = pytest.importorskip("openvino")
 
 QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.001, max_time_s=0.05)
+BF16_MISSING = plugins.get_library("openvino").missing_precisions().get("bf16")
+needs_bf16 = pytest.mark.skipif(BF16_MISSING is not None, reason=f"no bf16 twins here: {BF16_MISSING}")
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +163,105 @@ def test_openvino_missing_is_one_line_and_a_tune_naming_it_fails_before_measurin
     assert "library 'openvino' is not available here" in tuned.stderr
     assert "Traceback" not in tuned.stderr
     assert not db.exists()
+
+
+def test_kselect_space_lists_bf16_exactly_where_openvino_runs_it_and_names_the_others():
+    """Where OpenVINO's CPU plugin computes in bf16 (OPTIMIZATION_CAPABILITIES: on x86 a CPU with
+    AVX512_BF16 or AMX) bf16 is a precision of the plugin; fp16 where it computes in f16; int8 never."""
+    capabilities = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    space = kselect_json("space", "resnet18", "--library", "openvino")
+    runs = {"bf16": "BF16" in capabilities, "fp16": "FP16" in capabilities}
+    assert space["precisions"] == ["fp32"] + [precision for precision, ran in runs.items() if ran]
+    missing = space["missing_precisions"]
+    assert set(missing) == {"int8"} | {precision for precision, ran in runs.items() if not ran}
+    assert missing["int8"] == "no int8 candidates in kselect's openvino plugin"
+    for precision in set(missing) - {"int8"}:
+        assert missing[precision].startswith(f"OpenVINO's CPU plugin runs no {'f16' if precision == 'fp16' else 'bf16'} "
+                                             f"here (its OPTIMIZATION_CAPABILITIES: ")
+    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    if "avx512f" in flags:  # x86 with AVX-512: bf16 exactly where the CPU has bf16 arithmetic
+        assert runs["bf16"] == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+@needs_bf16
+def test_a_bf16_twin_is_measured_in_bf16_within_the_half_tolerance(library, model):
+    """The bf16 twin of block.conv1: its space holds bf16 configs only (the fp32 task's f32 only),
+    its default is OpenVINO's own pick in bf16, and each implementation measured through the core's
+    measuring path is ok, with an error well above fp32's and within the half tolerance."""
+    device = this_device()
+    task = _task(model, "block.conv1")
+    twin = task.at_precision("bf16")
+    assert twin.id == f"{task.id}.bf16" and library.supports(twin)
+    assert {c["precision"] for c in library.space(task, device).enumerate()} == {"f32"}
+    configs = library.space(twin, device).enumerate()
+    assert {c["precision"] for c in configs} == {"bf16"}
+    default = library.default_config(twin, device)
+    assert default["precision"] == "bf16" and not default["hinted"] and default in configs
+    inputs = task_inputs(twin)
+    tolerance = half_tolerance(twin, inputs, reference_output(twin, inputs), "bf16")
+    fp32 = measure_in_this_process(library, task, library.default_config(task, device), QUICK, {})
+    assert fp32.status == "ok" and fp32.error < 1e-5
+    at_defaults = [c for c in configs if (c["threads"], c["pinning"]) == (default["threads"], default["pinning"])]
+    assert len(at_defaults) > 1  # the own pick and at least one hinted implementation
+    for config in at_defaults:
+        result = measure_in_this_process(library, twin, config, QUICK, {})
+        assert result.status == "ok", (config, result.reason)
+        assert 1e-4 < result.error <= tolerance, config
+
+
+@needs_bf16
+def test_a_plan_keeps_in_f32_the_conv_a_residual_add_is_fused_into(library, model):
+    """Every op of small_cnn in bf16 but block.conv2, whose output OpenVINO sums with the residual
+    inside the conv: the plan compiles (the fused Add is kept in f32 with the conv) and runs
+    block.conv2 in f32, the others in bf16."""
+    device = this_device()
+    configs = {}
+    for task in extract_tasks(model):
+        twin = task if "block.conv2" in task.nodes else task.at_precision("bf16")
+        configs.update({node: library.default_config(twin, device) for node in task.nodes})
+    runner = library.model_runner(model, _plan(configs))
+    try:
+        ran = {node: choice.precision for node, choice in runner.ran.items()}
+        output = runner({"input": np.ones((1, 3, 32, 32), np.float32)})[0]
+    finally:
+        runner.close()
+    assert ran == {node: "f32" if node == "block.conv2" else "bf16" for node in configs}
+    assert output.shape == (1, 10) and np.all(np.isfinite(output))
+
+
+@needs_bf16
+def test_a_bf16_tune_chooses_bf16_ops_under_the_budget_and_its_plan_runs_them_in_bf16(tmp_path):
+    """small_cnn tuned on OpenVINO with --precision fp32,bf16 under a cosine budget of 0.05: the
+    front's second point runs ops in bf16 alone, the chosen point is within the budget with bf16
+    ops, the plan file holds their bf16 twins, and kselect.load_plan runs those nodes in bf16 and
+    the others in f32."""
+    model_path = tmp_path / "small_cnn.onnx"
+    onnx.save(small_cnn(), model_path)
+    feeds = tmp_path / "calibration"
+    feeds.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(16):
+        np.save(feeds / f"feed{index:02d}.npy", rng.standard_normal((1, 3, 32, 32), dtype=np.float32))
+    out = tmp_path / "plan.json"
+    tuned = kselect_json("tune", model_path, "--library", "openvino", "--precision", "fp32,bf16", "--calibration", feeds,
+                         "--metric", "cosine", "--max-accuracy-drop", "0.05", "--budget", "1", "--min-time", "0.01",
+                         "--no-verify", "--db", tmp_path / "records.db", "-o", out)
+    precision = tuned["libraries"][0]["precision"]
+    front = {point["name"]: point for point in precision["front"]}
+    assert list(front)[:2] == ["fp32", "bf16"]
+    assert set(front["bf16"]["ops_by_precision"]) == {"bf16"} and front["bf16"]["ops_by_precision"]["bf16"] > 0
+    chosen = front[precision["chosen"]]
+    assert chosen["within_budget"] and chosen["drop"] <= 0.05 and chosen["ops_by_precision"].get("bf16")
+
+    plan = load_plan_file(out)
+    in_bf16 = reduced_nodes(plan)
+    assert in_bf16 == chosen["precisions"] and set(in_bf16.values()) == {"bf16"}
+    assert {t.get("precision", "fp32") for t in plan.tasks if set(t["nodes"]) & set(in_bf16)} == {"bf16"}
+    assert {plan.nodes[node]["config"]["precision"] for node in in_bf16} == {"bf16"}
+    runner = kselect.load_plan(out, str(model_path))
+    try:
+        ran = {node: choice.precision for node, choice in runner.runners[0].ran.items()}
+        runner.run({"input": rng.standard_normal((1, 3, 32, 32), dtype=np.float32)})
+    finally:
+        runner.close()
+    assert ran == {node: "bf16" if node in in_bf16 else "f32" for node in plan.nodes}

@@ -8,6 +8,9 @@ The CPU plugin reads two runtime attributes per node that kselect uses:
   converted once (``ov.convert_model``), serialised, and every compile edits the XML.
 * ``precise``: keeps a node in f32 when the model is compiled with a reduced
   ``INFERENCE_PRECISION_HINT`` (bf16, f16): how a plan runs some ops in bf16 and others in f32.
+  It goes on every layer the plugin fuses into the node's executed node (its bias, activation,
+  a residual Add summed into its output): a conv kept in f32 whose fused residual Add is not
+  fails to compile ("object is not initialized").
 
 A hint the plugin cannot honour is dropped without a word, so after compiling kselect reads the
 runtime model (``compiled.get_runtime_model()``): each executed node's ``primitiveType`` (e.g.
@@ -58,6 +61,7 @@ class RuntimeChoice:
     impl: str  # the implementation type, without the precision suffix: "brgconv_avx512_1x1"
     precision: str  # "f32", "bf16", ...
     primitive: str  # as the runtime model names it: "brgconv_avx512_1x1_f32"
+    fused: tuple[str, ...] = ()  # the IR layers the executed node holds (originalLayersNames)
 
 
 class ConvertedModel:
@@ -98,9 +102,16 @@ class ConvertedModel:
                 ET.SubElement(rt_info(compute), "attribute", name="primitives_priority", version="0",
                               value=f"cpu:{hint.impl}")
             if hint.keep_f32:
-                for name in (compute, *after):
+                for name in dict.fromkeys((compute, *after, *self.fused_layers[node])):
                     ET.SubElement(rt_info(name), "attribute", name="precise", version="0")
         return ET.tostring(root, encoding="unicode")
+
+    @functools.cached_property
+    def fused_layers(self) -> dict[str, tuple[str, ...]]:
+        """ONNX node -> the IR layers the plugin fuses into the executed node running it, as the
+        runtime model of the model compiled in f32 without hints shows them."""
+        compiled = self.compile({}, {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": STREAMS})
+        return {node: choice.fused for node, choice in self.runtime_choices(compiled).items()}
 
     def read(self, hints: dict[str, Hint]):
         """The ov.Model of the IR with ``hints``, as plain ``core.read_model`` reads it."""
@@ -129,8 +140,9 @@ def runtime_choices(compiled, layers: dict[str, tuple[str, ...]]) -> dict[str, R
         precision = info["runtimePrecision"].astype(str)
         suffix = f"_{precision}"
         impl = primitive[:-len(suffix)] if primitive.endswith(suffix) else primitive
-        for name in info["originalLayersNames"].astype(str).split(","):
-            holder[name] = RuntimeChoice(impl, precision, primitive)
+        fused = tuple(info["originalLayersNames"].astype(str).split(","))
+        for name in fused:
+            holder[name] = RuntimeChoice(impl, precision, primitive, fused)
     found = {node: next((holder[name] for name in names if name in holder), None) for node, names in layers.items()}
     missing = [node for node, choice in found.items() if choice is None]
     if missing:

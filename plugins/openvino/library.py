@@ -1,25 +1,27 @@
 """The OpenVINO library plugin: per conv / deconv / fc op, which implementation of OpenVINO's CPU
-plugin runs it (``primitives_priority``) and in which precision; per plan, the thread count and
-whether threads are pinned to cores. Every candidate is what the runtime model shows OpenVINO
-ran: a hint it ignored is a failed candidate, never a measured one (ir.py)."""
+plugin runs it (``primitives_priority``); per plan, the thread count and whether threads are
+pinned to cores. The op's bf16 and fp16 twins (core/precision/) run in OpenVINO's bf16 and f16
+where its CPU plugin computes in them here. Every candidate is what the runtime model shows
+OpenVINO ran: a hint it ignored is a failed candidate, never a measured one (ir.py)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
-import os
 import platform
 from dataclasses import dataclass
 
 import numpy as np
 
+from kselect.core.contract.labels import Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
-from kselect.core.contract.opkind import op_kind
 from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device
-from kselect.core.measuring.measure import reference_output, task_inputs, task_model
+from kselect.core.measuring.measure import task_inputs, task_model
 from kselect.core.models.tasks import Task
+from kselect.core.precision.quant import PRECISIONS
 from kselect.plugins.openvino import ir
 from kselect.plugins.openvino.export import write_ir
 
@@ -43,13 +45,12 @@ IMPLEMENTATION_TYPES = (
 # Words that name another processor family's kernels: not asked for on this one.
 ARCH_WORDS = {"x86": ("sse42", "avx", "amx", "mlas", "uni"), "arm": ("acl", "kleidiai", "asimd", "sve"),
               "riscv": ("shl", "gv")}
-# Reduced precisions measured besides f32, from KSELECT_OPENVINO_PRECISIONS (e.g. "bf16"): off by
-# default, as kselect's plans are held to fp32 outputs (1e-3) end to end.
-PRECISIONS_ENV = "KSELECT_OPENVINO_PRECISIONS"
-# Significand bits (with the implicit one) of each precision: its unit roundoff is 2^-bits.
-SIGNIFICAND_BITS = {"bf16": 8, "f16": 11}
-# The steepest slope of an activation kselect fuses after an op (HardSwish: 1.5).
-ACTIVATION_SLOPE = 1.5
+# kselect's precision names (Task.precision) -> OpenVINO's (INFERENCE_PRECISION_HINT, runtimePrecision,
+# a config's "precision").
+OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+# The entry of the CPU plugin's OPTIMIZATION_CAPABILITIES saying it computes in a reduced precision
+# on this CPU (bf16: AVX512_BF16 or AMX; f16: Arm's FP16 arithmetic, AVX512_FP16 or AMX-FP16).
+CAPABILITIES = {"bf16": "BF16", "fp16": "FP16"}
 # Copies of an op compiled together while finding the hints it takes: at most this many bytes of data.
 PROBE_BYTES = 256 << 20
 
@@ -67,13 +68,13 @@ def asked_types() -> tuple[str, ...]:
     return tuple(name for name in IMPLEMENTATION_TYPES if not any(word in name for word in foreign))
 
 
-def reduced_precisions() -> tuple[str, ...]:
-    value = os.environ.get(PRECISIONS_ENV, "")
-    wanted = tuple(p.strip() for p in value.split(",") if p.strip() and p.strip() != "f32")
-    unknown = [p for p in wanted if p not in SIGNIFICAND_BITS]
-    if unknown:
-        raise KselectError(f"{PRECISIONS_ENV}={value}: give reduced precisions among {', '.join(SIGNIFICAND_BITS)}")
-    return wanted
+@functools.lru_cache(maxsize=1)
+def reduced_missing() -> dict[str, str]:
+    """Each reduced precision (kselect's name) the CPU plugin does not compute in here, and why."""
+    capabilities = list(ir.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    return {precision: f"OpenVINO's CPU plugin runs no {OV_PRECISIONS[precision]} here (its OPTIMIZATION_CAPABILITIES: "
+                       f"{', '.join(capabilities)})"
+            for precision, capability in CAPABILITIES.items() if capability not in capabilities}
 
 
 class IgnoredHint(KselectError):
@@ -134,16 +135,6 @@ def compile_properties(precision: str, threads: int | None, pinning: bool | None
     return properties
 
 
-@functools.lru_cache(maxsize=64)
-def _sizes_to_reference(task_json: str) -> float:
-    """The largest sum of product sizes (the op on |x|, |w|, |b|) over the reference's largest
-    magnitude, on the task's seeded data (the same in every process)."""
-    task = Task.from_json(json.loads(task_json))
-    inputs = task_inputs(task)
-    sizes = op_kind(task.kind).reference(task, {name: np.abs(value) for name, value in inputs.items()})
-    return float(np.max(np.abs(sizes))) / max(float(np.max(np.abs(reference_output(task, inputs)))), 1e-12)
-
-
 class OpenvinoLibrary(Library):
     name = "openvino"
     plan_level_dims = ("threads", "pinning")
@@ -151,7 +142,7 @@ class OpenvinoLibrary(Library):
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
         try:
-            import openvino  # noqa: F401
+            importlib.import_module("openvino")
         except ImportError as exc:
             return False, f"the openvino package does not import ({exc}): pip install {PACKAGE}"
         try:
@@ -167,55 +158,60 @@ class OpenvinoLibrary(Library):
 
         return f"OpenVINO {ov.get_version()}"
 
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """fp32, and bf16 / fp16 where OpenVINO's CPU plugin computes in them here (``missing_precisions``)."""
+        return ("fp32",) + tuple(p for p in CAPABILITIES if p not in self.missing_precisions())
+
+    @property
+    def plan_precisions(self) -> tuple[str, ...]:
+        """A plan's one reduced precision is the model's inference precision, its f32 ops marked
+        ``precise`` (plan_compilation): the same as ``precisions``."""
+        return self.precisions
+
+    def missing_precisions(self) -> dict[str, str]:
+        """Each precision kselect knows that this plugin does not measure here, and why."""
+        if self.availability()[0]:
+            missing = reduced_missing()
+        else:
+            missing = {precision: "OpenVINO is not available" for precision in CAPABILITIES}
+        missing = {**missing, "int8": "no int8 candidates in kselect's openvino plugin"}
+        return {precision: missing[precision] for precision in PRECISIONS if precision in missing}
+
     def supports(self, task: Task) -> bool:
-        if task.kind not in ("conv", "deconv", "fc") or task.precision != "fp32":
+        """A conv, deconv or fc the CPU plugin runs in the task's precision (a bf16 or fp16 twin
+        in OpenVINO's bf16 or f16)."""
+        if task.kind not in ("conv", "deconv", "fc") or task.precision not in self.precisions:
             return False
-        return offer(task, "f32") is not None
+        return offer(task, OV_PRECISIONS[task.precision]) is not None
 
     # -- spaces -----------------------------------------------------------------------------
-    def offers(self, task: Task) -> dict[str, Offer]:
-        """Precision -> what the plugin runs the op with in it: f32, and the reduced precisions
-        asked for (KSELECT_OPENVINO_PRECISIONS) that it runs the op in on this CPU."""
-        found = {precision: offer(task, precision) for precision in ("f32", *reduced_precisions())}
-        return {precision: found_offer for precision, found_offer in found.items() if found_offer is not None}
-
     def space(self, task: Task, device: Device) -> Space:
-        offers = self.offers(task)
-        names = tuple(dict.fromkeys(name for o in offers.values() for name in (o.own, *o.hinted)))
+        """The op in the task's one precision (``precision``: "f32" for an fp32 task, "bf16" for
+        its bf16 twin, "f16" for its fp16 twin)."""
+        precision = OV_PRECISIONS[task.precision]
+        found = offer(task, precision)
         space = Space()
-        space.add(Categorical("impl", names, role="algorithm"))
-        space.add(Categorical("precision", tuple(offers), role="knob"))
+        space.add(Categorical("impl", (found.own, *found.hinted), role="algorithm"))
+        space.add(Categorical("precision", (precision,), role="knob"))
         space.add(Categorical("hinted", (False, True), role="knob"))
-        space.constrain("impl is the plugin's own pick (no hint) or one a hint makes it take, in that precision",
-                        lambda c, offers=offers: (c["impl"] in offers[c["precision"]].hinted) if c["hinted"]
-                        else c["impl"] == offers[c["precision"]].own)
+        space.constrain("impl is the plugin's own pick (no hint) or one a hint makes it take",
+                        lambda c, found=found: (c["impl"] in found.hinted) if c["hinted"] else c["impl"] == found.own)
         space.add(Integer("threads", 1, device.cores))
         space.add(Categorical("pinning", (default_pinning(), not default_pinning()), role="knob"))
         return space
 
     def default_config(self, task: Task, device: Device) -> dict:
-        """OpenVINO's own pick for the op in f32, all cores, its own pinning. (Its own precision on
-        a CPU with bf16 is bf16; kselect's baseline is the model run in f32.)"""
-        return {"impl": offer(task, "f32").own, "precision": "f32", "hinted": False, "threads": device.cores,
+        """OpenVINO's own pick for the op in the task's precision, all cores, its own pinning.
+        (Its own precision for a model on a CPU with bf16 is bf16; kselect's baseline is the model
+        run in f32.)"""
+        precision = OV_PRECISIONS[task.precision]
+        return {"impl": offer(task, precision).own, "precision": precision, "hinted": False, "threads": device.cores,
                 "pinning": default_pinning()}
-
-    def tolerance(self, task: Task, config: dict) -> float:
-        """f32: the core's 1e-3. A reduced precision rounds the op's inputs and weights to its
-        significand (unit roundoff u = 2^-bits), so each product is off by at most 2u of its size
-        and a sum by 2u of the sum of its products' sizes; the output is rounded once more (u).
-        Relative to the reference's largest magnitude, with the sums of sizes taken on this task's
-        own seeded data, and the activation after the op scaling an error by its slope."""
-        bits = SIGNIFICAND_BITS.get(config.get("precision", "f32"))
-        if bits is None:
-            return super().tolerance(task, config)
-        unit = 2.0 ** -bits
-        ratio = _sizes_to_reference(json.dumps(task.to_json(), sort_keys=True))
-        return max(super().tolerance(task, config), ACTIVATION_SLOPE * (2 * unit * ratio + unit))
 
     # -- candidates (in the measuring child) --------------------------------------------------
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         import openvino as ov
-
 
         proto = task_model(task, inputs)
         converted = ir.ConvertedModel(proto, {}, ["op"])
@@ -232,6 +228,15 @@ class OpenvinoLibrary(Library):
                                   lambda: request.get_output_tensor(0).data.reshape(task.output_shape).copy())
         candidate.compiled = compiled  # kept alive as long as its request
         return candidate
+
+    # -- tensors at the model's boundary ------------------------------------------------------
+    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
+        """A plan on OpenVINO is one compiled model, shared with no other library: the only sides
+        asked of it (by the mixed-precision search, core/precision/mixed.py) are the model's inputs
+        entering it and its outputs leaving it, plain, handed over as they are: nothing to time."""
+        if not Label(label).is_plain:
+            raise KselectError(f"OpenVINO converts no tensor into {label}: its plans run the whole model in one runner")
+        return {"times_us": [[0.0]], "output": x}
 
     # -- plans ------------------------------------------------------------------------------
     def apply(self, plan, model, out_dir, stem: str | None = None):
