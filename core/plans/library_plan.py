@@ -33,6 +33,11 @@ def library_plan_variants(model: Model, library: Library, device: Device, db: Re
             raise KselectError(f"no plan: the time budget (--time-budget) ran out before a config of {ids} was "
                                "measured; give it more time (every record stored so far is kept)")
         why = next((o.default.reason for o in unmeasured if o.default is not None and o.default.reason), "")
+        if not unmeasured:  # every task has a valid config, but no one plan-level setting has one of each
+            failed = [o for o in outcomes if o.default is not None and o.default.status != "ok"]
+            example = f" (e.g. {failed[0].task.id}'s default failed: {failed[0].default.reason})" if failed else ""
+            raise KselectError(f"no plan: no one setting of {', '.join(library.plan_level_dims)} has a measured config "
+                               f"of every task{example}; tune with a larger --budget")
         raise KselectError(f"no plan: no config of {ids} was measured without failing" + (f" (e.g. {why})" if why else ""))
     if library.plans_layouts_per_op:
         planned = plan_across(model, device, db, {library.name: library}, {library.name: variants[0][1]},
