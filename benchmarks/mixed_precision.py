@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.models.model import load_model
 from kselect.core.precision.accuracy import default_metric, get_metric, run_outputs
 from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
-from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
+from kselect.core.whole_model.alone import side_figures, timed_alone
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 ORT_DROP = "ort"  # a budget: ONNX Runtime's static INT8's own drop on the model
@@ -133,12 +132,7 @@ def run_model(name: str, budgets: list[float | str], args, settings: MeasureSett
     baseline = timed["ORT fp32 default"]["process_ms"]
     for side, figures in sides.items():
         source = timed[unique.get(json.dumps(plans[side].nodes, sort_keys=True), side)] if side in plans else timed[side]
-        if source["failed"]:
-            figures["failed"] = source["failed"]
-            continue
-        low, median, high = median_bounds(paired_speedups(baseline, source["process_ms"]))
-        figures.update({"ms": round(statistics.median(source["process_ms"]), 4), "speedup": round(median, 4),
-                        "bounds": [round(low, 4), round(high, 4)], "process_ms": source["process_ms"]})
+        figures.update(side_figures(baseline, source))
     return {"model": name, "metric": metric_name, "synthetic": calibration.synthetic,
             "data": _data(calibration), "held_out": len(calibration.held_out),
             "calibration_feeds": len(calibration.calibrate), "sides": sides}

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -24,3 +26,13 @@ def kselect_json(*args, env=None, timeout=600):
     result = run_kselect(*args, "--json", env=env, timeout=timeout)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def feeds_folder(folder: Path, count: int = 16, shape=(1, 3, 32, 32), seed=0) -> Path:
+    """A calibration folder as ``--calibration`` takes it: ``count`` seeded random feeds of the
+    input named ``input``, one .npz each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        np.savez(folder / f"feed{i:02d}.npz", input=rng.standard_normal(shape).astype(np.float32))
+    return folder

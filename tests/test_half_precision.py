@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import run_kselect
+from helpers import feeds_folder, run_kselect
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
@@ -136,11 +136,7 @@ def test_a_tune_asking_for_a_precision_no_chosen_library_has_is_refused_in_one_l
 def test_precision_all_names_each_precision_the_libraries_lack_and_tunes_the_others(tmp_path, small_model_path):
     """``--precision all`` on MLAS: bf16 and fp16 are named with MLAS's reason (in the JSON and in
     one line each on stderr) and the tune goes on with int8; its front walks int8 only."""
-    folder = tmp_path / "calibration"
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for index in range(8):
-        np.save(folder / f"{index}.npy", rng.standard_normal((1, 3, 32, 32), dtype=np.float32))
+    folder = feeds_folder(tmp_path / "calibration", 8)
     result = run_kselect("tune", small_model_path, "--library", "mlas", "--precision", "all", "--calibration", folder,
                          "--metric", "cosine", "--budget", "1", "--min-time", "0.01", "--no-verify",
                          "--db", tmp_path / "r.db", "-o", tmp_path / "plan.json", "--json")

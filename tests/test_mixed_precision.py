@@ -4,7 +4,6 @@ its measured metric in plain onnxruntime."""
 
 import itertools
 import json
-from pathlib import Path
 
 import graphs
 import numpy as np
@@ -12,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from graphs import small_cnn
-from helpers import kselect_json, run_kselect
+from helpers import feeds_folder, kselect_json, run_kselect
 
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
@@ -256,14 +255,6 @@ def test_ops_sent_back_to_float_without_need_return_to_int8():
     assert set(fastest_within_budget(front).int8_nodes) == {"a", "c"}
 
 
-def _feeds_folder(folder: Path, count: int, shape=(1, 3, 32, 32), seed=0) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        np.savez(folder / f"feed{i:02d}.npz", input=rng.standard_normal(shape).astype(np.float32))
-    return folder
-
-
 @pytest.mark.parametrize("case", ["empty folder", "wrong shape", "unreadable image", "no folder", "no int8",
                                   "calibration without int8", "bad drop", "two means", "one mean for RGB", "zero scale",
                                   "preprocessing without pictures"])
@@ -274,7 +265,7 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
         folder.mkdir()
         says = "has no .npy, .npz or image files"
     elif case == "wrong shape":
-        _feeds_folder(folder, 2, shape=(1, 3, 16, 16))
+        feeds_folder(folder, 2, shape=(1, 3, 16, 16))
         says = "has shape [1, 3, 16, 16], the model takes [1, 3, 32, 32]"
     elif case == "unreadable image":
         folder.mkdir()
@@ -286,7 +277,7 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
         args = ["--precision", "fp32,int8"]
         says = "needs calibration data"
     elif case == "calibration without int8":
-        _feeds_folder(folder, 2)
+        feeds_folder(folder, 2)
         args = ["--calibration", folder]
         says = "--calibration is for reduced precisions"
     elif case == "two means":
@@ -302,7 +293,7 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
         args = ["--precision", "fp32,int8", "--image-channels", "BGR"]
         says = "are for --calibration with pictures"
     else:
-        _feeds_folder(folder, 2)
+        feeds_folder(folder, 2)
         args += ["--max-accuracy-drop", "1.5"]
         says = "must be below 1"
     db = tmp_path / "records.db"
@@ -314,7 +305,7 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
 
 
 def test_kselect_tune_with_int8_stores_the_front_metric_and_budget_in_the_plan(tmp_path, small_model_path):
-    folder = _feeds_folder(tmp_path / "calibration", 16)
+    folder = feeds_folder(tmp_path / "calibration", 16)
     plan_path = tmp_path / "small.plan.json"
     tuned = kselect_json("tune", small_model_path, "--library", "mlas", "--precision", "fp32,int8", "--calibration",
                          folder, "--max-accuracy-drop", "0.02", "--metric", "cosine", "--budget", "3", "--min-time",
@@ -336,7 +327,7 @@ def test_an_int8_plan_exports_a_qdq_model_that_plain_onnxruntime_runs_at_the_pla
     import kselect
     from kselect.core.contract import plugins
 
-    folder = _feeds_folder(tmp_path / "calibration", 16)
+    folder = feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
                           max_accuracy_drop=0.02, budget=2, verify=False, settings=FAST, db=tmp_path / "r.db")
     search = result.tunings["mlas"].precision
@@ -439,7 +430,7 @@ def test_a_plan_calibrated_with_percentile_runs_with_its_ranges(tmp_path, small_
     the same one (onnxruntime.quantization refuses a cache read under another method)."""
     import kselect
 
-    folder = _feeds_folder(tmp_path / "calibration", 8)
+    folder = feeds_folder(tmp_path / "calibration", 8)
     result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
                           calibration_method="percentile", max_accuracy_drop=0.02, budget=1, verify=False,
                           settings=FAST, db=tmp_path / "r.db")
@@ -456,7 +447,7 @@ def test_weight_granularity_and_activation_type_are_chosen_on_the_front_not_on_s
     fastest within the budget on either front."""
     import kselect
 
-    folder = _feeds_folder(tmp_path / "calibration", 16)
+    folder = feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas", precision="fp32,int8", calibration=folder, metric="cosine",
                           max_accuracy_drop=0.02, budget=4, verify=False, settings=FAST, db=tmp_path / "r.db")
     search = result.tunings["mlas"].precision
@@ -485,7 +476,7 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     from kselect.core.plans.plan import int8_nodes
     from kselect.core.whole_model.selection import verified_across
 
-    folder = _feeds_folder(tmp_path / "calibration", 16)
+    folder = feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas,xnnpack", precision="fp32,int8", calibration=folder,
                           metric="cosine", max_accuracy_drop=0.02, budget=2, settings=FAST, db=tmp_path / "r.db",
                           check_rounds=2, check_max_rounds=2, remeasure=False)
@@ -540,7 +531,7 @@ def test_int8_per_op_across_libraries_picks_each_ops_library_and_precision_and_r
     from kselect.core.precision.mixed import score_plan
     from kselect.core.records.store import RecordDB
 
-    folder = _feeds_folder(tmp_path / "calibration", 16)
+    folder = feeds_folder(tmp_path / "calibration", 16)
     result = kselect.tune(str(small_model_path), "mlas,xnnpack", precision="fp32,int8", calibration=folder,
                           metric="cosine", max_accuracy_drop=0.02, budget=2, settings=FAST, db=tmp_path / "r.db",
                           verify=False)

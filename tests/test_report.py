@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from graphs import small_cnn
-from helpers import run_kselect
+from helpers import feeds_folder, run_kselect
 from PIL import Image
 
 import kselect
@@ -89,14 +89,6 @@ def colours(pixels: np.ndarray) -> int:
 
 def section_text(page, name: str) -> str:
     return page.locator(f"section#{name}").inner_text()
-
-
-def feeds_folder(folder: Path, count: int = 16) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        np.savez(folder / f"feed{i:02d}.npz", input=rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
-    return folder
 
 
 @pytest.fixture(scope="module")

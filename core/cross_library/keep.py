@@ -100,8 +100,8 @@ def cross_with_reduced_ops(model: Model, cross: Plan, tunings: dict, request: "P
     # one library's mixed plan, with another's reduced-precision ops on the nodes it keeps in fp32
     # (e.g. int8 where int8 holds, bf16 where only bf16 does): the ladder's middle rung across libraries
     for name, plan in mixed.items():
+        in_fp32 = set(plan.nodes) - set(reduced_nodes(plan))
         for other, other_plan in mixed.items():
-            in_fp32 = set(plan.nodes) - set(reduced_nodes(plan))
             if other != name and in_fp32 & set(reduced_nodes(other_plan)):
                 options.append((f"{name}'s mixed plan with {other}'s {_precisions(other_plan)} ops where it runs fp32",
                                 lambda plan=plan, other_plan=other_plan, in_fp32=in_fp32:

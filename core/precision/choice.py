@@ -76,18 +76,17 @@ def precision_request(model: Model, libraries: list[Library], config: "TuneConfi
     if unknown or "fp32" not in wanted:
         raise KselectError(f"--precision {','.join(wanted)}: give fp32 and any of {', '.join(PRECISIONS[1:])} "
                            f"(e.g. fp32,int8 or fp32,bf16,int8), or all")
+    everything = wanted == list(PRECISIONS)
     reduced = tuple(p for p in PRECISIONS if p in wanted and p != "fp32")
-    if wanted == list(PRECISIONS):
-        reduced = tuple(p for p in reduced if p not in precisions_left_out(libraries, config))
-    if not reduced and wanted != list(PRECISIONS):
-        if calibration is not None or preprocess is not None:
+    if everything:  # what some library's plans hold here (precisions_left_out names the rest)
+        reduced = tuple(p for p in reduced if any(p in lib.plan_precisions for lib in libraries))
+    if not reduced:
+        if not everything and (calibration is not None or preprocess is not None):
             raise KselectError("--calibration is for reduced precisions: add --precision fp32,int8 (or bf16, fp16)")
         return None
-    if not reduced:
-        return None
-    planned = [lib for lib in libraries if any(p in lib.plan_precisions for p in reduced)]
-    if not planned:  # with several libraries, those without any of them are tuned in fp32
-        raise KselectError(_none_offered(libraries[0], reduced, wanted == list(PRECISIONS)))
+    if not any(p in lib.plan_precisions for lib in libraries for p in reduced):
+        # with several libraries, those without any of them are tuned in fp32
+        raise KselectError(_none_offered(libraries[0], reduced))
     if not 0 <= max_drop < 1:
         raise KselectError(f"--max-accuracy-drop {max_drop}: give a drop between 0 and 1 (0.01: one point of top-1 "
                            f"agreement, or of cosine similarity)")
@@ -101,7 +100,7 @@ def precision_request(model: Model, libraries: list[Library], config: "TuneConfi
     return PrecisionRequest(reduced, data, chosen_metric, name, max_drop)
 
 
-def _none_offered(library: Library, reduced: tuple[str, ...], everything: bool) -> str:
+def _none_offered(library: Library, reduced: tuple[str, ...]) -> str:
     """Why ``library`` can give none of the ``reduced`` precisions, in one line, naming the
     libraries whose plans can."""
     reasons = []
@@ -112,8 +111,7 @@ def _none_offered(library: Library, reduced: tuple[str, ...], everything: bool) 
         else:
             why = library.missing_precisions().get(precision) or f"it has no {precision} kernels in kselect"
         reasons.append(f"{precision}: {why} ({precision} plans: {runs})")
-    asked = "all" if everything else ",".join(("fp32",) + reduced)
-    return f"--precision {asked}: {library.name} has none of them; " + "; ".join(reasons)
+    return f"--precision {','.join(('fp32',) + reduced)}: {library.name} has none of them; " + "; ".join(reasons)
 
 
 FRONT_POINTS_TIMED = 6

@@ -150,6 +150,17 @@ def _alone_main(job: dict) -> None:
     Path(job["result"]).write_text(json.dumps(result))
 
 
+def side_figures(baseline_process_ms: list[float], measured: dict) -> dict:
+    """One side of a ``timed_alone`` run against the baseline timed in the same rounds: its median
+    process ms, the median of the per-round speedups with its distribution-free bounds; or the
+    reason it failed."""
+    if measured["failed"]:
+        return {"failed": measured["failed"]}
+    low, median, high = median_bounds(paired_speedups(baseline_process_ms, measured["process_ms"]))
+    return {"ms": round(statistics.median(measured["process_ms"]), 4), "speedup": round(median, 4),
+            "bounds": [round(low, 4), round(high, 4)], "process_ms": measured["process_ms"]}
+
+
 def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_per_process: int = 5) -> dict:
     """``bench``'s figures, each side timed alone in fresh processes (``timed_alone``): the
     library's defaults against ``plan``."""
