@@ -166,7 +166,8 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
     baseline = timed["ORT fp32 default"]["process_ms"]
     for side, figures in sides.items():
         figures.update(side_figures(baseline, timed[side]))
-    return {"model": name, "metric": metric_name, "synthetic": calibration.synthetic,
+    return {"model": name, "command": "benchmarks/precision.py " + " ".join(sys.argv[1:]),
+            "tunes": args.tunes, "metric": metric_name, "synthetic": calibration.synthetic,
             "data": "SYNTHETIC random inputs" if calibration.synthetic else
             f"{calibration.source}" + (f", {calibration.caveat}" if calibration.caveat else ""),
             "held_out": len(calibration.held_out), "calibration_feeds": len(calibration.calibrate), "sides": sides}
@@ -234,6 +235,7 @@ def write_markdown(document: dict, path: Path, command: str) -> None:
     for result in document["models"]:
         lines += [f"## {result['model']} ({result['metric']}; {result['data']}, {result['calibration_feeds']} "
                   f"calibrate, {result['held_out']} held out)", "",
+                  *([f"Run: `{result['command']}`.", ""] if "command" in result else []),
                   "| " + " | ".join(COLUMNS) + " |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += ["| " + " | ".join(row(side, f)) + " |" for side, f in result["sides"].items()]
         lines.append("")
