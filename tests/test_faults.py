@@ -996,6 +996,19 @@ def test_case_19_a_weight_that_is_also_a_graph_input_stays_an_input(tmp_path):
     np.testing.assert_allclose(artifact.run(["side"], fed)[0], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_an_unread_weight_listed_as_a_graph_input_is_no_input_to_feed(tmp_path):
+    """CenterFace's export lists its BatchNorms' num_batches_tracked counters, which no node reads,
+    as graph inputs with initializers: the model takes one input, the picture."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.models.model import load_model
+
+    model = _model_with(tmp_path, "counters.onnx", [],
+                        [helper.make_tensor_value_info("bn.num_batches_tracked", TensorProto.INT64, [])],
+                        [numpy_helper.from_array(np.array(5, np.int64), "bn.num_batches_tracked")])
+    assert list(load_model(str(model)).input_shapes) == ["input"]
+
+
 def test_case_20_convs_inside_if_and_loop_sub_graphs_are_listed_untuned(tmp_path):
     import json
 

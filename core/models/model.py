@@ -185,14 +185,18 @@ def without_stale_declarations(proto: onnx.ModelProto) -> onnx.ModelProto:
     and every shape from it; ONNX Runtime then refuses any other input size), and initializers
     listed as graph inputs by IR 3 exporters (ONNX Runtime takes them as constants there; from IR
     4 on they are defaults a feed may replace, and stay inputs).
-    Initializers nothing reads go too: ONNX Runtime drops them itself, but cannot load an IR 3
-    model that has one which is not also a graph input (caffe2's exports in the onnx wheel)."""
+    Initializers nothing reads go too, with their graph input entries (CenterFace lists its
+    BatchNorms' unread ``num_batches_tracked`` counters as inputs: left as inputs without their
+    values they would be inputs a user must feed): ONNX Runtime drops them itself, but cannot load
+    an IR 3 model that has one which is not also a graph input (caffe2's exports in the onnx wheel)."""
     read = {output.name for output in proto.graph.output}
     for node in proto.graph.node:
         read |= set(node.input) | subgraph_inputs(node)
     initializer_names = {t.name for t in proto.graph.initializer}
     for tensor in [t for t in proto.graph.initializer if t.name not in read]:
         proto.graph.initializer.remove(tensor)
+    for unread_input in [i for i in proto.graph.input if i.name in initializer_names and i.name not in read]:
+        proto.graph.input.remove(unread_input)
     if proto.ir_version < 4:  # from IR 4 on an initializer listed as an input is a default a feed may replace: kept
         kept_inputs = [i for i in proto.graph.input if i.name not in initializer_names]
         del proto.graph.input[:]
