@@ -328,8 +328,11 @@ class CliTuneEvents:
 
     def whole_model_checked(self, library, variant, result) -> None:
         self._stop_progress()
+        predicted = result.get("prediction")
         console.print(f"whole model, {variant} plan: default {result['default_ms']:.3f} ms, plan {result['plan_ms']:.3f} ms "
-                      f"({result['speedup']:.3f}x)" + (" [EMULATED]" if library.emulated else ""))
+                      f"({result['speedup']:.3f}x)"
+                      + (f"; predicted {predicted['predicted_ms']:.3f} ms ({predicted['error']:+.1%})" if predicted else "")
+                      + (" [EMULATED]" if library.emulated else ""))
 
     def _stop_progress(self) -> None:
         if self.progress is not None:
@@ -391,6 +394,7 @@ def cmd_tune(args) -> None:
         config = config.but(image_preprocess=image_preprocess(model, args.image_channels, args.image_scale,
                                                               args.image_mean, args.image_std))
     result = api.tune(model, libraries, config, events=CliTuneEvents())
+    _prediction_summary(result)
     artifacts = []
     if result.plan is not None:
         artifacts = api.save(result, plan_path)
@@ -419,7 +423,8 @@ def _front_table(library, search, check) -> None:
     kept = check["kept"] if check else search.chosen.name
     table = Table(title=f"precision front on {library.name}: {precision['metric']} on {calibration['held_out_feeds']} "
                         f"held-out feeds, budget: drop <= {precision['max_drop']}{synthetic}")
-    for column in ("plan", "reduced ops", "predicted ms", "measured ms", precision["metric"], "drop", "weights MB", ""):
+    for column in ("plan", "reduced ops", "planner ms", "predicted ms", "measured ms", "error", precision["metric"], "drop",
+                   "weights MB", ""):
         table.add_column(column, justify="left" if column in ("plan", "") else "right")
     for point in search.front:
         mark = "kept" if point.name == kept else ("chosen, not kept" if point is search.chosen else "")
@@ -427,11 +432,18 @@ def _front_table(library, search, check) -> None:
             mark = f"failed: {point.failed[:80]}"
         elif not point.within_budget:
             mark = (mark + " " if mark else "") + "over budget"
-        table.add_row(point.name, point.describe_ops(), f"{point.predicted_us / 1000:.3f}",
-                      "" if point.measured_ms is None else f"{point.measured_ms:.3f}", f"{point.score:.4f}",
+        predicted, error = _predicted_cells(point.prediction)
+        table.add_row(point.name, point.describe_ops(), f"{point.predicted_us / 1000:.3f}", predicted,
+                      "" if point.measured_ms is None else f"{point.measured_ms:.3f}", error, f"{point.score:.4f}",
                       f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
     console.print(table)
-    if check and "failed" in check:
+    planner = ("the op and conversion times each point was chosen on, corrected in context by whole runs of the fp32 "
+               "plan and the least precise one, timed per node" if search.context else
+               "summed isolated op and conversion times (the ops in between not included)")
+    console.print(f"planner ms: {planner}; predicted ms: the fp32 plan's measured time plus the planner's difference")
+    if check and "skipped" in check:
+        console.print(f"no end-to-end check: {check['skipped']['reason']}; keeping the fp32 plan")
+    elif check and "failed" in check:
         console.print(f"the end-to-end check failed ({check['failed']}): keeping the fp32 plan", style="yellow")
     elif check:
         console.print(f"{search.chosen.name} against the fp32 plan end to end, each alone in fresh processes: "
@@ -499,17 +511,17 @@ def _check_table(chosen, results) -> None:
     model_name = chosen.model.get("name", "")
     table = Table(title=f"{model_name}: whole model, each plan alone in a fresh process per round, ONNX Runtime's "
                         f"default in the same rounds ({verified['rounds']} rounds at most)")
-    for column in ("plan", "rounds", "default ms", "plan ms", "vs onnxruntime default", "bounds", "verdict",
-                   "max output error"):
+    for column in ("plan", "rounds", "default ms", "plan ms", "predicted ms", "error", "vs onnxruntime default",
+                   "bounds", "verdict", "max output error"):
         table.add_column(column, justify="left" if column in ("plan", "verdict") else "right")
     for result in results:
         if "failed" in result:
-            table.add_row(result["variant"], "-", "-", "failed", result["failed"], "-", "-", "-")
+            table.add_row(result["variant"], "-", "-", "failed", "-", "-", result["failed"], "-", "-", "-")
             continue
         low, high = result["speedup_bounds"]
         table.add_row(result["variant"], str(result["processes"]), f"{result['default_ms']:.3f}",
-                      f"{result['plan_ms']:.3f}", f"{result['speedup']:.3f}x", f"{low:.3f}-{high:.3f}", result["verdict"],
-                      f"{result['max_relative_output_error']:.1e}")
+                      f"{result['plan_ms']:.3f}", *_predicted_cells(result.get("prediction")), f"{result['speedup']:.3f}x",
+                      f"{low:.3f}-{high:.3f}", result["verdict"], f"{result['max_relative_output_error']:.1e}")
     console.print(table)
     console.print(f"vs onnxruntime default: the median of per-round speedups (its process over the plan's, one after "
                   f"the other); bounds: {verified['confidence']:.1%} distribution-free bounds of that median. A plan "
@@ -525,6 +537,26 @@ def _check_table(chosen, results) -> None:
                           "spread of its per-round speedups) a plan with more library switches or sleeping threads "
                           "must win by" if verified["fastest"] in verified["shown_faster"]
                           else f"  the {verified['fastest']} read faster but was not shown faster")
+
+
+def _predicted_cells(prediction: dict | None) -> tuple[str, str]:
+    """A plan's predicted whole-model time and its error, as table cells ("-" for the reference)."""
+    if prediction is None:
+        return "-", "-"
+    return f"{prediction['predicted_ms']:.3f}", f"{prediction['error']:+.1%}"
+
+
+def _prediction_summary(result) -> None:
+    """How far the planner's predictions were from the whole-model times this tune measured."""
+    predictions = result.predictions()
+    if not predictions:
+        return
+    worst = max(predictions, key=lambda p: abs(p["error"]))
+    within = sum(abs(p["error"]) <= 0.10 for p in predictions)
+    console.print(f"prediction (summed isolated op and conversion times, through a plan timed in the same race): "
+                  f"|error| <= 10% on {within} of {len(predictions)} plans timed end to end; largest "
+                  f"{worst['error']:+.1%} ({worst['library']}: {worst['plan']}, predicted {worst['predicted_ms']:.3f} ms, "
+                  f"measured {worst['measured_ms']:.3f} ms)")
 
 
 def _op(task) -> str:

@@ -89,6 +89,25 @@ class TuneResult:
     def kept(self) -> str | None:
         return self.plan.extra.get("verified", {}).get("chosen", "tuned") if self.plan else None
 
+    def predictions(self) -> list[dict]:
+        """Every plan this tune timed end to end with a predicted time: the libraries' plan
+        variants against their defaults, precision front points against the fp32 plan, and the
+        plans across libraries against ONNX Runtime's default session (core/whole_model/prediction.py)."""
+        found = []
+        for name, tuning in self.tunings.items():
+            fp32_plan = tuning.precision.plans.get("fp32") if tuning.precision else None
+            verified = tuning.plan.extra.get("verified") or (fp32_plan.extra.get("verified") if fp32_plan else None)
+            for tried in (verified or {}).get("tried", []):
+                if "prediction" in tried:
+                    found.append({"library": name, "plan": tried["variant"], **tried["prediction"]})
+            for point in (tuning.precision.front if tuning.precision else []):
+                if point.prediction is not None:
+                    found.append({"library": name, "plan": point.name, **point.prediction})
+        for check in self.checks:
+            if "prediction" in check:
+                found.append({"library": "+".join(sorted(self.tunings)), "plan": check["variant"], **check["prediction"]})
+        return found
+
     def to_json(self) -> dict:
         return {"model": self.model.name, "device": self.device.summary(), "kept": self.kept,
                 "fleet": self.fleet.to_json() if self.fleet else None,
@@ -96,7 +115,8 @@ class TuneResult:
                 "left_out": self.left_out, "precisions_left_out": self.precisions_left_out,
                 "cross_library": (self.cross_plan.extra.get("cross_library") if self.cross_plan else None),
                 "checks": [{k: v for k, v in check.items() if k not in ("process_ms", "default_process_ms")}
-                           for check in self.checks]}
+                           for check in self.checks],
+                "predictions": self.predictions()}
 
 
 class TuneEvents(Reporter):

@@ -503,6 +503,10 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
     assert [check["variant"] for check in tuned["checks"]][:2] == ["mlas plan", "xnnpack plan"]
     assert all(4 <= check["processes"] <= 5 for check in tuned["checks"] if "failed" not in check)
     assert_kept_by_the_race(verified, tuned["checks"])
+    for check in tuned["checks"]:  # each plan predicted through ONNX Runtime's default session of the same race
+        if "failed" not in check:
+            assert check["prediction"]["reference"] == BASELINE
+            assert {"library": "mlas+xnnpack", "plan": check["variant"], **check["prediction"]} in tuned["predictions"]
     if verified["chosen"] == BASELINE:  # nothing beat it: ONNX Runtime's own configuration, as an MLAS plan
         assert set(plan["libraries"]) == {"mlas"}
         assert all(entry["config"] == entry["default_config"] for entry in plan["tasks"])

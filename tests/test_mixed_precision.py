@@ -304,6 +304,39 @@ def test_bad_calibration_input_is_one_line_before_measuring(tmp_path, small_mode
     assert not db.exists()  # refused before anything was measured
 
 
+def assert_predictions_reported(result) -> None:
+    """Every plan a tune timed end to end has its predicted whole-model time beside the measured
+    one: a front point through the fp32 plan of its race (its measured time times the ratio of
+    their costs corrected in context: MLAS and XNNPack time whole runs per node), a plan across
+    libraries through ONNX Runtime's default session; the tune's JSON lists them all."""
+    from kselect.core.whole_model.context import IN_CONTEXT
+    from kselect.core.whole_model.selection import BASELINE
+
+    predictions = result.predictions()
+    for name, tuning in result.tunings.items():
+        assert tuning.precision.context  # learned from the fp32 and the all-int8 runs, timed per node
+        assert tuning.precision.context[0]["runs"]["reduced"]["ops_us"]
+        front = {point.name: point for point in tuning.precision.front}
+        fp32 = front["fp32"]
+        if not any(p.within_budget and p.precisions for p in front.values()):
+            continue  # nothing to race the fp32 plan
+        assert fp32.measured_ms is not None and fp32.prediction is None  # the reference is not predicted
+        timed = [p for p in front.values() if p.measured_ms is not None and p is not fp32]
+        assert timed  # the points within the budget raced the fp32 plan
+        for point in timed:
+            expected = fp32.measured_ms * point.predicted_us / fp32.predicted_us
+            assert point.prediction["reference"] == "fp32 plan" and point.prediction["summed_covers"] == IN_CONTEXT
+            assert "isolated_error" in point.prediction  # what the isolated sums alone would have predicted
+            assert point.prediction["predicted_ms"] == pytest.approx(expected, abs=2e-3)
+            assert point.prediction["measured_ms"] == pytest.approx(point.measured_ms, abs=1e-3)
+            assert {"library": name, "plan": point.name, **point.prediction} in predictions
+    for check in result.checks:
+        prediction = check["prediction"]
+        assert prediction["reference"] == BASELINE and prediction["measured_ms"] > 0
+        assert prediction["error"] == pytest.approx(prediction["predicted_ms"] / prediction["measured_ms"] - 1, abs=2e-3)
+    assert result.to_json()["predictions"] == predictions
+
+
 def test_kselect_tune_with_int8_stores_the_front_metric_and_budget_in_the_plan(tmp_path, small_model_path):
     folder = feeds_folder(tmp_path / "calibration", 16)
     plan_path = tmp_path / "small.plan.json"
@@ -486,6 +519,7 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     assert not int8_nodes(result.cross_plan)  # planned per op in fp32
     tried = {check["variant"]: check for check in result.checks}
     assert {"mlas plan", "xnnpack plan"} <= set(tried) and not any("failed" in c for c in tried.values())
+    assert_predictions_reported(result)
     if int8_nodes(result.plan):  # kept a mixed plan: one of the libraries', within its budget
         precision = result.plan.extra["precision"]
         assert next(p for p in precision["front"] if p["name"] == precision["chosen"])["drop"] <= 0.02

@@ -29,6 +29,16 @@ FAST = MeasureSettings(timeout_s=120, min_time_s=0.01, min_repeats=3, max_time_s
 EVERY_CHART = {"time-by-op-type", "time-by-library", "tuning-curves", "whole-model-check"}
 
 
+def predictions_of(plan) -> list[str]:
+    """The plans a tune timed end to end with a predicted time: the report's "prediction" chart."""
+    tried = [t["variant"] for t in plan.extra.get("verified", {}).get("tried", []) if "prediction" in t]
+    return tried + [p["name"] for p in plan.extra.get("precision", {}).get("front", []) if "prediction" in p]
+
+
+def charts_of(plan) -> set[str]:
+    return EVERY_CHART | ({"prediction"} if predictions_of(plan) else set())
+
+
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
@@ -112,11 +122,11 @@ def test_an_mlas_plan_with_int8_gets_its_page_from_the_cli(browser, mlas_tuned, 
     answer = json.loads(shown.stdout)
     path = Path(answer["report"])
     assert path == mlas_tuned["folder"] / "small.mlas.report.html" and answer["charts"] == chart_names(path.read_text())
-    assert set(answer["charts"]) == EVERY_CHART | {"precision-front"}
+    plan = mlas_tuned["plan"]
+    assert set(answer["charts"]) == charts_of(plan) | {"precision-front"}
 
     page = load(browser, path)
-    assert_charts_drawn(page, EVERY_CHART | {"precision-front"}, tmp_path / "mlas.png")
-    plan = mlas_tuned["plan"]
+    assert_charts_drawn(page, charts_of(plan) | {"precision-front"}, tmp_path / "mlas.png")
     assert page.locator(".emulated-banner").count() == 0 and "EMULATED" not in page.content()
     summary = section_text(page, "summary")
     assert plan.libraries["mlas"] in summary and plan.device["cpu_model"] in summary
@@ -135,6 +145,10 @@ def test_an_mlas_plan_with_int8_gets_its_page_from_the_cli(browser, mlas_tuned, 
     precision = section_text(page, "precision")
     kept = plan.extra["precision"]["chosen"]
     assert f"{kept} (kept)" in precision and "cosine" in precision
+    predicted = predictions_of(plan)  # plan variants against the library default, front points against fp32
+    if predicted:
+        prediction = section_text(page, "prediction")
+        assert "predicted ms" in prediction and all(name in prediction for name in predicted)
     page.close()
 
 
@@ -186,7 +200,7 @@ def test_a_cross_library_plan_shows_its_conversions_and_the_check_that_kept_it(b
     # the plan kept: every plan of the check against ONNX Runtime's default, round by round
     kept = write_report(result.plan, db=db, output=tmp_path / "kept.html")
     page = load(browser, kept)
-    assert_charts_drawn(page, EVERY_CHART, tmp_path / "kept.png")
+    assert_charts_drawn(page, charts_of(result.plan), tmp_path / "kept.png")
     check = section_text(page, "check")
     verified = result.plan.extra["verified"]
     for tried in verified["tried"]:
@@ -215,7 +229,7 @@ def test_an_emulated_acl_plan_says_so_on_every_time(browser, small_model_path, t
     path = write_report(plan_path, db=tmp_path / "records.db")
     assert path == tmp_path / "small.acl.report.html"
     page = load(browser, path)
-    assert_charts_drawn(page, EVERY_CHART, tmp_path / "acl.png")
+    assert_charts_drawn(page, charts_of(result.plan), tmp_path / "acl.png")
     assert load_plan_file(plan_path).emulated == acl.emulated == build.is_emulated()
     if not acl.emulated:  # an arm64 board: real Arm timings
         assert page.locator(".emulated-banner").count() == 0

@@ -43,6 +43,7 @@ from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.runtime import library_runner
 from kselect.core.precision.quant import PRECISIONS
 from kselect.core.whole_model.bench import compare_outputs
+from kselect.core.whole_model.context import in_context
 
 QUICK = MeasureSettings(timeout_s=300, min_time_s=0.005, min_repeats=3, max_time_s=0.5)
 TOLERANCE = 1e-3  # largest output error, relative to the output's largest magnitude, against ONNX Runtime
@@ -230,6 +231,18 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
         error = compare_outputs(s.reference, outputs)
         _require(error <= TOLERANCE, f"the whole model {how} differs from ONNX Runtime's output: error {error:.2e}")
 
+    def node_times_cover_the_plan():
+        """A library timing a whole run per node (``node_times``): every node of its tuned plan
+        is found in those times (core/whole_model/context.py), each with a time."""
+        timed = library.node_times(s.model, s.tuned.plan, [dict(s.feeds)], 2)
+        if timed is None:
+            return
+        whole_us, per_node = timed
+        run = in_context(s.model, whole_us, per_node)
+        _require(set(run.ops_us) == set(s.tuned.plan.nodes),
+                 f"node_times found {sorted(run.ops_us)} of the plan's nodes {sorted(s.tuned.plan.nodes)}")
+        _require(whole_us > 0 and all(us >= 0 for us in per_node.values()), "node_times: negative or no time")
+
     def runs_op_answers():
         for op_type in ("Conv", "Relu", "Add", "MaxPool", "Gemm", "NoSuchOp"):
             _require(isinstance(library.runs_op(op_type), bool), f"runs_op({op_type!r}) is not a bool")
@@ -263,7 +276,8 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
 
     checks = [identity, supports_a_conv, spaces_hold_their_defaults, plan_level_dims_are_dims,
               tunes_and_measures_its_defaults, a_plan_names_every_supported_node, default_runner_matches_onnxruntime,
-              plan_runner_matches_onnxruntime, runs_op_answers, conversions_keep_values, int8_defaults_match_the_reference]
+              plan_runner_matches_onnxruntime, node_times_cover_the_plan, runs_op_answers, conversions_keep_values,
+              int8_defaults_match_the_reference]
     return [Check(f.__name__, f) for f in checks]
 
 

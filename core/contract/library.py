@@ -150,6 +150,13 @@ class WholeModelRunner(ABC):
         waiting for more work must stop then, or they hold cores the next segment needs."""
         raise NotImplementedError
 
+    def node_times(self, model, plan, feeds: list[dict], runs: int) -> tuple[float, dict[str, float]] | None:
+        """``plan`` (None: the library's defaults) run whole on ``feeds`` in turn, ``runs`` times,
+        timed per node: (the median whole run, us; the runner's node name -> its median us). The
+        in-context costs the planner corrects its isolated times with (core/whole_model/context.py);
+        None when the runner cannot time its nodes."""
+        return None
+
     def runs_op(self, op_type: str) -> bool:
         """Whether ``model_runner`` can run a node of this ONNX op type. A plan mixing libraries
         (core/plans/runtime.py) gives an untuned node to the library of the node feeding it only if

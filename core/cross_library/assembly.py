@@ -19,7 +19,7 @@ from kselect.core.cross_library.labelling import (
 from kselect.core.cross_library.planner import greedy
 from kselect.core.cross_library.problem import Choice, CrossProblem
 from kselect.core.models.model import Model
-from kselect.core.plans.plan import PLAN_FORMAT, Plan, plan_node, plan_task
+from kselect.core.plans.plan import PLAN_FORMAT, PREDICTED_US, Plan, plan_node, plan_task
 from kselect.core.plans.spinning import spin_dims
 
 
@@ -98,7 +98,8 @@ def build_cross_plan(model: Model, device, libraries: dict, problem: CrossProble
         "switch_us": {f"{a}->{b}": round(us, 3) for (a, b), us in sorted(table.switch_us.items())},
         "sleep_us": {name: round(us, 3) for name, us in sorted(table.sleep_us.items())},
         "switches": library_switches(problem, table, labels),
-        "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"}}
+        "note": "sums over tuned ops and conversions, measured in isolation; the ops in between are not included"},
+        PREDICTED_US: chosen["total_us"]}
     return Plan(model={"name": model.name, "fingerprint": model.fingerprint(), "inputs": model.input_shapes},
                 device=device.to_json(), libraries=versions, emulated=any(libraries[n].emulated for n in used),
                 plan_level={} if len(used) > 1 else settings[next(iter(used))], tasks=tasks, nodes=nodes,

@@ -46,8 +46,9 @@ def _scalar(initializers: dict, name: str):
     return float(value.reshape(()))
 
 
-def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> list:
-    """The activation steps after node ``node_index`` of the model's graph (empty when none).
+def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> tuple[list, list[int]]:
+    """The activation steps after node ``node_index`` of the model's graph (empty when none), and
+    the indices of the graph nodes they are.
 
     Nodes are taken in graph order while every input they read is the op's output, an earlier
     step's output or a scalar constant; the longest such run whose intermediate tensors are read
@@ -72,7 +73,7 @@ def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> li
         read_inside = all(set(consumers.get(t, [])) <= set(taken) for t in outputs[:-1])
         if read_inside and not graph_outputs & set(outputs[:-1]):
             best = list(steps)
-    return best
+    return best, taken[:len(best)]
 
 
 def slope_values(shape: list[int]) -> np.ndarray:

@@ -29,6 +29,7 @@ class Op:
     attrs: dict
     has_bias: bool
     epilogue: list = field(default_factory=list)  # the activation after it (core/models/activations.py)
+    epilogue_nodes: list[str] = field(default_factory=list)  # the graph nodes of that activation
 
     def signature(self) -> dict:
         signature = {"kind": self.kind, "input": self.input_shape, "weight": self.weight_shape,
@@ -178,9 +179,6 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
         for name in node.input:
             consumers.setdefault(name, []).append(index)
 
-    def epilogue(index: int) -> list:
-        return activations.find_epilogue(model, index, consumers)
-
 
     kinds = kinds_by_onnx_op()
     for index, node in enumerate(model.proto.graph.node):
@@ -190,7 +188,8 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
         if isinstance(op, str):
             skip(node, op)
             continue
-        op.epilogue = epilogue(index)
+        op.epilogue, taken = activations.find_epilogue(model, index, consumers)
+        op.epilogue_nodes = [model.proto.graph.node[i].name for i in taken]
         ops.append(op)
     return ops
 

@@ -242,6 +242,11 @@ def op_level(config: dict, plan_level_dims) -> dict:
 
 
 LIBRARY_DEFAULT = "library_default"  # a plan's extra key: run it as the library runs the model by itself
+# a plan's extra key: the summed isolated time, us, of its ops and the conversions its planner
+# counted (core/whole_model/prediction.py)
+PREDICTED_US = "predicted_us"
+PREDICTED_BASIS = "predicted_basis"  # what PREDICTED_US covers, when not only isolated op and conversion times
+ISOLATED_US = "isolated_us"  # beside a PREDICTED_US corrected in context: the isolated sum it was corrected from
 
 
 def plan_variants(model: Model, device: Device, library, library_version: str, tasks: list[Task],

@@ -22,6 +22,7 @@ from kselect.core.precision.mixed import search_precision
 from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
+from kselect.core.whole_model.prediction import prediction
 from kselect.core.whole_model.selection import race_verdict
 
 if TYPE_CHECKING:
@@ -115,6 +116,21 @@ def _none_offered(library: Library, reduced: tuple[str, ...]) -> str:
 
 
 FRONT_POINTS_TIMED = 6
+# A front whose costs were corrected in context predicts its points' whole-model times within about
+# this (docs/tuning-protocol.md, "Predicted against measured"): a point predicted slower than the
+# fp32 plan by more is a certain loss, and is not raced.
+PREDICTION_MARGIN = 0.10
+
+
+def predicted_losers(search) -> list:
+    """The points within the budget predicted slower than the fp32 plan by more than
+    PREDICTION_MARGIN, when the front's costs were corrected in context (else none: isolated
+    sums are no ground to skip a race on)."""
+    fp32 = next((p for p in search.front if p.name == "fp32"), None)
+    if not search.context or fp32 is None:
+        return []
+    return [p for p in search.front if p.within_budget and p.precisions and not p.failed
+            and p.predicted_us > fp32.predicted_us * (1 + PREDICTION_MARGIN)]
 
 
 def points_to_time(front: list, chosen) -> list:
@@ -148,9 +164,17 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
     name = search.metric_name
     check = None
     chosen = search.plan
-    if verify and any(p.within_budget and p.precisions for p in search.front):
-        within = {p.name for p in search.front if p.within_budget and p.precisions}
-        timed_points = points_to_time(search.front, search.chosen)
+    losers = predicted_losers(search) if verify else []
+    if losers and all(p in losers for p in search.front if p.within_budget and p.precisions and not p.failed):
+        fp32_us = next(p for p in search.front if p.name == "fp32").predicted_us
+        check = {"against": "fp32 plan", "kept": "fp32", "skipped": {
+            "reason": f"every point within the budget is predicted slower than the fp32 plan by more than "
+                      f"{PREDICTION_MARGIN:.0%} (costs in context)",
+            "predicted_slower": {p.name: round(p.predicted_us / fp32_us - 1, 4) for p in losers}}}
+        chosen = search.plans["fp32"]
+    elif verify and any(p.within_budget and p.precisions for p in search.front):
+        within = {p.name for p in search.front if p.within_budget and p.precisions and p not in losers}
+        timed_points = [p for p in points_to_time(search.front, search.chosen) if p not in losers]
         # the fastest of the points timed within the budget races the fp32 plan: one comparison each
         comparisons = sum(p.name in within for p in timed_points)
         confidence = family_confidence(comparisons)
@@ -173,6 +197,12 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
         for point in search.front:
             if timed.get(point.name, {}).get("process_ms") and not timed[point.name]["failed"]:
                 point.measured_ms = statistics.median(timed[point.name]["process_ms"])
+        fp32_point = next(p for p in search.front if p.name == "fp32")
+        if fp32_point.measured_ms is not None:  # each point predicted through the fp32 plan measured with it
+            for point in search.front:
+                if point.measured_ms is not None and point is not fp32_point:
+                    point.prediction = prediction(search.plans[point.name], "fp32 plan", search.plans["fp32"],
+                                                  fp32_point.measured_ms, point.measured_ms)
         best = fastest(timed)
         if best is not None:  # the measured latency decides among the points within the budget
             search.chosen = next(p for p in search.front if p.name == best)
@@ -196,6 +226,7 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
             plan.extra["precision"] = {**plan.extra.get("precision", {}), "metric": name, "max_drop": request.max_drop,
                                        "calibration": request.calibration.to_json(), "front": front,
                                        "chosen": check["kept"] if check else search.chosen.name,
-                                       **({"check": check} if check else {})}
+                                       **({"check": check} if check else {}),
+                                       **({"context": search.context} if search.context else {})}
     events.precision_searched(library, search, check)
     return chosen, search

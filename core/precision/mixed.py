@@ -52,11 +52,14 @@ from kselect.core.errors import KselectError, one_line
 from kselect.core.measuring.tuning_loop import library_defaults, stored_outcomes
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task
-from kselect.core.plans.plan import LIBRARY_DEFAULT, Plan, choose, plan_node, plan_task, reduced_nodes
+from kselect.core.plans.plan import (ISOLATED_US, LIBRARY_DEFAULT, PREDICTED_BASIS, PREDICTED_US, Plan, choose, plan_node,
+                                     plan_task, reduced_nodes)
 from kselect.core.plans.runtime import library_runner
 from kselect.core.precision.accuracy import Metric, default_metric, get_metric, run_outputs, sqnr
 from kselect.core.precision.calibration import Calibration
 from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.alone import node_times_alone
+from kselect.core.whole_model.context import IN_CONTEXT, ContextCorrection, in_context
 
 # The rungs an op climbs toward fp32, least precise first: int8 (8 bits), bf16 (8 significant
 # bits, fp32's range), fp16 (11 significant bits, a narrower range).
@@ -66,6 +69,9 @@ MAX_BACKOFF_STEPS = 24  # more climbs than this are made in groups
 # Sensitivities only order the ops (ties broken by SQNR, which is continuous): a share of the
 # held-out feeds does; every point of the front is measured on all of them.
 SENSITIVITY_FEEDS = 16
+# The two whole runs a front learns its in-context costs from (core/whole_model/context.py): timed
+# runs per plan, each plan in a fresh process.
+CONTEXT_RUNS = 20
 
 
 @dataclass
@@ -79,6 +85,7 @@ class FrontPoint:
     within_budget: bool = False
     measured_ms: float | None = None  # end to end, when timed
     failed: str | None = None  # the plan could not be built or run: why (never chosen)
+    prediction: dict | None = None  # predicted against measured whole-model time (core/whole_model/prediction.py)
 
     @property
     def int8_nodes(self) -> list[str]:
@@ -103,6 +110,8 @@ class FrontPoint:
             data["failed"] = self.failed
         if self.measured_ms is not None:
             data["measured_ms"] = round(self.measured_ms, 4)
+        if self.prediction is not None:
+            data["prediction"] = self.prediction
         return data
 
 
@@ -114,6 +123,7 @@ class PrecisionSearch:
     sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> precision -> drop alone
     plans: dict[str, Plan] = field(default_factory=dict)  # front point name -> its plan
     metric_name: str = ""
+    context: list[dict] = field(default_factory=list)  # per front, its costs in context (core/whole_model/context.py)
 
 
 def precision_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
@@ -219,7 +229,8 @@ def with_reduced_ops(cross: Plan, mixed: Plan, only: set[str] | None = None) -> 
     plan.plan_level = {} if len(used) > 1 else dict(plan.library_settings[library])
     plan.extra["precision"] = {**copy.deepcopy(cross.extra.get("precision") or mixed.extra["precision"]),
                                "reduced_from": library}
-    for key in (LIBRARY_DEFAULT, "verified"):  # what kept ``cross`` alone says nothing of this plan
+    # what kept ``cross`` alone says nothing of this plan; no planner summed its ops and conversions
+    for key in (LIBRARY_DEFAULT, "verified", PREDICTED_US, PREDICTED_BASIS, ISOLATED_US):
         plan.extra.pop(key, None)
     return plan
 
@@ -303,11 +314,48 @@ class _Predictor:
             rungs.append(precision)
         return rungs
 
-    def __call__(self, precisions: dict[str, str]) -> float:
+    correction: ContextCorrection | None = None  # set by ``learn_in_context``
+
+    def _assignment(self, precisions: dict[str, str]) -> dict:
         assignment = {node: options[0] for node, options in self.problem.options.items()}
         assignment.update({node: by_precision[precisions.get(node, "fp32")]
                            for node, by_precision in self.options.items()})
-        return self.problem.total_us(self.table, assignment)
+        return assignment
+
+    def ops_and_conversions(self, precisions: dict[str, str]) -> tuple[dict[str, tuple[str, float]], float]:
+        """Each tuned node's (precision, isolated us), and the conversions the planner counts."""
+        assignment = self._assignment(precisions)
+        ops = {node: (precisions.get(node, "fp32"), assignment[node].time_us) for node in self.options}
+        return ops, self.problem.total_us(self.table, assignment) - sum(o.time_us for o in assignment.values())
+
+    def isolated_us(self, precisions: dict[str, str]) -> float:
+        """Summed isolated times of ops and conversions."""
+        return self.problem.total_us(self.table, self._assignment(precisions))
+
+    def __call__(self, precisions: dict[str, str]) -> float:
+        """``isolated_us``; once ``learn_in_context`` has run, the time predicted with the costs
+        corrected in context."""
+        if self.correction is None:
+            return self.isolated_us(precisions)
+        return self.correction.predicted_us(*self.ops_and_conversions(precisions))
+
+    def learn_in_context(self, library, model, fp32_plan: Plan, reduced_plan: Plan,
+                         reduced: dict[str, str]) -> ContextCorrection | None:
+        """The corrections of core/whole_model/context.py, from whole runs of the fp32 plan and of
+        ``reduced_plan`` (every op in ``reduced``'s precision) timed per node by the library's
+        runner, each in a fresh process; None (and isolated sums kept) when the runner cannot
+        time its nodes."""
+        runs = []
+        for plan in (fp32_plan, reduced_plan):
+            timed = node_times_alone(model, library.name, plan, CONTEXT_RUNS)
+            if timed is None:
+                return None
+            runs.append(in_context(model, *timed))
+        isolated = {(node, precision): option.time_us for node, by_precision in self.options.items()
+                    for precision, option in by_precision.items()}
+        self.correction = ContextCorrection.learn(runs[0], runs[1], isolated, reduced,
+                                                  self.ops_and_conversions(reduced)[1])
+        return self.correction
 
 
 def search_precision(model: Model, library: Library, device, db: RecordDB, settings, fp32_plan: Plan,
@@ -347,6 +395,9 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             name = name if name == "fp32" else name + suffix
             plan = mixed_plan(fp32_plan, entries, settings_of_front, precisions, precision)
             predicted = predict(precisions) if predict else fp32_plan.estimated_us()
+            if predict is not None and predict.correction is not None:
+                plan.extra[PREDICTED_BASIS] = IN_CONTEXT
+                plan.extra[ISOLATED_US] = round(predict.isolated_us(precisions), 3)
             score = fp32_score
             try:
                 if precisions:
@@ -355,6 +406,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
                 return FrontPoint(name, dict(precisions), predicted, float("nan"), float("inf"),
                                   weight_bytes(model, precisions), failed=one_line(exc)[:300])
+            plan.extra[PREDICTED_US] = round(predicted, 3)
             plans[name] = plan
             drop = fp32_score - score
             return FrontPoint(name, dict(precisions), predicted, score, drop, weight_bytes(model, precisions),
@@ -381,12 +433,37 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                     noise[(node, reduced)] = sqnr(outputs, expected, feeds)
             ladders = {node: rungs for node, rungs in ladders.items() if rungs}
             if ladders:
+                learn_in_context(predict, ladders, settings_of_front, entries, suffix, front)
                 say("every op in its least precise form, then climbing toward fp32 from the most sensitive")
                 front += back_off(ladders, drops, noise, point)
         for (node, reduced), drop in drops.items():
             sensitivity.setdefault(node, {}).setdefault(reduced, drop)
         return front
 
+    def learn_in_context(predict: _Predictor, ladders: dict[str, list[str]], settings_of_front: dict,
+                         entries: dict, suffix: str, front: list[FrontPoint]) -> None:
+        """The front's costs corrected in context (core/whole_model/context.py) from its fp32 plan
+        and its plan with every op on its first rung, before the back-off predicts any point; the
+        fp32 point, already made, predicted again."""
+        start = {node: rungs[0] for node, rungs in ladders.items()}
+        say("timing the fp32 plan and the least precise plan per node in whole runs (costs in context)")
+        try:
+            correction = predict.learn_in_context(library, model, plans["fp32"],
+                                                  mixed_plan(fp32_plan, entries, settings_of_front, start, precision),
+                                                  start)
+        except Exception as exc:  # a runner that cannot time a run per node: the isolated sums stand
+            say(f"costs in context not learned ({one_line(exc)[:200]}): isolated sums are used")
+            return
+        if correction is None:
+            return
+        context.append({"front": suffix.strip(" ()") or "default", **correction.to_json()})
+        for fp32_point in (p for p in front if p.name == "fp32"):
+            fp32_point.predicted_us = predict({})
+            plans["fp32"].extra[ISOLATED_US] = plans["fp32"].extra.get(PREDICTED_US, round(predict.isolated_us({}), 3))
+            plans["fp32"].extra[PREDICTED_US] = round(fp32_point.predicted_us, 3)
+            plans["fp32"].extra[PREDICTED_BASIS] = IN_CONTEXT
+
+    context: list[dict] = []
     int8_tasks = [t for t in twin_tasks if t.precision == "int8"]
     half = {}  # half-precision entries and settings do not depend on the int8 arithmetic settings
     half_settings: dict = {}
@@ -411,7 +488,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         entries = {**({"int8": int8_entries} if int8_entries else {}), **{p: e for p, e in half.items() if e}}
         front += search_front({**half_settings, **int8_settings} or dict(fp32_plan.plan_level), entries, suffix)
     chosen = fastest_within_budget(front)
-    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name)
+    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name, context)
 
 
 def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], float],

@@ -173,3 +173,29 @@ def precision_front(points: list[FrontPoint], metric: str, budget_score: float |
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7)
     return _svg(figure)
+
+
+# -- prediction -----------------------------------------------------------------------------
+def prediction_scatter(points: list[tuple[str, float, float]], title: str, unit_note: str = "") -> str:
+    """Predicted against measured whole-model time per plan ((name, predicted ms, measured ms)),
+    with the line where they agree and the band of 10% around it."""
+    figure = _figure(6.0, 4.6)
+    axes = figure.add_subplot()
+    measured = [m for _, _, m in points]
+    predicted = [p for _, p, _ in points]
+    low, high = 0.9 * min(measured + predicted), 1.1 * max(measured + predicted)
+    line = [low, high]
+    axes.plot(line, line, color="black", linewidth=1, label="predicted = measured")
+    axes.fill_between(line, [0.9 * x for x in line], [1.1 * x for x in line], color="#2ca02c", alpha=0.15,
+                      label="within 10%")
+    axes.scatter(measured, predicted, s=36, color=PLAN_COLOUR, zorder=3, label="plan timed end to end")
+    for name, p, m in points:
+        axes.annotate(name, (m, p), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    axes.set_xlim(low, high)
+    axes.set_ylim(low, high)
+    axes.set_xlabel(f"measured, whole model (ms{unit_note})")
+    axes.set_ylabel(f"predicted (ms{unit_note})")
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left")
+    return _svg(figure)

@@ -188,7 +188,8 @@ class Page:
     def render(self) -> str:
         plan = self.plan
         title = f"kselect report: {plan.model.get('name', '?')} on {'+'.join(plan.libraries)}"
-        sections = [self.summary(), self.ops(), self.time_breakdown(), self.tuning(), self.check(), self.precision()]
+        sections = [self.summary(), self.ops(), self.time_breakdown(), self.tuning(), self.check(), self.precision(),
+                    self.prediction()]
         banner = (f'<div class="emulated-banner" role="alert">{esc(EMULATED_BANNER)}</div>' if self.emulated else "")
 
         return f"""<!DOCTYPE html>
@@ -481,7 +482,9 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         table = _table(["point", "reduced ops", "predicted ms", "measured ms", metric, "drop", "weights MB",
                         "within budget"], cells, {"reduced ops", "predicted ms", "measured ms", metric, "drop", "weights MB"})
         check = precision.get("check")
-        if check and "failed" in check:
+        if check and "skipped" in check:
+            said = f"not timed end to end: {check['skipped']['reason']}; kept: {check.get('kept')}"
+        elif check and "failed" in check:
             said = f"the end-to-end check against the fp32 plan failed ({check['failed']}); kept: {check.get('kept')}"
         elif check:
             said = (f"end to end against the fp32 plan, each alone in fresh processes: {check['per_round_speedup']:.3f}x "
@@ -491,6 +494,31 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
             said = f"not timed end to end; kept on predicted latency: {kept}"
         return (f'<section id="precision"><h2>Mixed precision</h2>{_figure("precision-front", svg, caption)}{table}'
                 f"{_note(said + (' (emulated)' if self.emulated else ''))}</section>")
+
+
+    # -- prediction -------------------------------------------------------------------------------
+    def prediction(self) -> str:
+        """Predicted against measured whole-model time of every plan the tune timed end to end
+        (core/whole_model/prediction.py): the plan variants or plans across libraries of the
+        whole-model check, and the points of the precision front."""
+        found = [(t["variant"], t["prediction"]) for t in self.plan.extra.get("verified", {}).get("tried", [])
+                 if "prediction" in t]
+        found += [(p["name"], p["prediction"]) for p in self.plan.extra.get("precision", {}).get("front", [])
+                  if "prediction" in p]
+        if not found:
+            return ""
+        title = "Predicted against measured whole-model time" + (" [EMULATED]" if self.emulated else "")
+        svg = charts.prediction_scatter([(name, p["predicted_ms"], p["measured_ms"]) for name, p in found], title,
+                                        self.unit_note)
+        caption = ("Each plan's predicted time is a plan timed in the same race (its reference) plus the difference "
+                   "of their summed isolated op and conversion times; measured: the median of its processes")
+        cells = [[esc(name), esc(p["reference"]), _ms(p["summed_ms"], self.emulated), esc(p["summed_covers"]),
+                  _ms(p["predicted_ms"], self.emulated), _ms(p["measured_ms"], self.emulated), esc(f"{p['error']:+.1%}")]
+                 for name, p in found]
+        table = _table(["plan", "reference", "summed ms", "summed over", "predicted ms", "measured ms", "error"], cells,
+                       {"summed ms", "predicted ms", "measured ms", "error"})
+        return (f'<section id="prediction"><h2>Prediction</h2>{_figure("prediction", svg, caption)}{table}'
+                "</section>")
 
 
 def curves(library_records: list) -> dict[str, list[float | None]]:

@@ -23,6 +23,7 @@ from kselect.core.errors import KselectError, one_line
 from kselect.core.measuring.measure import MeasureSettings, time_candidate
 from kselect.core.measuring.worker import die_with_parent, signal_name
 from kselect.core.models.model import Model, load_model
+from kselect.core.plans.plan import load_plan_file
 from kselect.core.plans.runtime import library_runner, load_plan
 from kselect.core.whole_model.bench import compare_outputs, random_feeds, relative_iqr
 
@@ -119,11 +120,38 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
     return {"failed": f"exit code {process.returncode}: {last}"}
 
 
+def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0):
+    """``Library.node_times`` of ``plan`` (one library's) in a fresh process of its own, as the
+    rounds protocol runs a plan: no other runner's threads in it, and a plan that crashes or hangs
+    takes only that process down. (whole-run us, node -> us), or None when the library's runner
+    cannot time its nodes; raises KselectError when the process fails."""
+    with tempfile.TemporaryDirectory(prefix="kselect-alone-") as work:
+        plan_path, model_path = Path(work) / "plan.json", Path(work) / "model.onnx"
+        plan.save(plan_path)
+        model_path.write_bytes(model.proto.SerializeToString())
+        done = _run_alone({"model": str(model_path), "inputs": model.input_shapes, "result": str(Path(work) / "result.json"),
+                           "node_times": {"library": library_name, "plan": str(plan_path), "runs": runs}}, timeout_s)
+    if "failed" in done:
+        raise KselectError(f"timing {library_name}'s plan per node failed: {done['failed']}")
+    return None if done["nodes"] is None else (done["whole_us"], done["nodes"])
+
+
+def _node_times_main(job: dict, model: Model) -> dict:
+    spec = job["node_times"]
+    library = plugins.get_library(spec["library"])
+    timed = library.node_times(model, load_plan_file(spec["plan"]), [random_feeds(model)], spec["runs"])
+    return {"whole_us": None, "nodes": None} if timed is None else {"whole_us": timed[0], "nodes": timed[1]}
+
+
 def _alone_main(job: dict) -> None:
     """One candidate, alone in this process: build, warm up, time; write the result file."""
     try:
-        spec = job["runner"]
         shapes = [f"{k}={','.join(map(str, v))}" for k, v in job["inputs"].items()]
+        if "node_times" in job:
+            result = _node_times_main(job, load_model(job["model"], shapes))
+            Path(job["result"]).write_text(json.dumps(result))
+            return
+        spec = job["runner"]
         model = load_model(spec.get("model", job["model"]), shapes)
         if "plan" in spec:
             runner = load_plan(spec["plan"], model)

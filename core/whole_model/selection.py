@@ -10,10 +10,11 @@ import statistics
 from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
 from kselect.core.models.model import Model
-from kselect.core.plans.plan import reduced_nodes
+from kselect.core.plans.plan import LIBRARY_DEFAULT, reduced_nodes
 from kselect.core.plans.spinning import spin_dims
 from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
 from kselect.core.whole_model.bench import bench_in_process, compare_outputs, fresh_runners, relative_iqr
+from kselect.core.whole_model.prediction import prediction
 
 
 def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.99, rounds: int = 6,
@@ -26,6 +27,8 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
     ``plan.extra["verified"]``."""
     default_runners = fresh_runners(library, model, None)
     tried, matching = [], []
+    # the library default's plan, when built, is each variant's reference for its predicted time
+    reference = next((plan for _, plan in variants if plan.extra.get(LIBRARY_DEFAULT)), None)
 
     def chosen(name, plan):
         plan.extra["verified"] = {"chosen": name, "min_speedup": min_speedup, "emulated": library.emulated,
@@ -34,6 +37,9 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
 
     for name, plan in variants:
         result = bench_in_process(default_runners, fresh_runners(library, model, plan), model, rounds, runs_per_round, attempts=3)
+        if reference is not None and plan is not reference:
+            result["prediction"] = prediction(plan, "library default", reference, result["default_ms"],
+                                              result["plan_ms"])
         tried.append({"variant": name, **result})
         if on_result:
             on_result(name, result)
@@ -123,6 +129,25 @@ def race_verdict(speedups: list[float], margin: float = MIXED_MARGIN, rounds_bef
     return "not faster" if high < 1 + margin else "undecided"
 
 
+def _predict_from_one(results: list[dict], candidates: list, fallback, baseline: dict) -> None:
+    """Each timed candidate's predicted whole-model time (``result["prediction"]``), through one
+    reference of the same race: ONNX Runtime's default session (``fallback``, its configuration
+    as a plan of recorded op times), else the first candidate that ran, which is then not
+    predicted itself."""
+    ran = [(result, plan) for result, (_, plan) in zip(results, candidates) if "failed" not in result]
+    if fallback is not None:
+        reference, reference_plan, reference_ms = BASELINE, fallback, statistics.median(baseline["process_ms"])
+    elif ran:
+        first, reference_plan = ran[0]
+        reference, reference_ms = first["variant"], statistics.median(first["process_ms"])
+    else:
+        return
+    for result, plan in ran:
+        if plan is not reference_plan:
+            result["prediction"] = prediction(plan, reference, reference_plan, reference_ms,
+                                              statistics.median(result["process_ms"]))
+
+
 def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_process: int = 8,
                     max_error: float = 1e-3, fallback=None, min_speedup: float | None = None,
                     max_rounds: int = 10) -> tuple:
@@ -187,6 +212,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
                         "default_spread": round(relative_iqr(baseline_times), 4),
                         "speedup_spread": round(relative_iqr(speedups), 4),
                         "max_relative_output_error": compare_outputs(baseline["outputs"], measured["outputs"])})
+    _predict_from_one(results, candidates, fallback, baseline)
     valid = [(result, plan) for result, (_, plan) in zip(results, candidates)
              if "failed" not in result and acceptable(result["max_relative_output_error"], plan)]
     if not valid:

@@ -106,20 +106,29 @@ def load_session(model_path: str | Path, options_path: str | Path):
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
-def default_session(model, extra_entries: dict | None = None, segment: bool = False):
+def default_session(model, extra_entries: dict | None = None, segment: bool = False, profile_prefix: str | None = None):
     """The baseline: ONNX Runtime's default session (ORT_ENABLE_ALL, all cores, its defaults);
-    ``extra_entries``: session config entries added to it; ``segment``: see ``original_model``."""
+    ``extra_entries``: session config entries added to it; ``segment``: see ``original_model``;
+    ``profile_prefix``: ONNX Runtime's profiler on, writing there (profiling.py)."""
     import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
 
-    options = add_config_entries(ort.SessionOptions(), extra_entries)
+    options = _profiling(add_config_entries(ort.SessionOptions(), extra_entries), profile_prefix)
     return ort.InferenceSession(original_model(model, segment).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
 
 
-def plan_session(model, plan, extra_entries: dict | None = None, segment: bool = False):
+def plan_session(model, plan, extra_entries: dict | None = None, segment: bool = False, profile_prefix: str | None = None):
     import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
 
     keep_original = keeps_original_model(model, plan)
     options = add_config_entries(session_options(plan.plan_level, keep_nchwc_transformer=keep_original), extra_entries)
+    options = _profiling(options, profile_prefix)
     return ort.InferenceSession(rewritten_model(model, plan, keep_original, segment).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
+
+
+def _profiling(options, prefix: str | None):
+    if prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = prefix
+    return options

@@ -28,6 +28,7 @@ from kselect.plugins.mlas.layout import (
     nchwc_feed,
 )
 from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, ort_nchwc_convs
+from kselect.plugins.mlas.profiling import profiled_run
 from kselect.plugins.mlas.session_config import FORCE_SPINNING_STOP_KEY, session_options
 from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
 from kselect.plugins.ops.conv import as_conv1d
@@ -287,6 +288,12 @@ class MlasLibrary(Library):
     # -- plans ----------------------------------------------------------------------------
     def apply(self, plan, model, out_dir: Path, stem: str | None = None) -> list[Path]:
         return write_optimized_model(plan, model, Path(out_dir), stem or model.name)
+
+    def node_times(self, model, plan, feeds: list[dict], runs: int):
+        """From ONNX Runtime's profiler, in the session ``model_runner`` would make (profiling.py)."""
+        if plan is None:
+            return profiled_run(lambda prefix: default_session(model, profile_prefix=prefix), feeds, runs)
+        return profiled_run(lambda prefix: plan_session(model, plan, profile_prefix=prefix), feeds, runs)
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         # Its threads stop spinning at the end of each run: 197 -> 112 ms on resnet101 with two

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import statistics
+import time
 from typing import Callable
 
 import numpy as np
@@ -548,6 +550,35 @@ class Executor:
             if status:
                 raise dnnl.DnnlError(status, "dnnl_primitive_execute")
         dnnl.wait()
+
+    def node_times(self, feeds: list[dict], runs: int) -> tuple[float, dict[str, float]]:
+        """``run_loaded`` with each step timed in place (a primitive runs to its end before
+        ``dnnl_primitive_execute`` returns on the CPU engine's OpenMP runtime): (median whole run
+        with its input and output copies, us; node -> median us of its steps)."""
+        clock = time.perf_counter_ns
+        whole: list[float] = []
+        per_node: dict[str, list[float]] = {}
+        for index in range(len(feeds) + runs):  # one warm-up run per feed first
+            start = clock()
+            self.load_inputs(feeds[index % len(feeds)])
+            spent: dict[str, int] = {}
+            current = None
+            for (threads, fn, *args), node in zip(self.steps, self.step_nodes):
+                step_start = clock()
+                if threads != current:
+                    dnnl.set_threads(threads)
+                    current = threads
+                status = fn(*args)
+                if status:
+                    raise dnnl.DnnlError(status, "dnnl_primitive_execute")
+                spent[node] = spent.get(node, 0) + clock() - step_start
+            dnnl.wait()
+            self.read_outputs()
+            if index >= len(feeds):
+                whole.append((clock() - start) / 1000)
+                for node, ns in spent.items():
+                    per_node.setdefault(node, []).append(ns / 1000)
+        return statistics.median(whole), {node: statistics.median(us) for node, us in per_node.items()}
 
     def read_outputs(self) -> list[np.ndarray]:
         results = []

@@ -253,6 +253,13 @@ class OnednnLibrary(Library):
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         return Executor(self, model, plan)
 
+    def node_times(self, model, plan, feeds: list[dict], runs: int):
+        executor = Executor(self, model, plan)
+        try:
+            return executor.node_times(feeds, runs)
+        finally:
+            executor.close()
+
     def runs_op(self, op_type: str) -> bool:
         return op_type in BUILDERS
 

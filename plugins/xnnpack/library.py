@@ -19,7 +19,7 @@ from kselect.core.models.tasks import Task
 from kselect.core.plans.plan import Plan
 from kselect.core.precision.quant import asymmetric_u8
 from kselect.plugins.ops.conv import as_conv1d
-from kselect.plugins.xnnpack import configured, int8, kernels, tileshim
+from kselect.plugins.xnnpack import configured, int8, kernels, profiling, tileshim
 from kselect.plugins.xnnpack import ukernel_table as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.builders import BUILDERS
@@ -330,6 +330,15 @@ class XnnpackLibrary(Library):
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         return Executor(self, model, plan, release_at_end=in_mixed_plan)
+
+    def node_times(self, model, plan, feeds: list[dict], runs: int):
+        """Each step of the executor timed in place (profiling.py), on the first feed."""
+        executor = Executor(self, model, plan)
+        try:
+            timed = profiling.profile(executor, feeds[0], runs)
+        finally:
+            executor.close()
+        return timed["whole_us"], {node: us for node, (_, us) in timed["nodes"].items()}
 
     def runs_op(self, op_type: str) -> bool:
         return op_type in BUILDERS

@@ -1,0 +1,77 @@
+"""Costs in context (core/whole_model/context.py): each library's runner times the nodes of a whole
+run, every tuned op of a real model is found in those times, and the corrections a precision front
+learns from its fp32 and least precise runs reproduce both runs."""
+
+import numpy as np
+import pytest
+
+from kselect.core.contract import plugins
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import find_ops
+from kselect.core.whole_model.alone import node_times_alone
+from kselect.core.whole_model.context import ContextCorrection, InContext, in_context, owners, resolve
+
+REAL_MODEL = "pplcnet-doc-orientation"  # PP-LCNet: 33 convs and an fc, each with HardSwish / ReLU / SE around it
+
+
+@pytest.mark.parametrize("library_name", ["mlas", "onednn", "xnnpack"])
+def test_every_tuned_op_of_a_real_model_is_found_in_a_whole_run_timed_per_node(library_name):
+    library = plugins.get_library(library_name)
+    if not library.availability()[0]:
+        pytest.skip(f"{library_name} is not available")
+    model = load_model(REAL_MODEL)
+    feeds = [{name: np.random.default_rng(0).random(shape, np.float32) for name, shape in model.input_shapes.items()}]
+    whole_us, per_node = library.node_times(model, None, feeds, 5)
+    run = in_context(model, whole_us, per_node)
+    assert set(run.ops_us) == {op.node for op in find_ops(model)}  # each op, its activation with it
+    assert all(us > 0 for us in run.ops_us.values())
+    assert whole_us > 0
+    assert run.conversions_us == 0  # an fp32 run converts nothing
+
+
+def test_a_plan_is_timed_per_node_in_a_fresh_process(tmp_path):
+    """The front's two runs are timed as the rounds protocol times a plan: in a process of their
+    own, with only that plan's threads."""
+    import kselect
+    from kselect.core.measuring.measure import MeasureSettings
+
+    model = load_model(REAL_MODEL)
+    result = kselect.tune(model, "onednn", budget=1, verify=False, db=tmp_path / "r.db",
+                          settings=MeasureSettings(min_time_s=0.01, max_time_s=0.1))
+    whole_us, per_node = node_times_alone(model, "onednn", result.plan, 3)
+    assert whole_us > 0 and set(in_context(model, whole_us, per_node).ops_us) == set(result.plan.nodes)
+
+
+def test_runtime_names_resolve_to_the_models_nodes():
+    """ONNX Runtime names an NCHWc conv after its output tensor with "_nchwc", a QDQ-fused one with
+    "_quant", a dequantize after the tensor it reads; a reorder it made up is none of the model's."""
+    model = load_model(REAL_MODEL)
+    names = owners(model)
+    first = find_ops(model)[0]
+    output = next(n for n in model.proto.graph.node if n.name == first.node).output[0]
+    assert resolve(first.node, names) == first.node
+    assert resolve(f"{output}_nchwc", names) == first.node
+    assert resolve(f"{first.node}_token_7", names) == first.node
+    assert resolve(f"{output}_DequantizeLinear", names) == first.node
+    for activation in first.epilogue_nodes:
+        assert resolve(activation, names) == first.node
+    assert resolve("ReorderOutput_token_71", names) is None
+
+
+def test_the_corrections_reproduce_the_two_runs_they_were_learned_from():
+    """A front's fp32 run and its all-int8 run, per node; the planner's isolated times and the
+    conversions it counts for the int8 run. The corrected prediction of each run is that run
+    (its ops, conversions and untuned nodes); a point between them takes each op's ratio in its
+    precision and the untuned time in proportion."""
+    isolated = {("a", "fp32"): 100.0, ("b", "fp32"): 200.0, ("a", "int8"): 80.0, ("b", "int8"): 60.0}
+    fp32_run = InContext(500.0, {"a": 90.0, "b": 250.0}, 0.0, 100.0)
+    int8_run = InContext(600.0, {"a": 120.0, "b": 90.0}, 40.0, 70.0)
+    correction = ContextCorrection.learn(fp32_run, int8_run, isolated, {"a": "int8", "b": "int8"}, 20.0)
+    assert correction.ratio("a", "int8") == pytest.approx(1.5) and correction.conversion_ratio == pytest.approx(2.0)
+    fp32_ops = {"a": ("fp32", 100.0), "b": ("fp32", 200.0)}
+    int8_ops = {"a": ("int8", 80.0), "b": ("int8", 60.0)}
+    assert correction.predicted_us(fp32_ops, 0.0) == pytest.approx(90 + 250 + 100)
+    assert correction.predicted_us(int8_ops, 20.0) == pytest.approx(120 + 90 + 40 + 70)
+    mixed = correction.predicted_us({"a": ("int8", 80.0), "b": ("fp32", 200.0)}, 10.0)
+    assert mixed == pytest.approx(120 + 250 + 2.0 * 10 + (100 + 70) / 2)
+    assert correction.ratio("c", "bf16") == pytest.approx(np.median([0.9, 1.25]))  # unseen: the median fp32 ratio
