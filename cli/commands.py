@@ -30,6 +30,7 @@ from kselect.core.models.tasks import Task, extract_tasks, model_stats, untuned_
 from kselect.core.paths import check_output, check_output_folder, protect_inputs
 from kselect.core.plans.plan import artifact_stem, load_plan_file, write_atomically
 from kselect.core.precision.calibration import image_preprocess
+from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.sql import shown
 from kselect.core.records.store import RecordDB, database_location
 from kselect.core.whole_model.alone import CONFIDENCE
@@ -431,6 +432,12 @@ def _front_table(library, search, check) -> None:
                       "" if point.measured_ms is None else f"{point.measured_ms:.3f}", f"{point.score:.4f}",
                       f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
     console.print(table)
+    for reduced in PRECISIONS:
+        left_out = {node: why[reduced] for node, why in search.left_out.items() if reduced in why}
+        if left_out:
+            node, why = next(iter(left_out.items()))
+            console.print(f"{reduced} left out of {len(left_out)} ops' ladders (e.g. {node}: {why}; each one in the "
+                          "plan's extra.precision.left_out)")
     if check and "failed" in check:
         console.print(f"the end-to-end check failed ({check['failed']}): keeping the fp32 plan", style="yellow")
     elif check:

@@ -196,6 +196,7 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
             plan.extra["precision"] = {**plan.extra.get("precision", {}), "metric": name, "max_drop": request.max_drop,
                                        "calibration": request.calibration.to_json(), "front": front,
                                        "chosen": check["kept"] if check else search.chosen.name,
-                                       **({"check": check} if check else {})}
+                                       **({"check": check} if check else {}),
+                                       **({"left_out": search.left_out} if search.left_out else {})}
     events.precision_searched(library, search, check)
     return chosen, search
