@@ -30,6 +30,7 @@ from kselect.core.models.tasks import Task, extract_tasks, model_stats, untuned_
 from kselect.core.paths import check_output, check_output_folder, protect_inputs
 from kselect.core.plans.plan import artifact_stem, load_plan_file, write_atomically
 from kselect.core.precision.calibration import image_preprocess
+from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.sql import shown
 from kselect.core.records.store import RecordDB, database_location
 from kselect.core.whole_model.alone import CONFIDENCE
@@ -437,10 +438,19 @@ def _front_table(library, search, check) -> None:
                       "" if point.measured_ms is None else f"{point.measured_ms:.3f}", error, f"{point.score:.4f}",
                       f"{point.drop:.4f}", f"{point.weight_bytes / 1e6:.2f}", mark)
     console.print(table)
-    planner = ("the op and conversion times each point was chosen on, corrected in context by whole runs of the fp32 "
-               "plan and the least precise one, timed per node" if search.context else
-               "summed isolated op and conversion times (the ops in between not included)")
-    console.print(f"planner ms: {planner}; predicted ms: the fp32 plan's measured time plus the planner's difference")
+    if search.context:
+        console.print("planner ms: the whole-model time each point was chosen on, its ops' and conversions' costs "
+                      "corrected in context by whole runs of the fp32 plan and the least precise one, timed per node; "
+                      "predicted ms: the fp32 plan's measured time times the planner's ratio")
+    else:
+        console.print("planner ms: summed isolated op and conversion times (the ops in between not included); predicted "
+                      "ms: the fp32 plan's measured time plus the planner's difference")
+    for reduced in PRECISIONS:
+        left_out = {node: why[reduced] for node, why in search.left_out.items() if reduced in why}
+        if left_out:
+            node, why = next(iter(left_out.items()))
+            console.print(f"{reduced} left out of {len(left_out)} ops' ladders (e.g. {node}: {why}; each one in the "
+                          "plan's extra.precision.left_out)")
     if check and "skipped" in check:
         console.print(f"no end-to-end check: {check['skipped']['reason']}; keeping the fp32 plan")
     elif check and "failed" in check:

@@ -41,6 +41,7 @@ from kselect.core.measuring.worker import MeasureWorker
 from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.runtime import library_runner
+from kselect.core.precision.half import HALF_PRECISIONS
 from kselect.core.precision.quant import PRECISIONS
 from kselect.core.whole_model.bench import compare_outputs
 from kselect.core.whole_model.context import in_context
@@ -173,6 +174,8 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
         _require(set(capabilities.plan_precisions) <= set(capabilities.precisions),
                  "plan_precisions are precisions the library measures")
         _require(all(isinstance(op, str) for op in capabilities.int8_passes), "int8_passes are ONNX op types")
+        _require(set(capabilities.accumulates_in_half) <= set(HALF_PRECISIONS),
+                 f"accumulates_in_half {sorted(capabilities.accumulates_in_half)} names half precisions only")
         for flag in ("plans_layouts_per_op", "boundary_cost", "baseline", "default_plan_differs"):
             _require(isinstance(getattr(capabilities, flag), bool), f"{flag} is a bool")
 

@@ -239,6 +239,7 @@ class Capabilities:
     precisions: tuple[str, ...]
     plan_precisions: tuple[str, ...]
     int8_passes: frozenset[str]
+    accumulates_in_half: frozenset[str]
 
     def to_json(self) -> dict:
         return {name: sorted(value) if isinstance(value, frozenset) else value
@@ -326,6 +327,11 @@ class Library(KernelSource, WholeModelRunner, TensorCrossing):
     # through any other untuned node is dequantized before it and quantized again after it, and
     # the planners count both, once per tensor (core/cross_library/problem.requantized_sides).
     int8_passes: frozenset[str] = frozenset()
+    # The half precisions (bf16, fp16) whose kernels accumulate in the format itself, rounding the
+    # running sum to it after every multiply-add (XNNPack's f16 kernels, as FP16 arithmetic does on
+    # Arm) rather than in fp32: their candidates are also allowed what that rounding makes on the
+    # data (core/precision/half.py ``accumulation_error``).
+    accumulates_in_half: frozenset[str] = frozenset()
 
 
     def capabilities(self) -> Capabilities:

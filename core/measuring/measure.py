@@ -141,7 +141,8 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
             inputs["quant"] = quant_params(task, inputs, reference)
             tolerance = int8_tolerance(task, inputs, reference, inputs["quant"])
         elif task.precision in HALF_PRECISIONS:
-            tolerance = half_tolerance(task, inputs, reference, task.precision)
+            tolerance = half_tolerance(task, inputs, reference, task.precision,
+                                       accumulates_in_format=task.precision in library.accumulates_in_half)
         cache[task.key] = (inputs, reference, tolerance)
     inputs, reference, precision_allowed = cache[task.key]
     try:

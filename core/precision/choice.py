@@ -227,6 +227,7 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
                                        "calibration": request.calibration.to_json(), "front": front,
                                        "chosen": check["kept"] if check else search.chosen.name,
                                        **({"check": check} if check else {}),
-                                       **({"context": search.context} if search.context else {})}
+                                       **({"context": search.context} if search.context else {}),
+                                       **({"left_out": search.left_out} if search.left_out else {})}
     events.precision_searched(library, search, check)
     return chosen, search

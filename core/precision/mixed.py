@@ -10,8 +10,9 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    the op), so only a change of layout is counted for it.
 2. Each op has a ladder: the reduced precisions it has measured configs in, from the least
    precise toward fp32 (``LADDER``: int8, bf16, fp16), e.g. int8 -> bf16 -> fp32. A half-precision
-   rung slower than the op's fp32 config is left out (it could only lose); an int8 rung is kept
-   even so, since an op slower in int8 by itself can still save the quantize / dequantize around it.
+   rung slower than the op's fp32 config is left out (it could only lose; the plan's
+   ``extra["precision"]["left_out"]`` says so per op); an int8 rung is kept even so, since an op
+   slower in int8 by itself can still save the quantize / dequantize around it.
    Each op alone at each rung gives its sensitivity there: the drop of the metric
    (core/precision/accuracy.py) on the first SENSITIVITY_FEEDS held-out feeds, and the output SQNR.
 3. Every op on its ladder's first rung first; while the drop exceeds the budget, the op whose
@@ -124,6 +125,8 @@ class PrecisionSearch:
     plans: dict[str, Plan] = field(default_factory=dict)  # front point name -> its plan
     metric_name: str = ""
     context: list[dict] = field(default_factory=list)  # per front, its costs in context (core/whole_model/context.py)
+    # node -> precision -> why a measured rung is not on its ladder (slower than fp32, or failed in the model)
+    left_out: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def precision_choices(model: Model, library: Library, device, db: RecordDB, fp32_plan: Plan,
@@ -300,19 +303,23 @@ class _Predictor:
                                                           settings)
 
     def ladder(self, node: str) -> list[str]:
-        """The node's rungs toward fp32 (``LADDER`` order): every measured reduced precision but a
-        half-precision one slower than fp32 on the same layout, which could only lose."""
+        """The node's rungs toward fp32 (``LADDER`` order): every measured reduced precision but
+        those ``left_out``."""
+        left_out = self.left_out(node)
+        return [p for p in LADDER if p in self.options.get(node, {}) and p not in left_out]
+
+    def left_out(self, node: str) -> dict[str, str]:
+        """The node's measured half-precision rungs slower than its fp32 config on the same layout,
+        which could only lose, each with why."""
         options = self.options.get(node, {})
         fp32 = options.get("fp32")
-        rungs = []
+        slower = {}
         for precision in LADDER:
             option = options.get(precision)
-            if option is None:
-                continue
-            if precision != "int8" and fp32 is not None and option.label == fp32.label and option.time_us >= fp32.time_us:
-                continue
-            rungs.append(precision)
-        return rungs
+            if precision != "int8" and option is not None and fp32 is not None and option.label == fp32.label \
+                    and option.time_us >= fp32.time_us:
+                slower[precision] = f"slower than fp32 ({option.time_us:.1f} us, fp32 {fp32.time_us:.1f} us)"
+        return slower
 
     correction: ContextCorrection | None = None  # set by ``learn_in_context``
 
@@ -380,6 +387,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
     fp32_score = metric(reference, reference, calibration.held_out)
     plans: dict[str, Plan] = {}
     sensitivity: dict[str, dict[str, float]] = {}
+    left_out: dict[str, dict[str, str]] = {}
 
     def search_front(settings_of_front: dict, entries: dict[str, dict[str, dict]], suffix: str) -> list[FrontPoint]:
         """One front at one set of plan-level settings; the fp32 point with the first."""
@@ -390,6 +398,9 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             predict = _Predictor(model, library, device, db, settings, fp32_plan, entries)
             ladders = {node: predict.ladder(node) for node in fp32_plan.nodes}
             ladders = {node: rungs for node, rungs in ladders.items() if rungs}
+            for node in fp32_plan.nodes:
+                for reduced, why in predict.left_out(node).items():
+                    left_out.setdefault(node, {})[reduced] = why
 
         def point(name: str, precisions: dict[str, str]) -> FrontPoint:
             name = name if name == "fp32" else name + suffix
@@ -428,6 +439,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                     except Exception as exc:  # this op cannot run so in the whole model: that rung is gone
                         say(f"{node} in {reduced} failed ({one_line(exc)[:200]}): not a candidate in {reduced}")
                         ladders[node].remove(reduced)
+                        left_out.setdefault(node, {})[reduced] = f"failed in the whole model: {one_line(exc)[:200]}"
                         continue
                     drops[(node, reduced)] = fp32_on_feeds - metric(outputs, expected, feeds)
                     noise[(node, reduced)] = sqnr(outputs, expected, feeds)
@@ -488,7 +500,8 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         entries = {**({"int8": int8_entries} if int8_entries else {}), **{p: e for p, e in half.items() if e}}
         front += search_front({**half_settings, **int8_settings} or dict(fp32_plan.plan_level), entries, suffix)
     chosen = fastest_within_budget(front)
-    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name, context)
+    return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name, context=context,
+                           left_out=left_out)
 
 
 def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], float],

@@ -6,7 +6,9 @@ on the buffers of the executor ``ex`` (executor.py) and sets them up: ``i`` is t
 (low, high) output range of that Relu / Clip (graph_prep.py). The int8 variants go through the
 same builders: a plan's int8 Conv / ConvTranspose / Gemm / MatMul, the Sigmoid, Mul and LeakyRelu
 after one, and an Add, GlobalAveragePool or ReduceMean of 8-bit tensors are built in
-int8_builders.py; the 8-bit MaxPool and the Flatten of an 8-bit tensor (a view) here.
+int8_builders.py; the 8-bit MaxPool and the Flatten of an 8-bit tensor (a view) here. A plan's
+fp16 conv / deconv / fc is its f16 operator between two conversions (half.py), on the same float
+buffers as an fp32 one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.models.tasks import explicit_pads
-from kselect.plugins.xnnpack import configured, int8_builders
+from kselect.plugins.xnnpack import configured, half, int8_builders
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.graph_prep import NO_CLAMP, activation_range, attr
 from kselect.plugins.xnnpack.tensor import Tensor
@@ -40,10 +42,15 @@ def _build_configured(ex, node, i, out_name, act, w, b, x: Tensor, y_shape):
 
 
 def _build_operator(ex, node, act, w, b, x_array, y_array) -> int:
-    """The conv / fc operator as the node's config says, on these buffers; its thread count."""
+    """The conv / fc operator as the node's config says, on these buffers (an fp16 node's f16
+    operator between the conversions of its input and output, half.py); its thread count."""
     config = ex.config(node)
-    built = configured.build(configured.OpSpec(ex.graph.tasks[node.name]), config, w, b, x_array, y_array,
-                             act[0], act[1], unsafe=ex.unsafe, check_kernels=True)
+    task = ex.graph.tasks[node.name]
+    if node.name in ex.fp16_nodes:
+        built = half.build(task.at_precision("fp16"), config, w, b, x_array, y_array, act[0], act[1])
+    else:
+        built = configured.build(configured.OpSpec(task), config, w, b, x_array, y_array, act[0], act[1],
+                                 unsafe=ex.unsafe, check_kernels=True)
     ex.add_built(built)
     return int(config.get("threads", ex.default_threads))
 

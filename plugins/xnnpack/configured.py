@@ -31,15 +31,17 @@ import numpy as np
 from kselect.plugins.xnnpack import kernels, tileshim, ukernel_catalog, ukernel_forcing, ukernel_probes, ukernel_table
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
-XNN_EXTRA_FLOATS = 16  # XNNPack may read XNN_EXTRA_BYTES (16) past an input's end; 64 bytes kept free
+SLACK_BYTES = 64  # XNNPack may read XNN_EXTRA_BYTES (16) past an input's end; 64 bytes kept free
 
 
-def buffer(shape) -> np.ndarray:
-    """An uninitialised float32 array, 64-byte aligned, with readable slack after its end (XNNPack's
-    micro-kernels may read a few bytes past an input tensor)."""
+def buffer(shape, dtype=np.float32) -> np.ndarray:
+    """An uninitialised float32 (or ``dtype``: float16 for an f16 operator) array, 64-byte aligned,
+    with readable slack after its end (XNNPack's micro-kernels may read a few bytes past an input
+    tensor)."""
+    itemsize = np.dtype(dtype).itemsize
     size = int(np.prod(shape)) if len(shape) else 1
-    raw = np.empty(size + 16 + XNN_EXTRA_FLOATS, np.float32)
-    offset = (-raw.ctypes.data % 64) // 4
+    raw = np.empty(size + (64 + SLACK_BYTES) // itemsize, dtype)
+    offset = (-raw.ctypes.data % 64) // itemsize
     return raw[offset:offset + size].reshape(shape)
 
 

@@ -44,6 +44,13 @@ node writes its output tensor's grid (the pre-activation range), the Sigmoid nod
 8-bit sigmoid (output on its fixed grid, scale 1/256), the SiLU's Mul node the 8-bit multiply
 onto the Mul output's calibrated range, and the LeakyRelu node the 8-bit (qu8) leaky relu onto
 its output's calibrated range.
+
+fp16 (a plan whose fp16 nodes are entries of fp16 tasks, ``task["precision"] == "fp16"``): such a
+conv / deconv / fc runs XNNPack's f16 operator (half.py) with its plan config (threads), between
+the conversion of its float32 input to half and of its half output back to float32, both steps of
+the node: it reads and writes float32 NHWC tensors like every other node, so nothing else
+changes around it. A Relu / Clip folded into it is the f16 operator's clamp; any other activation
+after it runs in float32 as after an fp32 node.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import numpy as np
 
 from kselect.core.errors import KselectError, UnsupportedOp
 from kselect.core.measuring.device import this_device
-from kselect.core.plans.plan import int8_nodes
+from kselect.core.plans.plan import int8_nodes, reduced_nodes
 from kselect.core.precision.calibration import plan_ranges
 from kselect.core.precision.quant import asymmetric_u8
 from kselect.plugins.xnnpack import configured, int8, tileshim
@@ -95,6 +102,9 @@ class Executor:
         self._free: list[_Storage] = []
         self._kept: list = []  # constant operands and buffers, kept alive while operators read them
         self.int8_nodes = int8_nodes(plan) if plan is not None else set()
+        # conv / deconv / fc nodes run on XNNPack's f16 operators, between their conversions (half.py)
+        self.fp16_nodes = {node for node, precision in reduced_nodes(plan).items()
+                           if precision == "fp16"} if plan is not None else set()
         self.int8_activations: dict[str, str] = {}  # Sigmoid / Mul node after an int8 node -> its variant
         # Add / MaxPool / GlobalAveragePool (ReduceMean) nodes run on 8-bit operators -> "qs8" / "qu8"
         self.int8_ops: dict[str, str] = {}

@@ -17,9 +17,9 @@ from kselect.core.measuring.measure import task_model
 from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import Task
 from kselect.core.plans.plan import Plan
-from kselect.core.precision.quant import asymmetric_u8
+from kselect.core.precision.quant import PRECISIONS, asymmetric_u8
 from kselect.plugins.ops.conv import as_conv1d
-from kselect.plugins.xnnpack import configured, int8, kernels, profiling, tileshim
+from kselect.plugins.xnnpack import configured, half, int8, kernels, profiling, tileshim
 from kselect.plugins.xnnpack import ukernel_table as uk
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.builders import BUILDERS
@@ -117,13 +117,33 @@ class XnnpackLibrary(Library):
     # workers spin or sleep between parallel loops is one setting for the whole model.
     plan_level_dims = ("spinning",)
     spin_dim = "spinning"
-    # int8 twins of conv / fc tasks run XNNPack's 8-bit operators (int8.py): qc8, qs8, qu8.
-    precisions = ("fp32", "int8")
-    # the executor runs a plan's int8 conv / fc nodes on those operators, quantizing with the
-    # plan's calibrated ranges (executor.py)
-    plan_precisions = ("fp32", "int8")
     # the executor's 8-bit add, max / global average pooling, and a Flatten (a view)
     int8_passes = frozenset({"Add", "MaxPool", "GlobalAveragePool", "ReduceMean", "Flatten"})
+    # XNNPack's f16 kernels round the running sum to half after every multiply-add (half.py)
+    accumulates_in_half = frozenset({"fp16"})
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """fp32; int8, whose twins of conv / deconv / fc tasks run XNNPack's 8-bit operators
+        (int8.py: qc8, qs8, qu8); fp16, on its f16 operators (half.py), where the CPU has f16
+        kernels (``missing_precisions``)."""
+        return tuple(p for p in PRECISIONS if p not in self.missing_precisions())
+
+    @property
+    def plan_precisions(self) -> tuple[str, ...]:
+        """The executor runs a plan's int8 conv / deconv / fc nodes on the 8-bit operators,
+        quantizing with the plan's calibrated ranges, and its fp16 nodes on the f16 operators,
+        their conversions included (executor.py): the same as ``precisions``."""
+        return self.precisions
+
+    def missing_precisions(self) -> dict[str, str]:
+        """bf16 (no such operators in this snapshot), and fp16 where XNNPack has no f16 kernels for
+        this CPU, with why."""
+        missing = {"bf16": "XNNPack has no bf16 operators in this build"}
+        fp16_ok, fp16_why = half.available()
+        if not fp16_ok:
+            missing["fp16"] = fp16_why
+        return {precision: missing[precision] for precision in PRECISIONS if precision in missing}
 
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -148,14 +168,24 @@ class XnnpackLibrary(Library):
                          f"int8: qc8 / qs8 / qu8 operators, no 8-bit micro-kernel override ({q_why})")
         else:
             parts.append("int8: qc8 / qs8 / qu8 operators")
+        fp16_ok, fp16_what = half.available()
+        if fp16_ok:
+            parts.append(f"fp16: {fp16_what}")
+        parts += [f"{precision}: {why}" for precision, why in self.missing_precisions().items()]
         return True, "; ".join(parts)
 
     def version(self) -> str:
         return f"{xa.DEBIAN_PACKAGE} {xa.library_version() or 'unknown'} ({_loaded_file_sha256()[:12]})"
 
     def supports(self, task: Task) -> bool:
-        if task.precision != "fp32":
+        """A conv, deconv or fc whose activation the executor runs; its int8 twin where an 8-bit
+        operator takes it (int8.py), its fp16 twin where the f16 operators run here (half.py)."""
+        if task.precision == "int8":
             return int8.supports(task)
+        if task.precision == "fp16" and not half.supports(task):
+            return False
+        if task.precision not in ("fp32", "fp16"):
+            return False
         if not all(self.runs_op(step[0]) for step in task.epilogue):
             return False
         if task.kind == "fc":
@@ -191,6 +221,8 @@ class XnnpackLibrary(Library):
     def space(self, task: Task, device: Device) -> Space:
         if task.precision == "int8":
             return int8.space(task, device)
+        if task.precision == "fp16":
+            return half.space(task, device)
         spec = configured.OpSpec(task)
         space = Space()
         nchw_ok, nchw_kind = spec.nchw_path()
@@ -232,9 +264,12 @@ class XnnpackLibrary(Library):
     def default_config(self, task: Task, device: Device) -> dict:
         """XNNPack's own choice: the NHWC operator, the kernel its initialisation put in the table
         (the mr=1 sibling for a single-row GEMM / IGEMM), its own tile, all cores. For an int8
-        task: qc8 convs, qs8 fully connected (int8.default_config)."""
+        task: qc8 convs, qs8 fully connected (int8.default_config); for an fp16 task, its f16
+        operator on all cores (half.default_config)."""
         if task.precision == "int8":
             return int8.default_config(task, device)
+        if task.precision == "fp16":
+            return half.default_config(task, device)
         spec = configured.OpSpec(task)
         config: dict = {}
         if spec.nchw_path()[0]:
@@ -261,7 +296,6 @@ class XnnpackLibrary(Library):
             configured.check_table_pristine()
         if task.precision == "int8":
             return int8.prepare(task, config, inputs)
-        spec = configured.OpSpec(task)
         if task.epilogue or task.conv1d:
             return self._prepare_in_executor(task, config, inputs)
         w, b = inputs["w"], inputs.get("b")
@@ -277,15 +311,21 @@ class XnnpackLibrary(Library):
             w = (w * np.float32(task.attrs["alpha"])).astype(np.float32)
             b = None if b is None else (b * np.float32(task.attrs["beta"])).astype(np.float32)
         flags = configured.pool_flags(config)
-        built = configured.build(spec, config, w, b, x, y, unsafe=configured.in_measuring_child())
+        if task.precision == "fp16":  # the f16 operator between the conversions of its input and output
+            built = half.build(task, config, w, b, x, y)
+        else:
+            built = configured.build(configured.OpSpec(task), config, w, b, x, y,
+                                     unsafe=configured.in_measuring_child())
         return XnnCandidate(built, task.kind != "fc", flags)
 
     def _prepare_in_executor(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         """An op with its activation, or a 1-D conv, run as the executor runs it in a whole model:
-        the clamps fused into the operator, other activations as operators of their own; a 1-D
-        conv's [N, C, W] tensors copied into and out of the NHWC operator's height-1 buffers."""
+        the clamps fused into the operator, other activations as operators of their own (in
+        float32 after an fp16 op's conversion back); a 1-D conv's [N, C, W] tensors copied into
+        and out of the NHWC operator's height-1 buffers."""
         model = model_from_proto(f"{task.id}", task_model(task, inputs))
-        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False, tasks=[],
+        plan = Plan(model={}, device={}, libraries={self.name: ""}, emulated=False,
+                    tasks=[{**task.to_json(), "nodes": ["op"]}],  # the node's precision
                     plan_level={"spinning": config.get("spinning", 1)}, nodes={"op": {"config": config}})
         executor = Executor(self, model, plan, unsafe=configured.in_measuring_child())
         x = inputs["x"].reshape(as_conv1d(task.input_shape)) if task.conv1d else inputs["x"]

@@ -1,9 +1,11 @@
 """ctypes binding over the system XNNPack (Debian ``libxnnpack0``, snapshot 0.0~git20220216).
 
 Only the public operator API of ``/usr/include/xnnpack.h`` is used here (f32 operators a CNN
-needs).  Every operator object packs its weights once at creation; ``run(x, out=None)`` does
-``xnn_setup_*`` + ``xnn_run_operator`` on C-contiguous float32 numpy arrays.  Native objects are
-freed by ``close()``, by the context manager, or in ``__del__``.
+needs; further down, the 8-bit and the f16 (half precision) conv / fc operators and their
+conversions, bound only when the build has them).  Every operator object packs its weights
+once at creation; ``run(x, out=None)`` does ``xnn_setup_*`` + ``xnn_run_operator`` on
+C-contiguous float32 numpy arrays (float16 for an f16 operator).  Native objects are freed by
+``close()``, by the context manager, or in ``__del__``.
 
 Threading: a :class:`Threadpool` wraps ``pthreadpool_create(n)``; ``threadpool=None`` runs on the
 calling thread only.  An operator keeps a reference to its pool, so the pool outlives it.
@@ -24,6 +26,7 @@ import ctypes
 import ctypes.util
 import functools
 import math
+import platform
 import subprocess
 from typing import Sequence
 
@@ -242,19 +245,20 @@ def _ptr(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-def _as_f32(a, name: str) -> np.ndarray:
+def _as_f32(a, name: str, dtype=np.float32) -> np.ndarray:
+    """``a`` checked to be a C-contiguous array of ``dtype`` (float32, or float16 for an f16 operator)."""
     a = np.asarray(a)
-    if a.dtype != np.float32:
-        raise TypeError(f"{name}: expected float32, got {a.dtype}")
+    if a.dtype != dtype:
+        raise TypeError(f"{name}: expected {np.dtype(dtype).name}, got {a.dtype}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array")
     return a
 
 
-def _out(out, shape: tuple, name: str = "out") -> np.ndarray:
+def _out(out, shape: tuple, name: str = "out", dtype=np.float32) -> np.ndarray:
     if out is None:
-        return np.empty(shape, dtype=np.float32)
-    out = _as_f32(out, name)
+        return np.empty(shape, dtype=dtype)
+    out = _as_f32(out, name, dtype)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
     if not out.flags.writeable:
@@ -349,6 +353,7 @@ class Operator:
     """Base: owns one ``xnn_operator_t``."""
 
     _setup_name = ""
+    dtype = np.float32  # the element type of its input and output tensors (float16 for an f16 operator)
 
     def __init__(self, threadpool: Threadpool | None = None):
         self._lib = lib()
@@ -404,10 +409,10 @@ class Operator:
 
     def _setup_nhwc(self, x, channels: int, out, threadpool) -> np.ndarray:
         """``xnn_setup_*(op, N, H, W, x, out, pool)`` of an NHWC operator with ``channels`` inputs."""
-        x = _as_f32(x, "x")
+        x = _as_f32(x, "x", self.dtype)
         if x.ndim != 4 or x.shape[3] != channels:
             raise ValueError(f"x: expected (N, H, W, {channels}), got {x.shape}")
-        out = _out(out, self.output_shape(x.shape))
+        out = _out(out, self.output_shape(x.shape), dtype=self.dtype)
         _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
                               self._pool(threadpool)), self._setup_name)
         return out
@@ -517,22 +522,25 @@ class _Conv2DBase(Operator):
 
 
 class Convolution2DNHWC(_Conv2DBase):
-    """``xnn_create_convolution2d_nhwc_f32``: dense, grouped and depthwise (groups == C_in).
+    """``xnn_create_convolution2d_nhwc_f32``: dense, grouped and depthwise (groups == C_in);
+    ``datatype="f16"``: ``xnn_create_convolution2d_nhwc_f16`` on float16 tensors, weights and bias
+    still given in float32 (``_creation``).
 
     ``weights``: OIHW (ONNX; default) or OHWI, shape (C_out, C_in/groups, kh, kw).
     ``padding``: int, (ph, pw) or ONNX order (top, left, bottom, right).
     Input (N, H, W, C_in) -> output (N, OH, OW, C_out).
     """
 
-    def __init__(self, weights, bias=None, **kw):
+    def __init__(self, weights, bias=None, *, datatype: str = "f32", **kw):
         super().__init__(weights, bias, **kw)
+        create, extra_flags, self.dtype = _creation("convolution2d_nhwc", datatype)
         if self.flags & XNN_FLAG_DEPTHWISE_CONVOLUTION:
             # Depthwise flag: kernel [1, kh, kw, groups * depth_multiplier] (HWG).
             kernel = np.ascontiguousarray(self._oihw().reshape(self.output_channels, -1).T)
         else:
             # XNNPack NHWC kernel layout: [groups, group_output_channels, kh, kw, group_input_channels].
             kernel = self._ohwi()
-        self._create_conv("xnn_create_convolution2d_nhwc_f32", kernel, self.flags)
+        self._create_conv(create, kernel, self.flags | extra_flags)
 
     def output_shape(self, input_shape) -> tuple:
         n, h, w, c = input_shape
@@ -677,7 +685,9 @@ class _DeconvGeometry:
 
 
 class Deconvolution2DNHWC(_DeconvGeometry, Operator):
-    """``xnn_create_deconvolution2d_nhwc_f32``: ONNX's ConvTranspose in NHWC.
+    """``xnn_create_deconvolution2d_nhwc_f32``: ONNX's ConvTranspose in NHWC; ``datatype="f16"``:
+    ``xnn_create_deconvolution2d_nhwc_f16`` on float16 tensors, weights and bias still given in
+    float32 (``_creation``).
 
     ``weights``: ONNX's (C_in, C_out / groups, kh, kw); ``padding``: ONNX's pads (top, left,
     bottom, right), cropped from the output; ``adjustment``: ONNX's output_padding (h, w).
@@ -685,26 +695,30 @@ class Deconvolution2DNHWC(_DeconvGeometry, Operator):
     """
 
     def __init__(self, weights, bias=None, *, stride=1, dilation=1, padding=0, groups=1, adjustment=(0, 0),
-                 output_min: float = -math.inf, output_max: float = math.inf, threadpool: Threadpool | None = None):
+                 output_min: float = -math.inf, output_max: float = math.inf, threadpool: Threadpool | None = None,
+                 datatype: str = "f32"):
         super().__init__(threadpool)
+        create, flags, self.dtype = _creation("deconvolution2d_nhwc", datatype)
         kernel = self._set_geometry(np.asarray(weights, dtype=np.float32), stride, dilation, padding, groups,
                                     adjustment)
         b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
         if b is not None and b.size != self.output_channels:
             raise ValueError(f"bias has {b.size} elements, expected {self.output_channels}")
-        self._create("xnn_create_deconvolution2d_nhwc_f32", *self._geometry_args(), _ptr(kernel),
-                     None if b is None else _ptr(b), float(output_min), float(output_max), 0)
+        self._create(create, *self._geometry_args(), _ptr(kernel), None if b is None else _ptr(b), float(output_min),
+                     float(output_max), flags)
 
     def _describe(self) -> str:
         return f"{type(self).__name__} {self._describe_geometry()}"
 
     def _setup(self, x: np.ndarray, out=None, threadpool=None) -> np.ndarray:
-        x = self._check_input(_as_f32(x, "x"))
-        return self._setup_deconv(x, _out(out, self.output_shape(x.shape)), threadpool)
+        x = self._check_input(_as_f32(x, "x", self.dtype))
+        return self._setup_deconv(x, _out(out, self.output_shape(x.shape), dtype=self.dtype), threadpool)
 
 
 class FullyConnected(Operator):
-    """``xnn_create_fully_connected_nc_f32``: y = x @ W.T + b.
+    """``xnn_create_fully_connected_nc_f32``: y = x @ W.T + b; ``datatype="f16"``:
+    ``xnn_create_fully_connected_nc_f16`` on float16 tensors, weights and bias still given in
+    float32 (``_creation``).
 
     ``weights``: (C_out, C_in) (ONNX Gemm transB=1 / MatMul weight transposed); pass
     ``transpose_weights=True`` for (C_in, C_out).  Input (..., C_in) -> (..., C_out).
@@ -712,8 +726,9 @@ class FullyConnected(Operator):
 
     def __init__(self, weights, bias=None, *, transpose_weights: bool = False,
                  output_min: float = -math.inf, output_max: float = math.inf,
-                 threadpool: Threadpool | None = None):
+                 threadpool: Threadpool | None = None, datatype: str = "f32"):
         super().__init__(threadpool)
+        create, flags, self.dtype = _creation("fully_connected_nc", datatype)
         w = np.ascontiguousarray(weights, dtype=np.float32)
         if w.ndim != 2:
             raise ValueError("weights must be 2-D")
@@ -724,16 +739,16 @@ class FullyConnected(Operator):
         b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
         if b is not None and b.size != self.output_channels:
             raise ValueError("bias size mismatch")
-        self._create("xnn_create_fully_connected_nc_f32", self.input_channels, self.output_channels,
+        self._create(create, self.input_channels, self.output_channels,
                      self.input_channels, self.output_channels, _ptr(w),
                      None if b is None else _ptr(b), float(output_min), float(output_max),
-                     XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
+                     flags | (XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0))
 
     def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
-        x = _as_f32(x, "x")
+        x = _as_f32(x, "x", self.dtype)
         if x.ndim < 1 or x.shape[-1] != self.input_channels:
             raise ValueError(f"x: expected (..., {self.input_channels}), got {x.shape}")
-        out = _out(out, x.shape[:-1] + (self.output_channels,))
+        out = _out(out, x.shape[:-1] + (self.output_channels,), dtype=self.dtype)
         batch = x.size // self.input_channels
         _check(self._setup_fn(self.handle, batch, _ptr(x), _ptr(out), self._pool(threadpool)),
                self._setup_name)
@@ -1584,6 +1599,103 @@ class QuantizeConvert(Operator):
         return out
 
 
+# --------------------------------------------------------------------------------------------
+# Half-precision (f16) operators: optional symbols, prototypes set on first use
+# --------------------------------------------------------------------------------------------
+# The 2022 snapshot's f16 convolution, deconvolution and fully connected operators read and write
+# IEEE half tensors (numpy float16) and compute in half: their GEMM and depthwise kernels round
+# the running sum to half after every multiply-add (the x86 ones emulate Arm's FP16 arithmetic
+# that way). Created with XNN_FLAG_FP32_STATIC_WEIGHTS they take their weights and bias in float32
+# and round them to half when they pack them. Their creation returns
+# xnn_status_unsupported_hardware where xnn_initialize found no f16 kernels for the CPU.
+
+XNN_FLAG_FP32_STATIC_WEIGHTS = 0x00000008
+# What XNNPack's f16 kernels need, per architecture: without it xnn_initialize leaves the f16 table empty
+F16_KERNELS_NEED = {
+    "x86_64": "XNNPack's x86 f16 kernels need AVX2 and F16C",
+    "aarch64": "XNNPack's Arm f16 kernels need the FP16 arithmetic extension (ARMv8.2-A FP16)",
+}
+_F16_PROTOS = {
+    "xnn_create_convolution2d_nhwc_f16": _PROTOS["xnn_create_convolution2d_nhwc_f32"],
+    "xnn_setup_convolution2d_nhwc_f16": _PROTOS["xnn_setup_convolution2d_nhwc_f32"],
+    "xnn_create_deconvolution2d_nhwc_f16": _PROTOS["xnn_create_deconvolution2d_nhwc_f32"],
+    "xnn_setup_deconvolution2d_nhwc_f16": _PROTOS["xnn_setup_deconvolution2d_nhwc_f32"],
+    "xnn_create_fully_connected_nc_f16": _PROTOS["xnn_create_fully_connected_nc_f32"],
+    "xnn_setup_fully_connected_nc_f16": _PROTOS["xnn_setup_fully_connected_nc_f32"],
+}
+for _kind in ("f32_f16", "f16_f32"):
+    _F16_PROTOS[f"xnn_create_convert_nc_{_kind}"] = [_sz] * 3 + [_u32, _op_out]
+    _F16_PROTOS[f"xnn_setup_convert_nc_{_kind}"] = [_vp, _sz, _vp, _vp, _vp]
+
+
+@functools.lru_cache(maxsize=None)
+def f16_symbols() -> tuple[bool, str]:
+    """Whether the loaded build exports the f16 operators and conversions (prototypes set)."""
+    ok, why = availability()
+    if not ok:
+        return False, why
+    return _bind(_F16_PROTOS, "f16 convolution, deconvolution and fully connected")
+
+
+@functools.lru_cache(maxsize=None)
+def f16_availability() -> tuple[bool, str]:
+    """Whether f16 operators run here: the build exports them and a tiny f16 convolution and fully
+    connected operator can be created (not where the CPU lacks what the f16 kernels need)."""
+    ok, why = f16_symbols()
+    if not ok:
+        return False, why
+    try:
+        Convolution2DNHWC(np.ones((1, 1, 1, 1), np.float32), datatype="f16").close()
+        FullyConnected(np.ones((1, 1), np.float32), datatype="f16").close()
+    except XNNPackError as exc:
+        if exc.status_name == "xnn_status_unsupported_hardware":
+            need = F16_KERNELS_NEED.get(platform.machine(), "XNNPack has none for this architecture")
+            return False, f"no f16 kernels for this CPU ({need})"
+        return False, str(exc)
+    return True, "f16 convolution, deconvolution and fully connected"
+
+
+def _require_f16() -> None:
+    ok, why = f16_symbols()
+    if not ok:
+        raise XNNPackUnavailable(why)
+
+
+def _creation(operator: str, datatype: str) -> tuple[str, int, type]:
+    """(create function, extra flags, element type) of ``operator`` (e.g. "convolution2d_nhwc") in
+    ``datatype``: "f32", or "f16", whose weights and bias are given in float32 all the same
+    (XNN_FLAG_FP32_STATIC_WEIGHTS)."""
+    if datatype == "f32":
+        return f"xnn_create_{operator}_f32", 0, np.float32
+    if datatype == "f16":
+        _require_f16()
+        return f"xnn_create_{operator}_f16", XNN_FLAG_FP32_STATIC_WEIGHTS, np.float16
+    raise ValueError(f"no {datatype!r} {operator} operator (f32, f16)")
+
+
+class HalfConvert(Operator):
+    """``xnn_create_convert_nc_f32_f16`` (``to`` = "f16": float32 rounded to IEEE half, to nearest
+    even) or ``xnn_create_convert_nc_f16_f32`` (``to`` = "f32", exact) over the last axis."""
+
+    def __init__(self, to: str, channels: int, *, threadpool: Threadpool | None = None):
+        super().__init__(threadpool)
+        _require_f16()
+        if to not in ("f16", "f32"):
+            raise ValueError(f"no conversion to {to!r} (f16, f32)")
+        self.channels = int(channels)
+        self.source, self.target = (np.float32, np.float16) if to == "f16" else (np.float16, np.float32)
+        direction = "f32_f16" if to == "f16" else "f16_f32"
+        self._create(f"xnn_create_convert_nc_{direction}", self.channels, self.channels, self.channels, 0)
+
+    def _setup(self, x, out, threadpool=None) -> np.ndarray:
+        x, out = _as_f32(x, "x", self.source), _as_f32(out, "out", self.target)
+        if x.shape != out.shape or x.shape[-1] != self.channels:
+            raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
+        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
+               self._setup_name)
+        return out
+
+
 __all__ = [
     "XNNPackError", "XNNPackUnavailable", "availability", "library_version", "lib", "Threadpool",
     "Operator", "Convolution2DNHWC", "Convolution2DNCHW", "nchw_convolution_supported",
@@ -1594,4 +1706,5 @@ __all__ = [
     "int8_graph_availability", "QAdd", "QMaxPooling2D", "QGlobalAveragePooling", "ADD_SCALE_RATIO",
     "GLOBAL_AVERAGE_SCALE_RATIO", "INT8_DECONV_VARIANTS", "int8_deconvolution_availability", "QDeconvolution2DNHWC",
     "int8_leaky_relu_availability", "QLeakyRelu",
+    "XNN_FLAG_FP32_STATIC_WEIGHTS", "f16_symbols", "f16_availability", "HalfConvert",
 ]
