@@ -36,3 +36,22 @@ def feeds_folder(folder: Path, count: int = 16, shape=(1, 3, 32, 32), seed=0) ->
     for i in range(count):
         np.savez(folder / f"feed{i:02d}.npz", input=rng.standard_normal(shape).astype(np.float32))
     return folder
+
+
+RELU = [["Relu", ["x"], {}]]
+SILU = [["Sigmoid", ["x"], {}], ["Mul", ["x", "t0"], {}]]
+
+
+def twin_task(precision: str, kind: str, x, w, y, attrs: dict, epilogue=()):
+    """A task of one op (with its bias and ``epilogue``) in a reduced ``precision``, as the tuner
+    makes a twin: for the half-precision kernel checks of the libraries."""
+    from kselect.core.models.tasks import Task, task_key
+
+    signature = {"kind": kind, "x": x, "w": w, "y": y, "attrs": attrs, "epilogue": list(epilogue)}
+    return Task(kind, task_key(signature), kind, x, w, y, attrs, True, [kind], list(epilogue)).at_precision(precision)
+
+
+def twin_conv(precision: str, x, w, y, k: int, stride: int = 1, group: int = 1, epilogue=()):
+    """A k x k conv with "same" padding as ``twin_task``."""
+    attrs = {"kernel": [k, k], "strides": [stride, stride], "pads": [k // 2] * 4, "dilations": [1, 1], "group": group}
+    return twin_task(precision, "conv", x, w, y, attrs, epilogue)

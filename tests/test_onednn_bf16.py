@@ -7,18 +7,20 @@ tune across MLAS and oneDNN holding int8, bf16 and fp32 ops in one plan."""
 
 from __future__ import annotations
 
+import functools
+
 import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import feeds_folder, kselect_json
+from helpers import RELU, SILU, feeds_folder, kselect_json, twin_conv, twin_task
 
 import kselect
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
 from kselect.core.models.model import model_from_proto
-from kselect.core.models.tasks import Task, extract_tasks, task_key
+from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.plan import Plan
 from kselect.core.precision.half import half_tolerance
 from kselect.plugins.onednn import dnnl
@@ -32,18 +34,9 @@ needs_bf16 = pytest.mark.skipif(not _OK or prim.bf16_missing() is not None,
 
 QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.02, timeout_s=60)
 TUNE_QUICK = MeasureSettings(min_repeats=3, min_time_s=0.01, max_time_s=0.2, timeout_s=60)
-RELU = [["Relu", ["x"], {}]]
-SILU = [["Sigmoid", ["x"], {}], ["Mul", ["x", "t0"], {}]]
 
 
-def _task(kind, x, w, y, attrs, epilogue=()) -> Task:
-    signature = {"kind": kind, "x": x, "w": w, "y": y, "attrs": attrs, "epilogue": list(epilogue)}
-    return Task(kind, task_key(signature), kind, x, w, y, attrs, True, [kind], list(epilogue)).at_precision("bf16")
-
-
-def _conv(x, w, y, k, stride=1, group=1, epilogue=()) -> Task:
-    attrs = {"kernel": [k, k], "strides": [stride, stride], "pads": [k // 2] * 4, "dilations": [1, 1], "group": group}
-    return _task("conv", x, w, y, attrs, epilogue)
+_task, _conv = functools.partial(twin_task, "bf16"), functools.partial(twin_conv, "bf16")
 
 
 BF16_TASKS = {

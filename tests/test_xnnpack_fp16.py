@@ -9,6 +9,7 @@ either on the front or left out of its ladder with the reason."""
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 
@@ -16,14 +17,14 @@ import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import kselect_json
+from helpers import RELU, SILU, kselect_json, twin_conv, twin_task
 
 import kselect
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
 from kselect.core.models.model import model_from_proto
-from kselect.core.models.tasks import Task, extract_tasks, task_key
+from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.plan import Plan, load_plan_file, plan_node, plan_task
 from kselect.core.precision.half import UNIT_ROUNDOFF, half_tolerance
 from kselect.plugins.xnnpack import xnnpack_api as xa
@@ -35,19 +36,10 @@ _F16_OK, _F16_REASON = xa.f16_availability() if _OK else (False, _REASON)
 needs_f16 = pytest.mark.skipif(not _F16_OK, reason=f"no fp16 here: {_F16_REASON}")
 
 QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.02, timeout_s=60)
-RELU = [["Relu", ["x"], {}]]
-SILU = [["Sigmoid", ["x"], {}], ["Mul", ["x", "t0"], {}]]
 U = UNIT_ROUNDOFF["fp16"]
 
 
-def _task(kind, x, w, y, attrs, epilogue=()) -> Task:
-    signature = {"kind": kind, "x": x, "w": w, "y": y, "attrs": attrs, "epilogue": list(epilogue)}
-    return Task(kind, task_key(signature), kind, x, w, y, attrs, True, [kind], list(epilogue)).at_precision("fp16")
-
-
-def _conv(x, w, y, k, stride=1, group=1, epilogue=()) -> Task:
-    attrs = {"kernel": [k, k], "strides": [stride, stride], "pads": [k // 2] * 4, "dilations": [1, 1], "group": group}
-    return _task("conv", x, w, y, attrs, epilogue)
+_task, _conv = functools.partial(twin_task, "fp16"), functools.partial(twin_conv, "fp16")
 
 
 FP16_TASKS = {
