@@ -6,6 +6,7 @@ at all."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -1007,6 +1008,26 @@ def test_an_unread_weight_listed_as_a_graph_input_is_no_input_to_feed(tmp_path):
                         [helper.make_tensor_value_info("bn.num_batches_tracked", TensorProto.INT64, [])],
                         [numpy_helper.from_array(np.array(5, np.int64), "bn.num_batches_tracked")])
     assert list(load_model(str(model)).input_shapes) == ["input"]
+
+
+def test_a_model_whose_every_weight_is_a_graph_input_says_how_to_make_them_constants(tmp_path):
+    """An IR 4+ export with keep_initializers_as_inputs (CenterFace): every weight is an input a
+    feed may replace, so nothing is tuned; the one-line error names ONNX Runtime's tool that makes
+    them constants, and that tool's output tunes."""
+    import onnx
+
+    proto = small_cnn()
+    proto.ir_version = 8
+    proto.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in proto.graph.initializer)
+    model, fixed = tmp_path / "inputs.onnx", tmp_path / "fixed.onnx"
+    onnx.save(proto, model)
+    result = run_kselect("tasks", model)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "remove_initializer_from_input" in result.stderr
+    subprocess.run([sys.executable, "-m", "onnxruntime.tools.remove_initializer_from_input", "--input", str(model),
+                    "--output", str(fixed)], check=True, capture_output=True)
+    assert json.loads(run_kselect("tasks", fixed, "--json").stdout)["tasks"]
 
 
 def test_case_20_convs_inside_if_and_loop_sub_graphs_are_listed_untuned(tmp_path):

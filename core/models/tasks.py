@@ -221,6 +221,10 @@ def extract_tasks(model: Model) -> list[Task]:
         untuned: list = []
         find_ops(model, untuned)
         why = f"; untuned: {untuned[0][1]} {untuned[0][0]!r} ({untuned[0][2]})" if untuned else ""
+        if untuned and all("also a graph input" in reason for _, _, reason in untuned):
+            # an exporter's keep_initializers_as_inputs (CenterFace): ONNX Runtime ships the tool that undoes it
+            why += ("; if nothing feeds the weights, `python -m onnxruntime.tools.remove_initializer_from_input "
+                    "--input MODEL.onnx --output FIXED.onnx` makes them constants")
         raise KselectError(f"{model.name} has nothing to tune (no {', '.join(kinds_by_onnx_op())} with constant "
                            f"weights){why}")
     return list(tasks.values())
