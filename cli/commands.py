@@ -563,7 +563,7 @@ def _prediction_summary(result) -> None:
         return
     worst = max(predictions, key=lambda p: abs(p["error"]))
     within = sum(abs(p["error"]) <= 0.10 for p in predictions)
-    console.print(f"prediction (summed isolated op and conversion times, through a plan timed in the same race): "
+    console.print(f"prediction (the planner's figures, through a plan timed in the same race): "
                   f"|error| <= 10% on {within} of {len(predictions)} plans timed end to end; largest "
                   f"{worst['error']:+.1%} ({worst['library']}: {worst['plan']}, predicted {worst['predicted_ms']:.3f} ms, "
                   f"measured {worst['measured_ms']:.3f} ms)")

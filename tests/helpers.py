@@ -55,3 +55,10 @@ def twin_conv(precision: str, x, w, y, k: int, stride: int = 1, group: int = 1, 
     """A k x k conv with "same" padding as ``twin_task``."""
     attrs = {"kernel": [k, k], "strides": [stride, stride], "pads": [k // 2] * 4, "dilations": [1, 1], "group": group}
     return twin_task(precision, "conv", x, w, y, attrs, epilogue)
+
+
+def truncated_weights(inputs: dict) -> dict:
+    """A candidate's inputs with its weights truncated to 4 significant bits (a conversion that
+    drops bits where it should round): the real kernels then run and compute the wrong thing."""
+    w = inputs["w"]
+    return {**inputs, "w": (np.ascontiguousarray(w, np.float32).view(np.uint32) & np.uint32(0xFFF00000)).view(np.float32)}

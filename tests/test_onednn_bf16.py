@@ -13,7 +13,7 @@ import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import RELU, SILU, feeds_folder, kselect_json, twin_conv, twin_task
+from helpers import RELU, SILU, feeds_folder, kselect_json, truncated_weights, twin_conv, twin_task
 
 import kselect
 from kselect.core.contract import plugins
@@ -90,8 +90,7 @@ class TruncatingWeights(OnednnLibrary):
     builds it here, in this process."""
 
     def prepare(self, task, config, inputs):
-        w = (np.ascontiguousarray(inputs["w"], np.float32).view(np.uint32) & np.uint32(0xFFF00000)).view(np.float32)
-        return super().prepare(task, config, {**inputs, "w": w})
+        return super().prepare(task, config, truncated_weights(inputs))
 
 
 @needs_bf16

@@ -164,13 +164,13 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
     name = search.metric_name
     check = None
     chosen = search.plan
+    fp32_point = next(p for p in search.front if p.name == "fp32")
     losers = predicted_losers(search) if verify else []
     if losers and all(p in losers for p in search.front if p.within_budget and p.precisions and not p.failed):
-        fp32_us = next(p for p in search.front if p.name == "fp32").predicted_us
         check = {"against": "fp32 plan", "kept": "fp32", "skipped": {
             "reason": f"every point within the budget is predicted slower than the fp32 plan by more than "
                       f"{PREDICTION_MARGIN:.0%} (costs in context)",
-            "predicted_slower": {p.name: round(p.predicted_us / fp32_us - 1, 4) for p in losers}}}
+            "predicted_slower": {p.name: round(p.predicted_us / fp32_point.predicted_us - 1, 4) for p in losers}}}
         chosen = search.plans["fp32"]
     elif verify and any(p.within_budget and p.precisions for p in search.front):
         within = {p.name for p in search.front if p.within_budget and p.precisions and p not in losers}
@@ -197,7 +197,6 @@ def choose_precision(model: Model, library: Library, device: Device, db: RecordD
         for point in search.front:
             if timed.get(point.name, {}).get("process_ms") and not timed[point.name]["failed"]:
                 point.measured_ms = statistics.median(timed[point.name]["process_ms"])
-        fp32_point = next(p for p in search.front if p.name == "fp32")
         if fp32_point.measured_ms is not None:  # each point predicted through the fp32 plan measured with it
             for point in search.front:
                 if point.measured_ms is not None and point is not fp32_point:

@@ -339,6 +339,14 @@ class _Predictor:
         """Summed isolated times of ops and conversions."""
         return self.problem.total_us(self.table, self._assignment(precisions))
 
+    def stamp(self, plan: Plan, precisions: dict[str, str], predicted_us: float) -> None:
+        """Writes into ``plan`` the figure it was chosen on (core/whole_model/prediction.py reads
+        it), and, once corrected in context, what that covers and the isolated sum beside it."""
+        plan.extra[PREDICTED_US] = round(predicted_us, 3)
+        if self.correction is not None:
+            plan.extra[PREDICTED_BASIS] = IN_CONTEXT
+            plan.extra[ISOLATED_US] = round(self.isolated_us(precisions), 3)
+
     def __call__(self, precisions: dict[str, str]) -> float:
         """``isolated_us``; once ``learn_in_context`` has run, the time predicted with the costs
         corrected in context."""
@@ -406,9 +414,6 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             name = name if name == "fp32" else name + suffix
             plan = mixed_plan(fp32_plan, entries, settings_of_front, precisions, precision)
             predicted = predict(precisions) if predict else fp32_plan.estimated_us()
-            if predict is not None and predict.correction is not None:
-                plan.extra[PREDICTED_BASIS] = IN_CONTEXT
-                plan.extra[ISOLATED_US] = round(predict.isolated_us(precisions), 3)
             score = fp32_score
             try:
                 if precisions:
@@ -417,7 +422,10 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             except Exception as exc:  # a plan the library cannot build or run is a failed point, never chosen
                 return FrontPoint(name, dict(precisions), predicted, float("nan"), float("inf"),
                                   weight_bytes(model, precisions), failed=one_line(exc)[:300])
-            plan.extra[PREDICTED_US] = round(predicted, 3)
+            if predict is not None:
+                predict.stamp(plan, precisions, predicted)
+            else:
+                plan.extra[PREDICTED_US] = round(predicted, 3)
             plans[name] = plan
             drop = fp32_score - score
             return FrontPoint(name, dict(precisions), predicted, score, drop, weight_bytes(model, precisions),
@@ -471,9 +479,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         context.append({"front": suffix.strip(" ()") or "default", **correction.to_json()})
         for fp32_point in (p for p in front if p.name == "fp32"):
             fp32_point.predicted_us = predict({})
-            plans["fp32"].extra[ISOLATED_US] = plans["fp32"].extra.get(PREDICTED_US, round(predict.isolated_us({}), 3))
-            plans["fp32"].extra[PREDICTED_US] = round(fp32_point.predicted_us, 3)
-            plans["fp32"].extra[PREDICTED_BASIS] = IN_CONTEXT
+            predict.stamp(plans["fp32"], {}, fp32_point.predicted_us)
 
     context: list[dict] = []
     int8_tasks = [t for t in twin_tasks if t.precision == "int8"]

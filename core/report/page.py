@@ -511,7 +511,8 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         svg = charts.prediction_scatter([(name, p["predicted_ms"], p["measured_ms"]) for name, p in found], title,
                                         self.unit_note)
         caption = ("Each plan's predicted time is a plan timed in the same race (its reference) plus the difference "
-                   "of their summed isolated op and conversion times; measured: the median of its processes")
+                   "of their summed isolated op and conversion times, or times the ratio of their figures where both "
+                   "were corrected in context; measured: the median of its processes")
         cells = [[esc(name), esc(p["reference"]), _ms(p["summed_ms"], self.emulated), esc(p["summed_covers"]),
                   _ms(p["predicted_ms"], self.emulated), _ms(p["measured_ms"], self.emulated), esc(f"{p['error']:+.1%}")]
                  for name, p in found]

@@ -55,12 +55,13 @@ class InContext:
                 "conversions_us": round(self.conversions_us, 1), "untuned_us": round(self.untuned_us, 1)}
 
 
-def owners(model) -> dict[str, str]:
+def owners(model, ops: list | None = None) -> dict[str, str]:
     """Every name that stands for a tuned node or a node of its activation (node names and
-    output tensor names) -> that tuned node; every other node's names -> that node."""
+    output tensor names) -> that tuned node; every other node's names -> that node. ``ops``: the
+    model's tunable ops (core/models/tasks.find_ops), when the caller has them."""
     found: dict[str, str] = {}
     by_name = {node.name: node for node in model.proto.graph.node}
-    for op in find_ops(model):
+    for op in find_ops(model) if ops is None else ops:
         for name in [op.node, *op.epilogue_nodes]:
             found[name] = op.node
             for output in by_name[name].output if name in by_name else ():
@@ -89,8 +90,8 @@ def in_context(model, whole_us: float, per_node: dict[str, float]) -> InContext:
     """A runner's per-node times of one whole run (runtime node name -> us) mapped onto the
     model (``owners``): a tuned node's own, its activation's and its output's dequantize go to
     it; the quantize / dequantize of other tensors are conversions; the rest is untuned."""
-    names = owners(model)
-    tuned = {op.node for op in find_ops(model)}
+    ops = find_ops(model)
+    names, tuned = owners(model, ops), {op.node for op in ops}
     run = InContext(whole_us)
     for runtime_name, us in per_node.items():
         node = resolve(runtime_name, names)

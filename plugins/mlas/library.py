@@ -291,9 +291,11 @@ class MlasLibrary(Library):
 
     def node_times(self, model, plan, feeds: list[dict], runs: int):
         """From ONNX Runtime's profiler, in the session ``model_runner`` would make (profiling.py)."""
-        if plan is None:
-            return profiled_run(lambda prefix: default_session(model, profile_prefix=prefix), feeds, runs)
-        return profiled_run(lambda prefix: plan_session(model, plan, profile_prefix=prefix), feeds, runs)
+        def session(prefix):
+            if plan is None:
+                return default_session(model, profile_prefix=prefix)
+            return plan_session(model, plan, profile_prefix=prefix)
+        return profiled_run(session, feeds, runs)
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         # Its threads stop spinning at the end of each run: 197 -> 112 ms on resnet101 with two
