@@ -79,8 +79,9 @@ def main() -> None:
                                         settings=settings, check_rounds=args.check_rounds)
             result = kselect.tune(model, libraries, config)
             tune_s = round(time.perf_counter() - start, 1)
+            emulated = any(tuning.library.emulated for tuning in result.tunings.values())  # ACL under qemu
             for figure in result.predictions():
-                rows.append({"model": name, "tune": libraries, "tune_s": tune_s, **figure})
+                rows.append({"model": name, "tune": libraries, "tune_s": tune_s, "emulated": emulated, **figure})
             console.print(f"{name} --library {libraries}: {len(result.predictions())} plans timed end to end, "
                           f"tune {tune_s:.0f} s, kept {result.kept}")
     table = Table(title=f"predicted against measured whole-model time ({this_device().summary()})")
@@ -89,7 +90,8 @@ def main() -> None:
         table.add_column(column, justify="left" if column in ("model", "tune", "plan", "reference", "predicted from")
                          else "right")
     for row in rows:
-        table.add_row(row["model"], row["tune"], f"{row['library']}: {row['plan']}", row["reference"],
+        table.add_row(row["model"], row["tune"], f"{row['library']}: {row['plan']}"
+                      + (" [EMULATED]" if row.get("emulated") else ""), row["reference"],
                       f"{row['predicted_ms']:.3f}", f"{row['measured_ms']:.3f}", f"{row['error']:+.1%}",
                       f"{row['isolated_error']:+.1%}" if "isolated_error" in row else "", row["summed_covers"])
     console.print(table)

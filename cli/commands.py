@@ -566,7 +566,8 @@ def _prediction_summary(result) -> None:
     console.print(f"prediction (the planner's figures, through a plan timed in the same race): "
                   f"|error| <= 10% on {within} of {len(predictions)} plans timed end to end; largest "
                   f"{worst['error']:+.1%} ({worst['library']}: {worst['plan']}, predicted {worst['predicted_ms']:.3f} ms, "
-                  f"measured {worst['measured_ms']:.3f} ms)")
+                  f"measured {worst['measured_ms']:.3f} ms)"
+                  + (" [EMULATED]" if any(t.library.emulated for t in result.tunings.values()) else ""))
 
 
 def _op(task) -> str:
