@@ -67,8 +67,10 @@ def weight_bytes(path: Path) -> int:
 def nncf_int8(model, calibration: Calibration, path: Path) -> Path:
     """What a user of OpenVINO runs for INT8: NNCF's post-training quantization of the converted
     model on the calibration feeds (its defaults: mixed preset, 300 subset samples at most)."""
+    from kselect.plugins.openvino.runtime import openvino
+
+    ov = openvino()  # before nncf, which imports openvino
     import nncf
-    import openvino as ov
 
     ov_model = ov.convert_model(model.source if Path(model.source).is_file() else _saved(model, path.parent))
     ov_model.reshape({name: shape for name, shape in model.input_shapes.items()})

@@ -28,7 +28,12 @@ from kselect.core.plans.plan import Plan, load_plan_file, reduced_nodes
 from kselect.core.plans.runtime import load_plan
 from kselect.core.precision.half import half_tolerance
 
-openvino = pytest.importorskip("openvino")
+from kselect.plugins.openvino.runtime import openvino as import_openvino
+
+try:
+    openvino = import_openvino()
+except ImportError:
+    pytest.skip("the openvino package does not import", allow_module_level=True)
 
 QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.001, max_time_s=0.05)
 BF16_MISSING = plugins.get_library("openvino").missing_precisions().get("bf16")
@@ -134,12 +139,20 @@ print(json.dumps(ran))
         runner.close()
 
 
-def test_kselect_plugins_lists_openvino():
-    listed = run_kselect("plugins", "--json")
+def test_kselect_plugins_lists_openvino_and_openvino_writes_nothing_into_the_users_home(tmp_path):
+    """Starting OpenVINO (``kselect plugins`` imports it and lists its devices) writes nothing into
+    the user's home outside the cache folder: OpenVINO's telemetry, which would create ~/intel and
+    send usage events, is not started by kselect. (CI=true turns that telemetry off by itself.)"""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items() if key not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    listed = subprocess.run([sys.executable, "-m", "kselect.cli.main", "plugins", "--json"], capture_output=True,
+                            text=True, timeout=300, env={**env, "HOME": str(home), "COLUMNS": "200"})
     assert listed.returncode == 0, listed.stderr
     row = next(info for info in json.loads(listed.stdout) if info["name"] == "openvino")
     assert row["kind"] == "library" and row["status"] == "available"
     assert row["version"].startswith(f"OpenVINO {openvino.get_version()[:6]}")
+    assert [path.name for path in home.iterdir()] in ([], [".cache"])
 
 
 def _kselect_without_openvino(*args):

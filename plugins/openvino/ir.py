@@ -29,6 +29,7 @@ from pathlib import Path
 import onnx
 
 from kselect.core.errors import KselectError
+from kselect.plugins.openvino.runtime import openvino
 
 # The IR op types that hold the work of a tuned ONNX node (Conv, ConvTranspose, Gemm, MatMul).
 COMPUTE_TYPES = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
@@ -43,7 +44,7 @@ STREAMS = 1  # one stream: every core works on the one inference at a time (late
 
 @functools.lru_cache(maxsize=1)
 def core():
-    import openvino as ov
+    ov = openvino()
 
     return ov.Core()
 
@@ -71,7 +72,7 @@ class ConvertedModel:
     it after any of them: a Gemm's FullyConnected takes its bias Add's name)."""
 
     def __init__(self, proto: onnx.ModelProto, input_shapes: dict[str, list[int]], nodes: list[str]):
-        import openvino as ov
+        ov = openvino()
 
         with tempfile.TemporaryDirectory() as folder:
             onnx_path = Path(folder) / "model.onnx"
@@ -116,7 +117,7 @@ class ConvertedModel:
     def read(self, hints: dict[str, Hint]):
         """The ov.Model of the IR with ``hints``, as plain ``core.read_model`` reads it."""
         import numpy as np
-        import openvino as ov
+        ov = openvino()
 
         weights = ov.Tensor(np.frombuffer(self.weights, np.uint8)) if self.weights else ov.Tensor(np.zeros(0, np.uint8))
         return core().read_model(self.hinted_xml(hints), weights)

@@ -7,7 +7,6 @@ OpenVINO ran: a hint it ignored is a failed candidate, never a measured one (ir.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import platform
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from kselect.core.models.tasks import Task
 from kselect.core.precision.quant import PRECISIONS
 from kselect.plugins.openvino import ir
 from kselect.plugins.openvino.export import write_ir
+from kselect.plugins.openvino.runtime import openvino
 
 PACKAGE = "openvino==2026.4.1"
 # Implementation types the CPU plugin knows (impl_type_to_string in
@@ -142,7 +142,7 @@ class OpenvinoLibrary(Library):
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
         try:
-            importlib.import_module("openvino")
+            openvino()
         except ImportError as exc:
             return False, f"the openvino package does not import ({exc}): pip install {PACKAGE}"
         try:
@@ -154,7 +154,7 @@ class OpenvinoLibrary(Library):
         return True, ""
 
     def version(self) -> str:
-        import openvino as ov
+        ov = openvino()
 
         return f"OpenVINO {ov.get_version()}"
 
@@ -211,7 +211,7 @@ class OpenvinoLibrary(Library):
 
     # -- candidates (in the measuring child) --------------------------------------------------
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
-        import openvino as ov
+        ov = openvino()
 
         proto = task_model(task, inputs)
         converted = ir.ConvertedModel(proto, {}, ["op"])
