@@ -661,7 +661,7 @@ def test_int8_neighbours_through_an_op_run_in_float_pay_a_dequantize_and_a_quant
     from kselect.core.cross_library.conversions import ConversionTable
     from kselect.core.cross_library.problem import CrossProblem, data_edges, requantized_sides, untuned_paths
     from kselect.core.precision.calibration import quantize_qdq
-    from kselect.plugins.mlas.int8 import nodes_to_quantize
+    from kselect.core.precision.calibration import nodes_to_quantize
 
     model = _chain_with_float_and_int8_ops_between()
     tuned = {"a", "b", "c"}
@@ -706,7 +706,7 @@ def test_a_tensor_several_int8_ops_read_is_quantized_and_dequantized_once(tmp_pa
     from kselect.core.cross_library.problem import CrossProblem, connect
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
-    from kselect.plugins.mlas.int8 import nodes_to_quantize
+    from kselect.core.precision.calibration import nodes_to_quantize
 
     rng = np.random.default_rng(0)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
@@ -790,7 +790,8 @@ def test_the_ops_after_a_convtranspose_run_in_int8_where_int8_ops_take_its_outpu
 
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
-    from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
+    from kselect.core.precision.calibration import nodes_to_quantize
+    from kselect.plugins.mlas.int8 import float_ops_kept_float
 
     rng = np.random.default_rng(0)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
@@ -834,7 +835,8 @@ def test_the_ops_after_a_conv_sent_back_to_float_run_in_int8_where_int8_ops_take
 
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
-    from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
+    from kselect.core.precision.calibration import nodes_to_quantize
+    from kselect.plugins.mlas.int8 import float_ops_kept_float
 
     rng = np.random.default_rng(2)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
@@ -873,7 +875,8 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
 
     from kselect.core.models.model import model_from_proto
     from kselect.core.precision.calibration import quantize_qdq
-    from kselect.plugins.mlas.int8 import float_ops_kept_float, nodes_to_quantize
+    from kselect.core.precision.calibration import nodes_to_quantize
+    from kselect.plugins.mlas.int8 import float_ops_kept_float
 
     rng = np.random.default_rng(1)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}

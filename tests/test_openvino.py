@@ -27,6 +27,7 @@ from kselect.core.models.tasks import extract_tasks
 from kselect.core.plans.plan import Plan, load_plan_file, reduced_nodes
 from kselect.core.plans.runtime import load_plan
 from kselect.core.precision.half import half_tolerance
+from kselect.core.precision.quant import int8_tolerance, quant_params
 
 from kselect.plugins.openvino.runtime import openvino as import_openvino
 
@@ -178,22 +179,100 @@ def test_openvino_missing_is_one_line_and_a_tune_naming_it_fails_before_measurin
     assert not db.exists()
 
 
-def test_kselect_space_lists_bf16_exactly_where_openvino_runs_it_and_names_the_others():
+def test_kselect_space_lists_each_precision_exactly_where_openvino_runs_it_and_names_the_others():
     """Where OpenVINO's CPU plugin computes in bf16 (OPTIMIZATION_CAPABILITIES: on x86 a CPU with
-    AVX512_BF16 or AMX) bf16 is a precision of the plugin; fp16 where it computes in f16; int8 never."""
+    AVX512_BF16 or AMX) bf16 is a precision of the plugin; fp16 where it computes in f16; int8
+    where it has integer kernels; each missing one is named with the capabilities it has."""
     capabilities = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     space = kselect_json("space", "resnet18", "--library", "openvino")
-    runs = {"bf16": "BF16" in capabilities, "fp16": "FP16" in capabilities}
+    runs = {"bf16": "BF16" in capabilities, "fp16": "FP16" in capabilities, "int8": "INT8" in capabilities}
     assert space["precisions"] == ["fp32"] + [precision for precision, ran in runs.items() if ran]
     missing = space["missing_precisions"]
-    assert set(missing) == {"int8"} | {precision for precision, ran in runs.items() if not ran}
-    assert missing["int8"] == "no int8 candidates in kselect's openvino plugin"
-    for precision in set(missing) - {"int8"}:
-        assert missing[precision].startswith(f"OpenVINO's CPU plugin runs no {'f16' if precision == 'fp16' else 'bf16'} "
+    assert set(missing) == {precision for precision, ran in runs.items() if not ran}
+    for precision in missing:
+        assert missing[precision].startswith(f"OpenVINO's CPU plugin runs no "
+                                             f"{ {'fp16': 'f16', 'bf16': 'bf16', 'int8': 'i8'}[precision]} "
                                              f"here (its OPTIMIZATION_CAPABILITIES: ")
     flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
     if "avx512f" in flags:  # x86 with AVX-512: bf16 exactly where the CPU has bf16 arithmetic
         assert runs["bf16"] == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+needs_int8 = pytest.mark.skipif("int8" not in plugins.get_library("openvino").precisions,
+                                reason="OpenVINO's CPU plugin has no integer kernels here")
+
+
+@needs_int8
+def test_an_int8_twin_runs_on_openvinos_integer_kernels_within_the_int8_tolerance(library, model):
+    """The int8 twin of block.conv1 is the op between a dequantize of its uint8 input and a
+    quantize of its output: its space holds int8 configs only, its default and a hinted
+    implementation each run on an integer kernel (the runtime model says so, else the candidate
+    fails) and measure ok through the core's measuring path, with an error above fp32's and within
+    the int8 tolerance."""
+    device = this_device()
+    task = _task(model, "block.conv1")
+    twin = task.at_precision("int8")
+    assert library.supports(twin)
+    configs = library.space(twin, device).enumerate()
+    assert {c["precision"] for c in configs} == {"i8"}
+    default = library.default_config(twin, device)
+    hinted = next(c for c in configs if c["hinted"] and c["threads"] == device.cores)
+    fp32 = measure_in_this_process(library, task, library.default_config(task, device), QUICK, {})
+    with MeasureWorker(library, QUICK) as worker:
+        measured = [worker.measure(twin, config) for config in (default, hinted)]
+    inputs = task_inputs(twin)
+    inputs["quant"] = quant_params(twin, inputs, reference_output(twin, inputs))
+    tolerance = int8_tolerance(twin, inputs, reference_output(twin, inputs), inputs["quant"])
+    for result in measured:
+        assert result.status == "ok", result.reason
+        assert fp32.error < result.error <= tolerance
+
+
+@needs_int8
+def test_an_int8_tune_keeps_int8_ops_and_its_plan_runs_them_on_integer_kernels_in_plain_openvino(tmp_path):
+    """small_cnn tuned on OpenVINO with --precision fp32,int8 under a cosine budget of 0.05: the
+    chosen point has int8 ops within the budget; kselect.load_plan runs exactly those nodes on
+    integer kernels (the plan compiles the model's QDQ form), and the exported IR, loaded by plain
+    openvino with the exported properties, runs them on the same kernels."""
+    model_path = tmp_path / "small_cnn.onnx"
+    onnx.save(small_cnn(), model_path)
+    feeds = feeds_folder(tmp_path / "calibration")
+    out = tmp_path / "plan.json"
+    tuned = kselect_json("tune", model_path, "--library", "openvino", "--precision", "fp32,int8", "--calibration", feeds,
+                         "--metric", "cosine", "--max-accuracy-drop", "0.05", "--budget", "1", "--min-time", "0.01",
+                         "--no-verify", "--db", tmp_path / "records.db", "-o", out)
+    precision = tuned["libraries"][0]["precision"]
+    front = {point["name"]: point for point in precision["front"]}
+    chosen = front[precision["chosen"]]
+    assert chosen["within_budget"] and chosen["drop"] <= 0.05 and chosen["ops_by_precision"].get("int8")
+    plan = load_plan_file(out)
+    in_int8 = {node for node, precision in reduced_nodes(plan).items() if precision == "int8"}
+    assert in_int8 == set(chosen["precisions"]) and {plan.nodes[node]["config"]["precision"] for node in in_int8} == {"i8"}
+    runner = kselect.load_plan(out, str(model_path))
+    try:
+        ran = {node: choice.precision for node, choice in runner.runners[0].ran.items()}
+    finally:
+        runner.close()
+    assert ran == {node: "i8" if node in in_int8 else "f32" for node in plan.nodes}
+    exported = json.loads((tmp_path / "plan.openvino.json").read_text())
+    script = f"""
+import json, sys
+sys.modules["kselect"] = None  # plain openvino: kselect cannot be imported
+import openvino as ov
+settings = json.load(open({str(tmp_path / "plan.openvino.json")!r}))
+core = ov.Core()
+compiled = core.compile_model(core.read_model({str(tmp_path / "plan.openvino.xml")!r}), "CPU", settings["properties"])
+print(json.dumps({{name: node.get_rt_info()["primitiveType"].astype(str)
+                  for node in compiled.get_runtime_model().get_ordered_ops()
+                  for name in node.get_rt_info()["originalLayersNames"].astype(str).split(",")}}))
+"""
+    plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    primitives = json.loads(plain.stdout)
+    for node, entry in exported["nodes"].items():
+        assert entry["precision"] == ("i8" if node in in_int8 else "f32")
+        assert any(primitives.get(layer) == entry["primitive"] for layer in entry["layers"]), (node, entry)
+        assert entry["primitive"].endswith("_I8") == (node in in_int8)
 
 
 @needs_bf16

@@ -36,6 +36,7 @@ import onnx
 
 from kselect.core.errors import KselectError
 from kselect.core.models.model import Model
+from kselect.core.models.tasks import extract_tasks
 from kselect.core.models.preprocess import GRAYSCALE, IMAGENET, ImagePreprocess
 from kselect.core.models.realmodels import SAMPLE_PICTURES, fetch_sample_pictures, registry_entry
 
@@ -339,6 +340,49 @@ def _cached_number(value) -> float:
     if isinstance(value, dict):  # the cache's numpy arrays: {"data": [...], "dtype": ..., "CLS": "numpy.array"}
         value = value.get("data")
     return float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+
+
+def nodes_to_quantize(model, int8: set[str]) -> list[str] | None:
+    """The nodes the quantizer may quantize for a plan running ``int8`` in int8: all (None) when
+    every tunable node is int8, as ONNX Runtime's own static quantization does; otherwise the
+    int8 nodes and the untuned ops between them (a residual Add of two int8 branches, a pool
+    after an int8 conv).
+
+    A tunable op the plan keeps in float (backed off for accuracy, or with no int8 form in the
+    plan's library) has its output quantized once where int8 ops take it on, as ONNX Runtime's
+    quantizer does with the nodes it is told to exclude: the ReLU, residual Add, Resize and
+    Concat between a float conv and the next int8 conv run in 8 bits, not in float behind ONNX
+    Runtime's transposes to and from its NHWC int8 convs (docs/mixed-precision.md, "Export").
+    Untuned ops that only float ops and model outputs read stay float (a detector's head after
+    its last float conv)."""
+    tasks = extract_tasks(model)
+    tunable = {node for task in tasks for node in task.nodes}
+    if tunable <= int8:
+        return None
+    graph = model.proto.graph
+    writes, readers = {}, {}
+    for node in graph.node:  # graph order is topological
+        writes.update((output, node.name) for output in node.output)
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    activations = {node.name: [name for name in node.input if name and name not in model.initializers]
+                   for node in graph.node}
+    quantized, anchored = set(int8), set(int8)  # anchored: next to an int8 op through quantized ops
+    for node in graph.node:
+        inputs = activations[node.name]
+        # every data input written by a quantized op or a tunable one (int8, or float: its output is quantized)
+        if node.name not in tunable and inputs and all(writes.get(name) in quantized or writes.get(name) in tunable
+                                                       for name in inputs):
+            quantized.add(node.name)
+            if any(writes.get(name) in anchored for name in inputs):
+                anchored.add(node.name)
+    outputs = {value.name for value in graph.output}
+    for node in reversed(graph.node):  # readers first
+        read_by = [reader for output in node.output for reader in readers.get(output, [])]
+        if (node.name in quantized and node.name not in anchored and read_by and all(reader in anchored for reader in read_by)
+                and not any(output in outputs for output in node.output)):
+            anchored.add(node.name)
+    return sorted(quantized & anchored)
 
 
 @contextlib.contextmanager

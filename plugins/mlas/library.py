@@ -67,7 +67,7 @@ class MlasLibrary(Library):
     @property
     def int8_passes(self) -> frozenset[str]:
         """The op types onnxruntime.quantization's quantize_static quantizes by default (its
-        registries), which ONNX Runtime then runs on 8-bit tensors; int8.nodes_to_quantize hands it
+        registries), which ONNX Runtime then runs on 8-bit tensors; calibration.nodes_to_quantize hands it
         the untuned nodes whose data inputs all come from int8 ops."""
         from onnxruntime.quantization.registry import (  # heavy: not imported with the plugin
             QDQRegistry,

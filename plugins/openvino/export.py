@@ -22,12 +22,13 @@ from kselect.core.plans.plan import write_atomically
 from kselect.plugins.openvino import ir
 
 
-def write_ir(plan, model, out_dir, hints: dict, properties: dict, stem: str | None = None) -> list[Path]:
+def write_ir(plan, model, proto, out_dir, hints: dict, properties: dict, stem: str | None = None) -> list[Path]:
     """The plan's IR and compile properties in ``out_dir``, named after ``stem`` (default: the
-    model's name); ``hints`` and ``properties`` are the plan's (library.plan_compilation)."""
+    model's name); ``proto`` is the ONNX model the plan compiles (its QDQ form when it has int8
+    nodes), ``hints`` and ``properties`` are the plan's (library.plan_compilation)."""
     out_dir, stem = Path(out_dir), stem or model.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    converted = ir.ConvertedModel(model.proto, model.input_shapes, list(plan.nodes))
+    converted = ir.ConvertedModel(proto, model.input_shapes, list(plan.nodes))
     ran = converted.runtime_choices(converted.compile(hints, properties))
     xml_path, bin_path = out_dir / f"{stem}.openvino.xml", out_dir / f"{stem}.openvino.bin"
     settings_path = out_dir / f"{stem}.openvino.json"

@@ -39,6 +39,9 @@ COMPUTE_TYPES = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "
 BETWEEN_TYPES = ("Add", "Multiply", "Reshape", "Squeeze", "Unsqueeze", "Convert")
 # The runtime model's layer types of those ops.
 RUNTIME_TYPES = ("Convolution", "Deconvolution", "FullyConnected", "MatMul")
+# The suffix of an integer kernel's primitive type ("brgconv_avx512_I8"), whatever its runtime
+# precision says of its activations (u8 or i8).
+INT8_SUFFIX = "_I8"
 STREAMS = 1  # one stream: every core works on the one inference at a time (latency)
 
 
@@ -139,7 +142,9 @@ def runtime_choices(compiled, layers: dict[str, tuple[str, ...]]) -> dict[str, R
             continue
         primitive = info["primitiveType"].astype(str)
         precision = info["runtimePrecision"].astype(str)
-        suffix = f"_{precision}"
+        if primitive.endswith(INT8_SUFFIX):  # an integer kernel, on u8 or i8 activations: kselect's int8
+            precision = "i8"
+        suffix = INT8_SUFFIX if precision == "i8" else f"_{precision}"
         impl = primitive[:-len(suffix)] if primitive.endswith(suffix) else primitive
         fused = tuple(info["originalLayersNames"].astype(str).split(","))
         for name in fused:
@@ -171,7 +176,7 @@ def _compute_layers(model, proto: onnx.ModelProto, nodes: list[str]) -> dict[str
         while op is not None and op.get_type_name() in BETWEEN_TYPES:
             chain.append(op)
             computed = [i.get_source_output().get_node() for i in op.inputs()
-                        if i.get_source_output().get_node().get_type_name() != "Constant"]
+                        if not _constant(i.get_source_output().get_node())]
             op = computed[0] if len(computed) == 1 else None
         if op is None or op.get_type_name() not in COMPUTE_TYPES:
             raise KselectError(f"node {node!r}: no OpenVINO convolution or matrix product writes its output "
@@ -183,6 +188,16 @@ def _compute_layers(model, proto: onnx.ModelProto, nodes: list[str]) -> dict[str
             taken.add(member.get_friendly_name())
         layers[node] = tuple(member.get_friendly_name() for member in chain)
     return layers
+
+
+def _constant(op) -> bool:
+    """Whether ``op`` computes from constants alone (a Constant, or a quantized bias's Convert and
+    Multiply in a QDQ model)."""
+    if op.get_type_name() == "Constant":
+        return True
+    if op.get_type_name() == "Parameter":
+        return False
+    return all(_constant(i.get_source_output().get_node()) for i in op.inputs())
 
 
 def replicated(proto: onnx.ModelProto, copies: int) -> tuple[onnx.ModelProto, list[str]]:

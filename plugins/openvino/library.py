@@ -9,19 +9,23 @@ from __future__ import annotations
 import functools
 import json
 import platform
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import onnx
 
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
 from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device
-from kselect.core.measuring.measure import task_inputs, task_model
+from kselect.core.measuring.measure import reference_output, task_inputs, task_model
 from kselect.core.models.tasks import Task
-from kselect.core.precision.quant import PRECISIONS
-from kselect.plugins.openvino import ir
+from kselect.core.plans.plan import int8_nodes
+from kselect.core.precision.quant import PRECISIONS, dequantize, quant_params, quantize
+from kselect.plugins.openvino import int8, ir
 from kselect.plugins.openvino.export import write_ir
 from kselect.plugins.openvino.runtime import openvino
 
@@ -47,10 +51,11 @@ ARCH_WORDS = {"x86": ("sse42", "avx", "amx", "mlas", "uni"), "arm": ("acl", "kle
               "riscv": ("shl", "gv")}
 # kselect's precision names (Task.precision) -> OpenVINO's (INFERENCE_PRECISION_HINT, runtimePrecision,
 # a config's "precision").
-OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "i8"}
 # The entry of the CPU plugin's OPTIMIZATION_CAPABILITIES saying it computes in a reduced precision
-# on this CPU (bf16: AVX512_BF16 or AMX; f16: Arm's FP16 arithmetic, AVX512_FP16 or AMX-FP16).
-CAPABILITIES = {"bf16": "BF16", "fp16": "FP16"}
+# on this CPU (bf16: AVX512_BF16 or AMX; f16: Arm's FP16 arithmetic, AVX512_FP16 or AMX-FP16; int8:
+# integer kernels, which a QDQ model reaches, int8.py).
+CAPABILITIES = {"bf16": "BF16", "fp16": "FP16", "int8": "INT8"}
 # Copies of an op compiled together while finding the hints it takes: at most this many bytes of data.
 PROBE_BYTES = 256 << 20
 
@@ -96,9 +101,11 @@ class Offer:
 def _offer(task_json: str, precision: str) -> Offer | None:
     task = Task.from_json(json.loads(task_json))
     inputs = task_inputs(task)
-    single = task_model(task, inputs)
+    if precision == "i8":
+        inputs["quant"] = quant_params(task, inputs, reference_output(task, inputs))
+    single = op_model(task, inputs)
     names = asked_types()
-    data_bytes = max(1, sum(v.nbytes for v in inputs.values()))
+    data_bytes = max(1, sum(v.nbytes for v in inputs.values() if isinstance(v, np.ndarray)))
     # Copies of a fully connected op compiled together drop each other's hints (a FullyConnected
     # hinted jit_gemm in bf16 takes it alone, not beside a copy): it is compiled once per hint.
     copies = 1 if task.kind == "fc" else max(1, min(len(names), PROBE_BYTES // data_bytes))
@@ -120,6 +127,12 @@ def _offer(task_json: str, precision: str) -> Offer | None:
     return Offer(own, tuple(name for name in hinted if name != own))
 
 
+def op_model(task: Task, inputs: dict):
+    """The one-op model of a candidate: the op in float, or, for an int8 task, between a
+    dequantize of its input and a quantize of its output (int8.py)."""
+    return int8.single_op_model(task, inputs) if task.precision == "int8" else task_model(task, inputs)
+
+
 def offer(task: Task, precision: str) -> Offer | None:
     """Found by compiling the op with each implementation type as its hint, with OpenVINO's own
     thread count; once per task and precision in a process. None: not run in ``precision``."""
@@ -127,7 +140,9 @@ def offer(task: Task, precision: str) -> Offer | None:
 
 
 def compile_properties(precision: str, threads: int | None, pinning: bool | None) -> dict:
-    properties = {"INFERENCE_PRECISION_HINT": precision, "NUM_STREAMS": ir.STREAMS}
+    """``precision``: OpenVINO's inference precision; int8 ("i8") comes from the model's QDQ
+    nodes, the rest of it computing in f32."""
+    properties = {"INFERENCE_PRECISION_HINT": "f32" if precision == "i8" else precision, "NUM_STREAMS": ir.STREAMS}
     if threads:
         properties["INFERENCE_NUM_THREADS"] = int(threads)
     if pinning is not None:
@@ -175,13 +190,14 @@ class OpenvinoLibrary(Library):
             missing = reduced_missing()
         else:
             missing = {precision: "OpenVINO is not available" for precision in CAPABILITIES}
-        missing = {**missing, "int8": "no int8 candidates in kselect's openvino plugin"}
         return {precision: missing[precision] for precision in PRECISIONS if precision in missing}
 
     def supports(self, task: Task) -> bool:
         """A conv, deconv or fc the CPU plugin runs in the task's precision (a bf16 or fp16 twin
-        in OpenVINO's bf16 or f16)."""
+        in OpenVINO's bf16 or f16; an int8 twin of a conv or fc on its integer kernels)."""
         if task.kind not in ("conv", "deconv", "fc") or task.precision not in self.precisions:
+            return False
+        if task.precision == "int8" and not int8.has_int8_form(task):
             return False
         return offer(task, OV_PRECISIONS[task.precision]) is not None
 
@@ -213,7 +229,7 @@ class OpenvinoLibrary(Library):
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         ov = openvino()
 
-        proto = task_model(task, inputs)
+        proto = op_model(task, inputs)
         converted = ir.ConvertedModel(proto, {}, ["op"])
         compiled = converted.compile({"op": hint(config)},
                                      compile_properties(config["precision"], config["threads"], config["pinning"]))
@@ -223,25 +239,54 @@ class OpenvinoLibrary(Library):
             raise IgnoredHint(f"OpenVINO did not run {asked} in {config['precision']}: it ran {ran.primitive}")
         request = compiled.create_infer_request()
         x_shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
-        request.set_input_tensor(ov.Tensor(np.ascontiguousarray(inputs["x"].reshape(x_shape))))
-        candidate = CallCandidate(request.infer,
-                                  lambda: request.get_output_tensor(0).data.reshape(task.output_shape).copy())
+        x = int8.quantized_input(inputs) if task.precision == "int8" else inputs["x"]
+        request.set_input_tensor(ov.Tensor(np.ascontiguousarray(x.reshape(x_shape))))
+
+        def output():
+            y = request.get_output_tensor(0).data.reshape(task.output_shape).copy()
+            return int8.dequantized_output(y, inputs["quant"]) if task.precision == "int8" else y
+        candidate = CallCandidate(request.infer, output)
         candidate.compiled = compiled  # kept alive as long as its request
         return candidate
 
     # -- tensors at the model's boundary ------------------------------------------------------
     def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
-        """A plan on OpenVINO is one compiled model, shared with no other library: the only sides
-        asked of it (by the mixed-precision search, core/precision/mixed.py) are the model's inputs
-        entering it and its outputs leaving it, plain, handed over as they are: nothing to time."""
+        """A plan on OpenVINO is one compiled model, shared with no other library: the sides asked
+        of it (by the mixed-precision search, core/precision/mixed.py) are the model's inputs
+        entering it and its outputs leaving it, plain, handed over as they are (nothing to time),
+        and ``openvino:int8``, a tensor between a float op and an int8 one: its quantize ("in")
+        or dequantize ("out") compiled and timed in OpenVINO."""
+        if Label(label).form == "int8":
+            return super().measure_conversion(label, direction, x, settings)
         if not Label(label).is_plain:
             raise KselectError(f"OpenVINO converts no tensor into {label}: its plans run the whole model in one runner")
         return {"times_us": [[0.0]], "output": x}
 
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
+        """The quantize ("in") or dequantize ("out") of ``x`` on its own range, in OpenVINO
+        (int8.conversion_model); ``output()`` is the float tensor after it."""
+        ov = openvino()
+        proto, scale, zero_point = int8.conversion_model(x, direction)
+        with tempfile.TemporaryDirectory(prefix="kselect-openvino-") as folder:
+            path = Path(folder) / "side.onnx"
+            onnx.save(proto, str(path))
+            compiled = ir.core().compile_model(ov.convert_model(str(path)), "CPU",
+                                               compile_properties("f32", None, None))
+        request = compiled.create_infer_request()
+        fed = x if direction == "in" else quantize(x, scale, zero_point)
+        request.set_input_tensor(ov.Tensor(np.ascontiguousarray(fed)))
+
+        def output():
+            y = request.get_output_tensor(0).data.copy()
+            return dequantize(y, scale, zero_point) if direction == "in" else y
+        candidate = CallCandidate(request.infer, output)
+        candidate.compiled = compiled  # kept alive as long as its request
+        return candidate
+
     # -- plans ------------------------------------------------------------------------------
     def apply(self, plan, model, out_dir, stem: str | None = None):
         hints, properties = plan_compilation(plan)
-        return write_ir(plan, model, out_dir, hints, properties, stem)
+        return write_ir(plan, model, plan_model(model, plan), out_dir, hints, properties, stem)
 
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         return ModelRunner(model, plan)
@@ -259,6 +304,12 @@ def default_pinning() -> bool:
     return bool(ir.core().get_property("CPU", "ENABLE_CPU_PINNING"))
 
 
+def plan_model(model, plan):
+    """The ONNX model a plan compiles: the model, or, when the plan has int8 nodes, its QDQ form
+    (int8.quantized_model)."""
+    return int8.quantized_model(model, plan) if plan is not None and int8_nodes(plan) else model.proto
+
+
 def plan_compilation(plan) -> tuple[dict[str, ir.Hint], dict]:
     """The hints per ONNX node and the compile properties of a plan (None: OpenVINO's defaults in
     f32). The plan's one reduced precision, if any, is the model's inference precision, and the ops
@@ -266,7 +317,7 @@ def plan_compilation(plan) -> tuple[dict[str, ir.Hint], dict]:
     if plan is None:
         return {}, compile_properties("f32", None, None)
     configs = {node: entry["config"] for node, entry in plan.nodes.items()}
-    reduced = sorted({c["precision"] for c in configs.values()} - {"f32"})
+    reduced = sorted({c["precision"] for c in configs.values()} - {"f32", "i8"})
     if len(reduced) > 1:
         raise KselectError(f"the plan runs ops in {' and '.join(reduced)}: OpenVINO compiles a model in one reduced "
                            f"precision")
@@ -282,7 +333,7 @@ class ModelRunner:
 
     def __init__(self, model, plan):
         nodes = list(plan.nodes) if plan is not None else []
-        self.converted = ir.ConvertedModel(model.proto, model.input_shapes, nodes)
+        self.converted = ir.ConvertedModel(plan_model(model, plan), model.input_shapes, nodes)
         self.hints, self.properties = plan_compilation(plan)
         compiled = self.converted.compile(self.hints, self.properties)
         self.ran = self.converted.runtime_choices(compiled)
