@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import platform
+import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,6 +293,31 @@ class OpenvinoLibrary(Library):
     def model_runner(self, model, plan, in_mixed_plan: bool = False):
         return ModelRunner(model, plan)
 
+    def node_times(self, model, plan, feeds: list[dict], runs: int):
+        """The whole run timed as compiled for the plan; the nodes from OpenVINO's performance
+        counters (``PERF_COUNT``) in a second compile, each executed node's real time under the
+        planned ONNX node whose IR layers it holds, else under its own name."""
+        plain = ModelRunner(model, plan)
+        try:
+            whole = _timed_runs(plain, feeds, runs)
+        finally:
+            plain.close()
+        profiled = ModelRunner(model, plan, {"PERF_COUNT": True})
+        try:
+            per_node: dict[str, list[float]] = {}
+            _timed_runs(profiled, feeds, 0)
+            for index in range(runs):
+                profiled(feeds[index % len(feeds)])
+                this_run: dict[str, float] = {}
+                for counted in profiled.request.get_profiling_info():
+                    name = profiled.owner.get(counted.node_name, counted.node_name)
+                    this_run[name] = this_run.get(name, 0.0) + counted.real_time.total_seconds() * 1e6
+                for name, us in this_run.items():
+                    per_node.setdefault(name, []).append(us)
+        finally:
+            profiled.close()
+        return statistics.median(whole), {name: statistics.median(times) for name, times in per_node.items()}
+
     def runs_op(self, op_type: str) -> bool:
         return True  # OpenVINO's ONNX frontend and CPU plugin run every op of the models kselect takes
 
@@ -327,16 +354,37 @@ def plan_compilation(plan) -> tuple[dict[str, ir.Hint], dict]:
     return hints, compile_properties(precision, settings.get("threads"), settings.get("pinning"))
 
 
+def _timed_runs(runner, feeds: list[dict], runs: int) -> list[float]:
+    """One warm-up run of each feed, then ``runs`` timed runs (us) on the feeds in turn."""
+    for feed in feeds:
+        runner(feed)
+    times = []
+    for index in range(runs):
+        start = time.perf_counter()
+        runner(feeds[index % len(feeds)])
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
 class ModelRunner:
     """The whole model compiled by OpenVINO as the plan says: ``runner(feeds) -> [outputs]`` in the
-    ONNX graph's output order. ``ran``: what each planned node ran with (ir.RuntimeChoice)."""
+    ONNX graph's output order. ``ran``: what each planned node ran with (ir.RuntimeChoice);
+    ``owner``: executed node name -> the planned ONNX node whose IR layers it holds.
+    ``extra_properties``: compile properties added to the plan's (performance counters)."""
 
-    def __init__(self, model, plan):
+    def __init__(self, model, plan, extra_properties: dict | None = None):
         nodes = list(plan.nodes) if plan is not None else []
         self.converted = ir.ConvertedModel(plan_model(model, plan), model.input_shapes, nodes)
         self.hints, self.properties = plan_compilation(plan)
-        compiled = self.converted.compile(self.hints, self.properties)
+        compiled = self.converted.compile(self.hints, {**self.properties, **(extra_properties or {})})
         self.ran = self.converted.runtime_choices(compiled)
+        layer_owner = {layer: node for node, layers in self.converted.layers.items() for layer in layers}
+        self.owner = {}
+        for executed in compiled.get_runtime_model().get_ordered_ops():
+            layers = executed.get_rt_info()["originalLayersNames"].astype(str).split(",")
+            owner = next((layer_owner[layer] for layer in layers if layer in layer_owner), None)
+            if owner is not None:
+                self.owner[executed.get_friendly_name()] = owner
         self.request = compiled.create_infer_request()
         by_name = {}
         for index, output in enumerate(compiled.outputs):
