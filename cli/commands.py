@@ -740,6 +740,12 @@ def cmd_bench(args) -> None:
         low, high = result["per_round_bounds"]
         console.print(f"round by round ({baseline} process / plan process, one after the other): median "
                       f"{result['per_round_speedup']:.3f}x, {CONFIDENCE:.1%} bounds {low:.3f}-{high:.3f}")
+        if "users_default" in result:
+            users = result["users_default"]
+            low, high = users["per_round_bounds"]
+            console.print(f"against {libraries} as its users run it by default ({users['ms']:.3f} ms): median "
+                          f"{users['per_round_speedup']:.3f}x per round, bounds {low:.3f}-{high:.3f}, largest output "
+                          f"difference {users['max_relative_output_error']:.1e}")
     if result["emulated"]:
         console.print(EMULATED_NOTE)
     if json_file:

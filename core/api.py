@@ -356,7 +356,7 @@ def bench(model: Model | str, plan: Plan | str | Path, *, alone: bool = False, r
     library = plugins.baseline_library() if plan.cross_library else plugins.get_library(plan.library)
     baseline = "onnxruntime default" if plan.cross_library else f"{library.name} default"
     if alone:
-        result = bench_alone(model, library.name, plan, rounds, runs_per_round)
+        result = bench_alone(model, library.name, plan, rounds, runs_per_round, library.users_default)
     else:
         default_runners = fresh_runners(library, model, None)
         plan_runners = [load_plan(plan, model)] if plan.cross_library else fresh_runners(library, model, plan)

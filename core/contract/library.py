@@ -150,6 +150,13 @@ class WholeModelRunner(ABC):
         waiting for more work must stop then, or they hold cores the next segment needs."""
         raise NotImplementedError
 
+    # How this library's users run a model by default, where that differs from the baseline
+    # kselect's plans are held to (``model_runner(model, None)``): a ``timed_alone`` candidate
+    # (core/whole_model/alone.py), e.g. ``{"factory": "module:function", "args": {}}``. ``kselect
+    # bench --alone`` times it beside the plan. None: the same as the baseline. (OpenVINO's own
+    # default runs in bf16 on a CPU with AVX512_BF16 or AMX; kselect's baseline for it is f32.)
+    users_default: dict | None = None
+
     def node_times(self, model, plan, feeds: list[dict], runs: int) -> tuple[float, dict[str, float]] | None:
         """``plan`` (None: the library's defaults) run whole on ``feeds`` in turn, ``runs`` times,
         timed per node: (the median whole run, us; the runner's node name -> its median us). The

@@ -189,10 +189,14 @@ def side_figures(baseline_process_ms: list[float], measured: dict) -> dict:
             "bounds": [round(low, 4), round(high, 4)], "process_ms": measured["process_ms"]}
 
 
-def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_per_process: int = 5) -> dict:
+def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_per_process: int = 5,
+                users_default: dict | None = None) -> dict:
     """``bench``'s figures, each side timed alone in fresh processes (``timed_alone``): the
-    library's defaults against ``plan``."""
-    alone = timed_alone(model, {"default": library_name, "plan": plan}, rounds, runs_per_process)
+    library's defaults against ``plan``; with ``users_default`` (``Library.users_default``), the
+    library as its users run it by default too, as a third side (``users_default``: its ms,
+    the plan's per-round speedup over it with bounds, and the largest output difference)."""
+    sides = {"default": library_name, "plan": plan, **({"users default": users_default} if users_default else {})}
+    alone = timed_alone(model, sides, rounds, runs_per_process)
     for side, measured in alone.items():
         if measured["failed"]:
             raise KselectError(f"the {side} side failed: {measured['failed']}")
@@ -204,7 +208,15 @@ def bench_alone(model: Model, library_name: str, plan, rounds: int = 10, runs_pe
             "runs": len(planned), "processes": rounds, "default_process_ms": alone["default"]["process_ms"],
             "plan_process_ms": alone["plan"]["process_ms"], "default_spread": round(relative_iqr(default), 4),
             "plan_spread": round(relative_iqr(planned), 4),
-            "max_relative_output_error": compare_outputs(alone["default"]["outputs"], alone["plan"]["outputs"])}
+            "max_relative_output_error": compare_outputs(alone["default"]["outputs"], alone["plan"]["outputs"]),
+            **({"users_default": _against(alone["users default"], alone["plan"])} if users_default else {})}
+
+
+def _against(other: dict, plan: dict) -> dict:
+    low, median, high = median_bounds(paired_speedups(other["process_ms"], plan["process_ms"]))
+    return {"ms": round(statistics.median(other["times"]), 4), "process_ms": other["process_ms"],
+            "per_round_speedup": round(median, 4), "per_round_bounds": [round(low, 4), round(high, 4)],
+            "max_relative_output_error": compare_outputs(other["outputs"], plan["outputs"])}
 
 
 CONFIDENCE = 0.875

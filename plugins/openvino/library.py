@@ -10,13 +10,10 @@ import functools
 import json
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import onnx
 
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
@@ -155,6 +152,11 @@ def compile_properties(precision: str, threads: int | None, pinning: bool | None
 class OpenvinoLibrary(Library):
     name = "openvino"
     plan_level_dims = ("threads", "pinning")
+    # OpenVINO compiled with no properties, as its users run it (bf16 on a CPU with bf16)
+    users_default = {"factory": "kselect.plugins.openvino.baselines:runner", "args": {}}
+    # Untuned ops the CPU plugin runs on u8 between int8 ops of a QDQ model (the runtime model's
+    # precision of each, tests/test_openvino.py): no dequantize and quantize around them.
+    int8_passes = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "Add", "Concat", "Resize", "Flatten"})
 
     # -- identity ---------------------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -259,31 +261,10 @@ class OpenvinoLibrary(Library):
         and ``openvino:int8``, a tensor between a float op and an int8 one: its quantize ("in")
         or dequantize ("out") compiled and timed in OpenVINO."""
         if Label(label).form == "int8":
-            return super().measure_conversion(label, direction, x, settings)
+            return self._time_fresh(lambda: int8_side(x, direction), settings)
         if not Label(label).is_plain:
             raise KselectError(f"OpenVINO converts no tensor into {label}: its plans run the whole model in one runner")
         return {"times_us": [[0.0]], "output": x}
-
-    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
-        """The quantize ("in") or dequantize ("out") of ``x`` on its own range, in OpenVINO
-        (int8.conversion_model); ``output()`` is the float tensor after it."""
-        ov = openvino()
-        proto, scale, zero_point = int8.conversion_model(x, direction)
-        with tempfile.TemporaryDirectory(prefix="kselect-openvino-") as folder:
-            path = Path(folder) / "side.onnx"
-            onnx.save(proto, str(path))
-            compiled = ir.core().compile_model(ov.convert_model(str(path)), "CPU",
-                                               compile_properties("f32", None, None))
-        request = compiled.create_infer_request()
-        fed = x if direction == "in" else quantize(x, scale, zero_point)
-        request.set_input_tensor(ov.Tensor(np.ascontiguousarray(fed)))
-
-        def output():
-            y = request.get_output_tensor(0).data.copy()
-            return dequantize(y, scale, zero_point) if direction == "in" else y
-        candidate = CallCandidate(request.infer, output)
-        candidate.compiled = compiled  # kept alive as long as its request
-        return candidate
 
     # -- plans ------------------------------------------------------------------------------
     def apply(self, plan, model, out_dir, stem: str | None = None):
@@ -329,6 +310,25 @@ def hint(config: dict, keep_f32: bool = False) -> ir.Hint:
 @functools.lru_cache(maxsize=1)
 def default_pinning() -> bool:
     return bool(ir.core().get_property("CPU", "ENABLE_CPU_PINNING"))
+
+
+def int8_side(x: np.ndarray, direction: str) -> Candidate:
+    """The quantize ("in") or dequantize ("out") of ``x`` on its own range, in OpenVINO
+    (int8.conversion_model); ``output()`` is the float tensor after it. (Not ``conversion``: a
+    library defining that mixes with others in plans, which OpenVINO does not.)"""
+    ov = openvino()
+    proto, scale, zero_point = int8.conversion_model(x, direction)
+    compiled = ir.ConvertedModel(proto, {}, []).compile({}, compile_properties("f32", None, None))
+    request = compiled.create_infer_request()
+    fed = x if direction == "in" else quantize(x, scale, zero_point)
+    request.set_input_tensor(ov.Tensor(np.ascontiguousarray(fed)))
+
+    def output():
+        y = request.get_output_tensor(0).data.copy()
+        return dequantize(y, scale, zero_point) if direction == "in" else y
+    candidate = CallCandidate(request.infer, output)
+    candidate.compiled = compiled  # kept alive as long as its request
+    return candidate
 
 
 def plan_model(model, plan):
