@@ -162,7 +162,8 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
         sides[side] = {"precisions": ", ".join(f"{p} {n}" for p, n in sorted(reduced.items())), "tune": libraries,
                        "libraries": sorted(plan.libraries), "kept": result.kept, "score": score,
                        "drop": fp32_score - score, "weight_bytes": wbytes,
-                       "tune_s": round(time.perf_counter() - start, 1)}
+                       "tune_s": round(time.perf_counter() - start, 1),
+                       "implementations": other_implementations(plan)}
 
     timed = timed_alone(model, candidates, rounds=args.rounds, runs_per_process=args.runs)
     baseline = timed["ORT fp32 default"]["process_ms"]
@@ -173,6 +174,21 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
             "data": "SYNTHETIC random inputs" if calibration.synthetic else
             f"{calibration.source}" + (f", {calibration.caveat}" if calibration.caveat else ""),
             "held_out": len(calibration.held_out), "calibration_feeds": len(calibration.calibrate), "sides": sides}
+
+
+def other_implementations(plan) -> dict[str, dict]:
+    """Each planned node whose kernel is not its library's own pick for the op (an OpenVINO
+    ``primitives_priority`` hint taken): node -> the chosen implementation, the library's own and
+    the precision."""
+    found = {}
+    for entry in plan.tasks:
+        chosen, own = entry["config"].get("impl"), (entry.get("default_config") or {}).get("impl")
+        if chosen and own and chosen != own:
+            for node in entry["nodes"]:
+                if node in plan.nodes:
+                    found[node] = {"library": entry["library"], "chosen": chosen, "own": own,
+                                   "precision": entry["config"].get("precision")}
+    return found
 
 
 def _plan_weight_bytes(model, plan) -> int:
@@ -224,7 +240,7 @@ def summary(results: list[dict], budgets: list[float]) -> dict:
 def write_markdown(document: dict, path: Path, command: str) -> None:
     """The results page: how it was run, one table per model, the summary against the targets."""
     lines = ["# Precision per op: kselect against ONNX Runtime and OpenVINO", "",
-             f"`{command}` on {document['device']} (libraries: "
+             f"Each model's run is named under its heading (the last: `{command}`), on {document['device']} (libraries: "
              + ", ".join(f"{name} {version}" for name, version in document["libraries"].items())
              + f"; {document['openvino']}): per model, each side alone in a fresh process per round, "
              f"{document['rounds']} rounds taking turns, {document['runs_per_process']} timed runs per process; "
@@ -241,6 +257,15 @@ def write_markdown(document: dict, path: Path, command: str) -> None:
                   "| " + " | ".join(COLUMNS) + " |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += ["| " + " | ".join(row(side, f)) + " |" for side, f in result["sides"].items()]
         lines.append("")
+        for side, f in result["sides"].items():
+            if f.get("implementations"):
+                chosen = "; ".join(f"{node}: {i['chosen']} ({i['precision']}, own pick {i['own']})"
+                                   for node, i in sorted(f["implementations"].items()))
+                lines += [f"{side}: {len(f['implementations'])} nodes on another implementation than their library's "
+                          f"own pick: {chosen}.", ""]
+            elif "implementations" in f and "openvino" in f.get("libraries", ()):
+                lines += [f"{side}: every node on OpenVINO's own pick of implementation for its precision (no "
+                          "`primitives_priority` hint measured faster).", ""]
     summary_ = document.get("summary", {})
     lines += ["## Against the targets", "",
               "Geomean speedup over ONNX Runtime's fp32 default of kselect's fastest kept plan per model, per "
