@@ -298,10 +298,11 @@ class _Reader:
 
 def quantize_qdq(proto, output: Path, feeds: list[dict] | None = None, *, cache: Path | None = None,
                  method: str = "minmax", per_channel: bool = True, signed_activations: bool = False,
-                 nodes_to_quantize: list[str] | None = None) -> None:
+                 nodes_to_quantize: list[str] | None = None, op_types: list[str] | None = None) -> None:
     """onnxruntime.quantization.quantize_static as kselect calls it: QDQ format, int8 weights,
     uint8 (or int8) activations, calibrated on ``feeds`` or read from the calibration ``cache``
-    (written there when it does not exist yet); on a copy of the model at opset 13, quietly."""
+    (written there when it does not exist yet); on a copy of the model at opset 13, quietly.
+    ``op_types``: the op types it quantizes (default: every type it knows)."""
     import onnxruntime.quantization as q
 
     with tempfile.TemporaryDirectory(prefix="kselect-quantize-") as tmp, quiet_quantizer():
@@ -311,6 +312,7 @@ def quantize_qdq(proto, output: Path, feeds: list[dict] | None = None, *, cache:
                           quant_format=q.QuantFormat.QDQ, per_channel=per_channel,
                           activation_type=q.QuantType.QInt8 if signed_activations else q.QuantType.QUInt8,
                           weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes_to_quantize,
+                          op_types_to_quantize=op_types,
                           calibrate_method=getattr(q.CalibrationMethod, METHODS[method]),
                           calibration_cache_path=cache)
 

@@ -23,6 +23,7 @@ from kselect.core.precision.calibration import nodes_to_quantize, quantize_qdq
 from kselect.core.precision.quant import QuantParams, asymmetric_u8, dequantize, quantize
 
 INT8_KINDS = ("conv", "fc")  # OpenVINO runs a quantized ConvTranspose's work in float
+COMPUTE_OP_TYPES = ("Conv", "Gemm", "MatMul")  # the ONNX ops of the int8 tasks
 
 
 def has_int8_form(task) -> bool:
@@ -68,16 +69,22 @@ def dequantized_output(y_q: np.ndarray, params: QuantParams) -> np.ndarray:
     return dequantize(y_q, params.y_scale, params.y_zero_point)
 
 
-def quantized_model(model, plan) -> onnx.ModelProto:
+def quantized_model(model, plan, int8_passes: frozenset[str]) -> onnx.ModelProto:
     """The model with the plan's int8 nodes (and the untuned ops between them,
     ``nodes_to_quantize``) in QDQ form, written by onnxruntime.quantization.quantize_static from
-    the plan's calibration ranges: uint8 activations, int8 weights per output channel."""
+    the plan's calibration ranges: uint8 activations, int8 weights per output channel. Only
+    convolutions, matrix products and the ops OpenVINO runs on u8 between int8 ops
+    (``int8_passes``) are quantized: a quantize after an activation (a SiLU's Sigmoid and Mul)
+    keeps the CPU plugin from fusing the activation into the int8 convolution and runs as a
+    node of its own, where an activation left in float is fused and its output quantized by the
+    convolution itself, as in NNCF's models."""
     with tempfile.TemporaryDirectory(prefix="kselect-openvino-int8-") as folder:
         cache, output = Path(folder) / "ranges.json", Path(folder) / "model.int8.onnx"
         cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
         quantize_qdq(model.proto, output, cache=cache,
                      method=plan.extra["precision"].get("calibration", {}).get("method", "minmax"),
-                     nodes_to_quantize=nodes_to_quantize(model, int8_nodes(plan)))
+                     nodes_to_quantize=nodes_to_quantize(model, int8_nodes(plan)),
+                     op_types=sorted({*COMPUTE_OP_TYPES, *int8_passes}))
         return onnx.load(str(output))
 
 

@@ -334,7 +334,9 @@ def int8_side(x: np.ndarray, direction: str) -> Candidate:
 def plan_model(model, plan):
     """The ONNX model a plan compiles: the model, or, when the plan has int8 nodes, its QDQ form
     (int8.quantized_model)."""
-    return int8.quantized_model(model, plan) if plan is not None and int8_nodes(plan) else model.proto
+    if plan is None or not int8_nodes(plan):
+        return model.proto
+    return int8.quantized_model(model, plan, OpenvinoLibrary.int8_passes)
 
 
 def plan_compilation(plan) -> tuple[dict[str, ir.Hint], dict]:
