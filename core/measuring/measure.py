@@ -127,8 +127,8 @@ def _samples(run, settings: MeasureSettings, before_each) -> tuple[list[float], 
         samples.append((time.perf_counter_ns() - t0) / 1000.0)
         preempted += _involuntary_switches() > switches
         elapsed = time.perf_counter() - start
-        if len(samples) < settings.min_repeats or elapsed < settings.min_time_s:
-            continue
+        if len(samples) < max(settings.min_repeats, 2) or elapsed < settings.min_time_s:
+            continue  # (two at least: the stability check compares two halves)
         if elapsed >= settings.max_time_s or len(samples) >= settings.max_repeats:
             break
         half = len(samples) // 2

@@ -322,6 +322,11 @@ class _Predictor:
         return slower
 
     correction: ContextCorrection | None = None  # set by ``learn_in_context``
+    # Corrected figures are multiplied by this: a second front (other plan-level int8 settings)
+    # learns from whole runs of its own, whose fp32 run may read another speed of the machine
+    # than the first front's did; scaled to the first front's fp32 figure, both fronts' points
+    # rank on one scale and are predicted against the one fp32 plan.
+    scale: float = 1.0
 
     def _assignment(self, precisions: dict[str, str]) -> dict:
         assignment = {node: options[0] for node, options in self.problem.options.items()}
@@ -352,7 +357,7 @@ class _Predictor:
         corrected in context."""
         if self.correction is None:
             return self.isolated_us(precisions)
-        return self.correction.predicted_us(*self.ops_and_conversions(precisions))
+        return self.scale * self.correction.predicted_us(*self.ops_and_conversions(precisions))
 
     def learn_in_context(self, library, model, fp32_plan: Plan, reduced_plan: Plan,
                          reduced: dict[str, str]) -> ContextCorrection | None:
@@ -476,8 +481,12 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             return
         if correction is None:
             return
-        context.append({"front": suffix.strip(" ()") or "default", **correction.to_json()})
-        for fp32_point in (p for p in front if p.name == "fp32"):
+        fp32_points = [p for p in front if p.name == "fp32"]
+        if not fp32_points:  # a second front: on the first front's scale (_Predictor.scale)
+            predict.scale = plans["fp32"].extra[PREDICTED_US] / predict({})
+        context.append({"front": suffix.strip(" ()") or "default", **correction.to_json(),
+                        "scale": round(predict.scale, 4)})
+        for fp32_point in fp32_points:
             fp32_point.predicted_us = predict({})
             predict.stamp(plans["fp32"], {}, fp32_point.predicted_us)
 
