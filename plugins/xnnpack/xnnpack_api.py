@@ -12,8 +12,8 @@ Binding the arrays is ``xnn_setup_*(op, shapes, pointers, pool)`` on the 2022 AP
 ``xnn_reshape_*(op, shapes, pool)`` then ``xnn_setup_*(op, workspace, pointers)`` on the 2024
 one (:meth:`Operator._bind_arrays`); on the 2024 API the elementwise operators are
 ``xnn_create_binary_elementwise_nd`` / ``xnn_create_unary_elementwise_nc`` and global average
-pooling is an average pooling over the whole window (:class:`GlobalAveragePooling`).  Native objects are freed by ``close()``, by the
-context manager, or in ``__del__``.
+pooling is an average pooling over the whole window (:class:`GlobalAveragePooling`).  Native
+objects are freed by ``close()``, by the context manager, or in ``__del__``.
 
 Threading: a :class:`Threadpool` wraps ``pthreadpool_create(n)``; ``threadpool=None`` runs on the
 calling thread only.  An operator keeps a reference to its pool, so the pool outlives it.
