@@ -232,7 +232,7 @@ class Executor:
         """A set-up operator, run by ``xnn_run_operator`` on the pool of ``threads``."""
         pool = configured.pool_for(threads)
         self._ops.append(op)
-        self.steps.append((self.run_operator, op.handle, None if pool is None else pool.handle))
+        self.steps += [(self.run_operator, handle, None if pool is None else pool.handle) for handle in op.handles]
 
     def add_built(self, built: configured.Built) -> None:
         self._built.append(built)

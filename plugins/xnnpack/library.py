@@ -137,9 +137,13 @@ class XnnpackLibrary(Library):
         return self.precisions
 
     def missing_precisions(self) -> dict[str, str]:
-        """bf16 (no such operators in this snapshot), and fp16 where XNNPack has no f16 kernels for
-        this CPU, with why."""
+        """bf16 (no such operators in this snapshot), fp16 where XNNPack has no f16 kernels for this
+        CPU, and int8 and fp16 on a build whose 8-bit and f16 operators are not bound (the 2024
+        API's), with why."""
         missing = {"bf16": "XNNPack has no bf16 operators in this build"}
+        int8_ok, int8_why = xa.int8_availability()
+        if not int8_ok:
+            missing["int8"] = int8_why
         fp16_ok, fp16_why = half.available()
         if not fp16_ok:
             missing["fp16"] = fp16_why
@@ -175,7 +179,7 @@ class XnnpackLibrary(Library):
         return True, "; ".join(parts)
 
     def version(self) -> str:
-        return f"{xa.DEBIAN_PACKAGE} {xa.library_version() or 'unknown'} ({_loaded_file_sha256()[:12]})"
+        return f"{xa.installed_package()} {xa.library_version() or 'unknown'} ({_loaded_file_sha256()[:12]})"
 
     def supports(self, task: Task) -> bool:
         """A conv, deconv or fc whose activation the executor runs; its int8 twin where an 8-bit

@@ -1,11 +1,19 @@
-"""ctypes binding over the system XNNPack (Debian ``libxnnpack0``, snapshot 0.0~git20220216).
+"""ctypes binding over the system XNNPack: Debian 12's ``libxnnpack0`` (snapshot 0.0~git20220216,
+``libXNNPACK.so.0``, "the 2022 API") or Debian 13's ``libxnnpack0.20241108`` (0.0~git20241108,
+``libXNNPACK.so.0.20241108``, "the 2024 API"), told apart at load time by
+``xnn_reshape_convolution2d_nhwc_f32``.
 
 Only the public operator API of ``/usr/include/xnnpack.h`` is used here (f32 operators a CNN
 needs; further down, the 8-bit and the f16 (half precision) conv / fc operators and their
-conversions, bound only when the build has them).  Every operator object packs its weights
-once at creation; ``run(x, out=None)`` does ``xnn_setup_*`` + ``xnn_run_operator`` on
-C-contiguous float32 numpy arrays (float16 for an f16 operator).  Native objects are freed by
-``close()``, by the context manager, or in ``__del__``.
+conversions, bound only when the build has them, on the 2022 API only).  Every operator object
+packs its weights once at creation; ``run(x, out=None)`` binds the arrays and runs
+(``xnn_run_operator``) on C-contiguous float32 numpy arrays (float16 for an f16 operator).
+Binding the arrays is ``xnn_setup_*(op, shapes, pointers, pool)`` on the 2022 API and
+``xnn_reshape_*(op, shapes, pool)`` then ``xnn_setup_*(op, workspace, pointers)`` on the 2024
+one (:meth:`Operator._bind_arrays`); on the 2024 API the elementwise operators are
+``xnn_create_binary_elementwise_nd`` / ``xnn_create_unary_elementwise_nc`` and global average
+pooling is an average pooling over the whole window (:class:`GlobalAveragePooling`).  Native
+objects are freed by ``close()``, by the context manager, or in ``__del__``.
 
 Threading: a :class:`Threadpool` wraps ``pthreadpool_create(n)``; ``threadpool=None`` runs on the
 calling thread only.  An operator keeps a reference to its pool, so the pool outlives it.
@@ -38,6 +46,10 @@ LIBXNNPACK = "libXNNPACK.so.0"
 LIBPTHREADPOOL = "libpthreadpool.so.0"
 DEBIAN_PACKAGE = "libxnnpack0"
 INSTALL_HINT = "apt-get install libxnnpack-dev"
+# Debian 13's build: a soname of its own, and the 2024 API (operators reshaped before setup)
+LIBXNNPACK_2024 = "libXNNPACK.so.0.20241108"
+DEBIAN_PACKAGE_2024 = "libxnnpack0.20241108"
+API_2022, API_2024 = 2022, 2024
 
 # Flags from xnnpack.h (this snapshot).
 XNN_FLAG_DEPTHWISE_CONVOLUTION = 0x00000001
@@ -66,6 +78,15 @@ REQUIRED_SYMBOLS = (
     + [f"xnn_{kind}_{op}" for op in _F32_OPS for kind in ("create", "setup")]
 )
 REQUIRED_POOL_SYMBOLS = ["pthreadpool_create", "pthreadpool_destroy", "pthreadpool_get_threads_count"]
+_OPS_2024 = [
+    "convolution2d_nhwc_f32", "convolution2d_nchw_f32", "deconvolution2d_nhwc_f32", "fully_connected_nc_f32",
+    "max_pooling2d_nhwc_f32", "average_pooling2d_nhwc_f32", "binary_elementwise_nd",
+    "unary_elementwise_nc", "softmax_nc_f32", "copy_nc_x32", "resize_bilinear2d_nhwc_f32",
+]
+REQUIRED_SYMBOLS_2024 = (
+    ["xnn_initialize", "xnn_run_operator", "xnn_delete_operator"]
+    + [f"xnn_{kind}_{op}" for op in _OPS_2024 for kind in ("create", "reshape", "setup")]
+)
 
 
 class XNNPackError(RuntimeError):
@@ -141,6 +162,58 @@ _PROTOS["xnn_setup_resize_bilinear2d_nhwc_f32"] = [_vp] + [_sz] * 5 + [_vp, _vp,
 XNN_FLAG_ALIGN_CORNERS = 0x00000008
 XNN_FLAG_TENSORFLOW_LEGACY_MODE = 0x00000004
 
+# The 2024 API (xnnpack.h of 0.0~git20241108). Convolution, deconvolution and fully connected take
+# a code cache and a weights cache (none here); reshape takes the shapes and the pool and, for some
+# operators, returns a workspace size and alignment and the output's height and width.
+_i32 = ctypes.c_int32
+_CACHES = [_vp, _vp]
+_CONV_CREATE_2024 = [_u32] * 11 + [_sz] * 4 + [_vp, _vp, _f32, _f32, _u32] + _CACHES + [_op_out]
+_PROTOS_2024 = {
+    "xnn_initialize": [_vp],
+    "xnn_deinitialize": [],
+    "xnn_run_operator": [_vp, _vp],
+    "xnn_delete_operator": [_vp],
+    "xnn_create_convolution2d_nhwc_f32": _CONV_CREATE_2024,
+    "xnn_reshape_convolution2d_nhwc_f32": [_vp, _sz, _sz, _sz, _szp, _szp, _szp, _szp, _vp],
+    "xnn_setup_convolution2d_nhwc_f32": [_vp, _vp, _vp, _vp],
+    "xnn_create_convolution2d_nchw_f32": _CONV_CREATE_2024,
+    "xnn_reshape_convolution2d_nchw_f32": [_vp, _sz, _sz, _sz, _szp, _szp, _vp],
+    "xnn_setup_convolution2d_nchw_f32": [_vp, _vp, _vp],
+    "xnn_create_deconvolution2d_nhwc_f32": _CONV_CREATE_2024,
+    "xnn_reshape_deconvolution2d_nhwc_f32": [_vp, _sz, _sz, _sz, _u32, _u32, _szp, _szp, _vp],
+    "xnn_setup_deconvolution2d_nhwc_f32": [_vp, _vp, _vp],
+    "xnn_create_fully_connected_nc_f32": [_sz] * 4 + [_vp, _vp, _f32, _f32, _u32] + _CACHES + [_op_out],
+    "xnn_reshape_fully_connected_nc_f32": [_vp, _sz, _vp],
+    "xnn_setup_fully_connected_nc_f32": [_vp, _vp, _vp],
+    "xnn_create_max_pooling2d_nhwc_f32": [_u32] * 10 + [_f32, _f32, _u32, _op_out],
+    "xnn_reshape_max_pooling2d_nhwc_f32": [_vp] + [_sz] * 6 + [_szp, _szp, _vp],
+    "xnn_setup_max_pooling2d_nhwc_f32": [_vp, _vp, _vp],
+    "xnn_create_average_pooling2d_nhwc_f32": [_u32] * 8 + [_f32, _f32, _u32, _op_out],
+    "xnn_reshape_average_pooling2d_nhwc_f32": [_vp] + [_sz] * 6 + [_szp] * 4 + [_vp],
+    "xnn_setup_average_pooling2d_nhwc_f32": [_vp, _vp, _vp, _vp],
+    "xnn_create_binary_elementwise_nd": [_i32, _i32, _vp, _vp, _vp, _u32, _op_out],
+    "xnn_reshape_binary_elementwise_nd": [_vp, _sz, _szp, _sz, _szp, _vp],
+    "xnn_setup_binary_elementwise_nd": [_vp, _vp, _vp, _vp],
+    "xnn_create_unary_elementwise_nc": [_i32, _i32, _i32, _vp, _vp, _vp, _u32, _op_out],
+    "xnn_reshape_unary_elementwise_nc": [_vp] + [_sz] * 4 + [_vp],
+    "xnn_setup_unary_elementwise_nc": [_vp, _vp, _vp],
+    "xnn_create_softmax_nc_f32": [_u32, _op_out],
+    "xnn_reshape_softmax_nc_f32": [_vp] + [_sz] * 4 + [_vp],
+    "xnn_setup_softmax_nc_f32": [_vp, _vp, _vp],
+    "xnn_create_copy_nc_x32": [_u32, _op_out],
+    "xnn_reshape_copy_nc_x32": [_vp] + [_sz] * 4 + [_vp],
+    "xnn_setup_copy_nc_x32": [_vp, _vp, _vp],
+    "xnn_create_resize_bilinear2d_nhwc_f32": [_sz, _sz, _u32, _op_out],
+    "xnn_reshape_resize_bilinear2d_nhwc_f32": [_vp] + [_sz] * 6 + [_szp, _szp, _vp],
+    "xnn_setup_resize_bilinear2d_nhwc_f32": [_vp, _vp, _vp, _vp],
+}
+_TAKES_CACHES_2024 = {"xnn_create_convolution2d_nhwc_f32", "xnn_create_convolution2d_nchw_f32",
+                      "xnn_create_deconvolution2d_nhwc_f32", "xnn_create_fully_connected_nc_f32"}
+XNN_DATATYPE_FP32 = 1
+# enum xnn_binary_operator and enum xnn_unary_operator of the 2024 header
+_BINARY_2024 = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3, "maximum": 4, "minimum": 5, "prelu": 8}
+_UNARY_2024 = {"clamp": 1, "elu": 5, "hardswish": 9, "leaky_relu": 10, "sigmoid": 13}
+
 
 class _Lib:
     """The loaded libraries, with prototypes set; ``xnn_initialize`` called once."""
@@ -156,19 +229,19 @@ class _Lib:
             raise XNNPackUnavailable(
                 f"libpthreadpool0 not installed ({LIBPTHREADPOOL}: {e}): "
                 "apt-get install libpthreadpool-dev") from e
-        try:
-            self.xnn = ctypes.CDLL(LIBXNNPACK, mode=ctypes.RTLD_GLOBAL)
-        except OSError as e:
-            raise XNNPackUnavailable(
-                f"{DEBIAN_PACKAGE} not installed ({LIBXNNPACK}: {e}): {INSTALL_HINT}") from e
-        missing = [s for s in REQUIRED_SYMBOLS if not hasattr(self.xnn, s)]
+        self.xnn = self._load_xnnpack()
+        self.api = API_2024 if hasattr(self.xnn, "xnn_reshape_convolution2d_nhwc_f32") else API_2022
+        self.package = DEBIAN_PACKAGE_2024 if self.soname == LIBXNNPACK_2024 else DEBIAN_PACKAGE
+        required, prototypes = ((REQUIRED_SYMBOLS_2024, _PROTOS_2024) if self.api == API_2024
+                                else (REQUIRED_SYMBOLS, _PROTOS))
+        missing = [s for s in required if not hasattr(self.xnn, s)]
         missing += [s for s in REQUIRED_POOL_SYMBOLS if not hasattr(self.pool, s)]
         if missing:
             raise XNNPackUnavailable(
-                f"{LIBXNNPACK} lacks needed symbol(s) {', '.join(missing)} "
-                f"(installed {DEBIAN_PACKAGE} {library_version()!r}; this binding targets the "
-                "0.0~git20220216 API)")
-        for name, argtypes in _PROTOS.items():
+                f"{self.soname} lacks needed symbol(s) {', '.join(missing)} "
+                f"(installed {self.package} {library_version(self.package)!r}; this binding targets the "
+                "0.0~git20220216 and 0.0~git20241108 APIs)")
+        for name, argtypes in prototypes.items():
             fn = getattr(self.xnn, name)
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
@@ -183,6 +256,20 @@ class _Lib:
             raise XNNPackUnavailable(
                 f"xnn_initialize failed: {STATUS_NAMES.get(status, status)}"
                 + (" (this CPU lacks SSE2?)" if status == 5 else ""))
+
+    def _load_xnnpack(self) -> ctypes.CDLL:
+        """Debian 12's soname, else Debian 13's; the first one's error when neither loads."""
+        first_error = None
+        for soname in (LIBXNNPACK, LIBXNNPACK_2024):
+            try:
+                xnn = ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:
+                first_error = first_error or e
+                continue
+            self.soname = soname
+            return xnn
+        raise XNNPackUnavailable(
+            f"{DEBIAN_PACKAGE} not installed ({LIBXNNPACK}: {first_error}): {INSTALL_HINT}") from first_error
 
 
 _LIB: _Lib | None = None
@@ -211,12 +298,27 @@ def availability() -> tuple[bool, str]:
         return False, str(e)
     except Exception as e:  # pragma: no cover - defensive
         return False, f"{type(e).__name__}: {e}"
-    return True, f"{DEBIAN_PACKAGE} {library_version() or 'unknown version'}"
+    return True, f"{lib().package} {library_version() or 'unknown version'}"
+
+
+def api() -> int:
+    """``API_2022`` or ``API_2024``: the API of the loaded build."""
+    return lib().api
+
+
+def installed_package() -> str:
+    """The Debian package of the loaded build (``libxnnpack0`` until one is loaded)."""
+    return _LIB.package if _LIB is not None else DEBIAN_PACKAGE
+
+
+def library_version(package: str | None = None) -> str | None:
+    """Debian version of ``package`` (default: the loaded build's; the library has no version call),
+    or None."""
+    return _package_version(package or installed_package())
 
 
 @functools.lru_cache(maxsize=None)
-def library_version(package: str = DEBIAN_PACKAGE) -> str | None:
-    """Debian version of the installed package (the library has no version call), or None."""
+def _package_version(package: str) -> str | None:
     try:
         out = subprocess.run(
             ["dpkg-query", "-W", "-f=${Version}", package],
@@ -362,11 +464,49 @@ class Operator:
         self._last = None
 
     def _create(self, fn_name: str, *args) -> None:
+        if self._lib.api == API_2024 and fn_name in _TAKES_CACHES_2024:
+            args += (None, None)  # no code cache, no weights cache
         fn = getattr(self._lib.xnn, fn_name)
         _check(fn(*args, ctypes.byref(self._op)), fn_name, self._describe())
         self._run_fn = self._lib.xnn.xnn_run_operator
         self._setup_fn = getattr(self._lib.xnn, fn_name.replace("xnn_create_", "xnn_setup_"))
         self._setup_name = fn_name.replace("xnn_create_", "xnn_setup_")
+        if self._lib.api == API_2024:
+            self._reshape_name = fn_name.replace("xnn_create_", "xnn_reshape_")
+            self._reshape_fn = getattr(self._lib.xnn, self._reshape_name)
+            self._workspace = None
+
+    def _bind_arrays(self, pointers: tuple, threadpool, shapes: tuple, shapes_2024: tuple | None = None, *,
+                     workspace: bool = False, output_dims: int = 0) -> None:
+        """Binds the operator to its arrays' ``pointers`` for arrays of these ``shapes``.
+
+        2022 API: ``xnn_setup_*(op, *shapes, *pointers, pool)``. 2024 API: ``xnn_reshape_*(op,
+        *shapes_2024 (default shapes), [&workspace size, &alignment], [&output dims], pool)``, then
+        ``xnn_setup_*(op, [workspace], *pointers)``; ``workspace`` and ``output_dims`` say which of
+        the bracketed arguments this operator's reshape has.
+        """
+        pool = self._pool(threadpool)
+        if self._lib.api == API_2022:
+            _check(self._setup_fn(self.handle, *shapes, *pointers, pool), self._setup_name)
+            return
+        results = [_sz() for _ in range(2 * workspace + output_dims)]
+        _check(self._reshape_fn(self.handle, *(shapes if shapes_2024 is None else shapes_2024),
+                                *(ctypes.byref(r) for r in results), pool), self._reshape_name)
+        workspace_args = ()
+        if workspace:
+            size, alignment = results[0].value, max(1, results[1].value)
+            self._workspace = np.empty(size + alignment, np.uint8) if size else None
+            address = None
+            if self._workspace is not None:
+                base = _ptr(self._workspace)
+                address = base + (-base) % alignment
+            workspace_args = (address,)
+        _check(self._setup_fn(self.handle, *workspace_args, *pointers), self._setup_name)
+
+    @property
+    def handles(self) -> tuple[int, ...]:
+        """The native operators ``xnn_run_operator`` runs, in order, for one run of this one."""
+        return (self.handle,)
 
     def _describe(self) -> str:
         return ""
@@ -413,9 +553,15 @@ class Operator:
         if x.ndim != 4 or x.shape[3] != channels:
             raise ValueError(f"x: expected (N, H, W, {channels}), got {x.shape}")
         out = _out(out, self.output_shape(x.shape), dtype=self.dtype)
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, x.shape[:3], self._reshape_shapes_2024(x.shape),
+                          **self._reshape_results_2024)
         return out
+
+    # what this NHWC operator's xnn_reshape_* takes beyond (N, H, W), and returns (2024 API)
+    _reshape_results_2024 = {"workspace": True, "output_dims": 2}
+
+    def _reshape_shapes_2024(self, input_shape) -> tuple:
+        return tuple(input_shape[:3])
 
     def _cached(self, x, out, threadpool) -> bool:
         """True when the last setup used these very arrays (same shape) and pool."""
@@ -630,8 +776,7 @@ class Convolution2DNCHW(_Conv2DBase):
             raise ValueError(f"x: expected {self.input_channels} channels, got shape {x.shape}")
         n, h, w = (x.shape[0], x.shape[1], x.shape[2]) if self.input_nhwc else (x.shape[0], x.shape[2], x.shape[3])
         out = _out(out, self.output_shape(x.shape))
-        _check(self._setup_fn(self.handle, n, h, w, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (n, h, w), output_dims=2)
         return out
 
 
@@ -679,8 +824,7 @@ class _DeconvGeometry:
         return x
 
     def _setup_deconv(self, x: np.ndarray, out: np.ndarray, threadpool) -> np.ndarray:
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], self.adjustment[0], self.adjustment[1],
-                              _ptr(x), _ptr(out), self._pool(threadpool)), self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (*x.shape[:3], *self.adjustment), output_dims=2)
         return out
 
 
@@ -750,14 +894,16 @@ class FullyConnected(Operator):
             raise ValueError(f"x: expected (..., {self.input_channels}), got {x.shape}")
         out = _out(out, x.shape[:-1] + (self.output_channels,), dtype=self.dtype)
         batch = x.size // self.input_channels
-        _check(self._setup_fn(self.handle, batch, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (batch,))
         return out
 
 
 class _Pool2DBase(Operator):
     def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
         return self._setup_nhwc(x, self.channels, out, threadpool)
+
+    def _reshape_shapes_2024(self, input_shape) -> tuple:
+        return (*input_shape[:3], self.channels, self.channels, self.channels)
 
     def output_shape(self, input_shape) -> tuple:
         n, h, w, c = input_shape
@@ -779,10 +925,13 @@ class MaxPooling2D(_Pool2DBase):
         self.dilation = _pair(dilation, "dilation")
         self.padding = _pads(padding)
         t, l, b, r = self.padding
+        # the 2022 API takes the channels (and pixel strides) at creation, the 2024 one at reshape
+        channels = (self.channels,) * 3 if api() == API_2022 else ()
         self._create("xnn_create_max_pooling2d_nhwc_f32", t, r, b, l, self.pool[0], self.pool[1],
                      self.stride[0], self.stride[1], self.dilation[0], self.dilation[1],
-                     self.channels, self.channels, self.channels, float(output_min),
-                     float(output_max), 0)
+                     *channels, float(output_min), float(output_max), 0)
+
+    _reshape_results_2024 = {"output_dims": 2}
 
 
 class AveragePooling2D(_Pool2DBase):
@@ -802,9 +951,9 @@ class AveragePooling2D(_Pool2DBase):
         self.dilation = (1, 1)
         self.padding = _pads(padding)
         t, l, b, r = self.padding
+        channels = (self.channels,) * 3 if api() == API_2022 else ()
         self._create("xnn_create_average_pooling2d_nhwc_f32", t, r, b, l, self.pool[0], self.pool[1],
-                     self.stride[0], self.stride[1], self.channels, self.channels, self.channels,
-                     float(output_min), float(output_max), 0)
+                     self.stride[0], self.stride[1], *channels, float(output_min), float(output_max), 0)
 
 
 class GlobalAveragePooling(Operator):
@@ -814,8 +963,16 @@ class GlobalAveragePooling(Operator):
                  output_max: float = math.inf, threadpool: Threadpool | None = None):
         super().__init__(threadpool)
         self.channels = int(channels)
-        self._create("xnn_create_global_average_pooling_nwc_f32", self.channels, self.channels,
-                     self.channels, float(output_min), float(output_max), 0)
+        if api() == API_2022:
+            self._create("xnn_create_global_average_pooling_nwc_f32", self.channels, self.channels,
+                         self.channels, float(output_min), float(output_max), 0)
+        else:
+            # The 2024 build's mean (xnn_create_reduce_nd over W of (N, W, C)) crashed in its run in
+            # the arm64 root: an average pooling over the whole (1, W) window is made at setup, when
+            # W is known; a window of one pixel (which XNNPack's pooling refuses) is a copy.
+            if output_min != -math.inf or output_max != math.inf:
+                raise ValueError("global average pooling takes no output range on the 2024 API")
+            self._width = None
 
     def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
         x = _as_f32(x, "x")
@@ -824,14 +981,35 @@ class GlobalAveragePooling(Operator):
         n = x.shape[0]
         width = x.size // (n * self.channels) if n else 0
         out = _out(out, (n, self.channels))
-        _check(self._setup_fn(self.handle, n, width, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        if api() == API_2022:
+            self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (n, width))
+            return out
+        self._create_for_width_2024(width)
+        c = self.channels
+        if width == 1:
+            self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (), (n, c, c, c))
+        else:
+            self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (), (n, 1, width, c, c, c), workspace=True,
+                              output_dims=2)
         return out
+
+    def _create_for_width_2024(self, width: int) -> None:
+        if self._op and width == self._width:
+            return
+        self.close()
+        if width == 1:
+            self._create("xnn_create_copy_nc_x32", 0)
+        else:
+            self._create("xnn_create_average_pooling2d_nhwc_f32", 0, 0, 0, 0, 1, width, 1, width, -math.inf,
+                         math.inf, 0)
+        self._width = width
 
 
 class Binary(Operator):
     """``xnn_create_<kind>_nd_f32`` (add, multiply, subtract, divide, maximum, minimum) with numpy
     broadcasting (up to 6 dims); add to divide clamp their output to [output_min, output_max]."""
+
+    _clamp = None  # the 2024 API's clamp after a ranged operator (Clamp)
 
     def __init__(self, kind: str, *, output_min: float = -math.inf, output_max: float = math.inf,
                  threadpool: Threadpool | None = None):
@@ -842,8 +1020,30 @@ class Binary(Operator):
         if not ranged and (output_min != -math.inf or output_max != math.inf):
             raise ValueError(f"{kind} takes no output range")
         self.kind = kind
-        self._create(f"xnn_create_{kind}_nd_f32", *ranged, 0)
         self._shape_cache: dict = {}
+        self._clamp = None
+        if api() == API_2022:
+            self._create(f"xnn_create_{kind}_nd_f32", *ranged, 0)
+            return
+        # The 2024 API's binary operators do not clamp: a clamp runs after, in place on the output
+        self._create("xnn_create_binary_elementwise_nd", _BINARY_2024[kind], XNN_DATATYPE_FP32, None, None, None, 0)
+        if ranged and ranged != (-math.inf, math.inf):
+            self._clamp = Clamp(1, *ranged, threadpool=threadpool)
+
+    @property
+    def handles(self) -> tuple[int, ...]:
+        return (self.handle,) + (() if self._clamp is None else (self._clamp.handle,))
+
+    def execute(self, threadpool: Threadpool | None = None) -> None:
+        super().execute(threadpool)
+        if self._clamp is not None:
+            self._clamp.execute(threadpool)
+
+    def close(self) -> None:
+        super().close()
+        clamp, self._clamp = getattr(self, "_clamp", None), None
+        if clamp is not None:
+            clamp.close()
 
     def _describe(self) -> str:
         return self.kind
@@ -865,8 +1065,10 @@ class Binary(Operator):
         b = _as_f32(b, "b")
         sa, sb, na, nb, oshape = self._shapes(a.shape, b.shape)
         out = _out(out, oshape)
-        _check(self._setup_fn(self.handle, na, sa, nb, sb, _ptr(a), _ptr(b), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
+        self._bind_arrays((_ptr(a), _ptr(b), _ptr(out)), threadpool, (na, sa, nb, sb))
+        if self._clamp is not None:
+            flat = out.reshape(-1)
+            self._clamp.bind_rows(flat, flat, 1, flat.size, threadpool)
         return out
 
     def run(self, a, b, out=None, threadpool=None) -> np.ndarray:
@@ -893,9 +1095,16 @@ class _RowwiseNC(Operator):
         if x.ndim < 1 or x.shape[-1] != self.channels:
             raise ValueError(f"x: expected (..., {self.channels}), got {x.shape}")
         out = _out(out, x.shape)
-        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
+        self.bind_rows(x, out, x.size // self.channels, self.channels, threadpool)
         return out
+
+    def bind_rows(self, x: np.ndarray, out: np.ndarray, rows: int, channels: int, threadpool=None) -> None:
+        """Binds to ``rows`` rows of ``channels`` values (the 2022 API took the channels at creation)."""
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (rows,), self._rows_2024(rows, channels))
+
+    def _rows_2024(self, rows: int, channels: int) -> tuple:
+        """xnn_reshape_*'s shape arguments: (batch, channels, input stride, output stride)."""
+        return rows, channels, channels, channels
 
 
 class Clamp(_RowwiseNC):
@@ -905,8 +1114,11 @@ class Clamp(_RowwiseNC):
                  *, threadpool: Threadpool | None = None):
         super().__init__(threadpool)
         self.channels = int(channels)
-        self._create("xnn_create_clamp_nc_f32", self.channels, self.channels, self.channels,
-                     float(output_min), float(output_max), 0)
+        if api() == API_2022:
+            self._create("xnn_create_clamp_nc_f32", self.channels, self.channels, self.channels,
+                         float(output_min), float(output_max), 0)
+        else:
+            _create_unary_2024(self, "clamp", float(output_min), float(output_max))
 
 
 class Softmax(_RowwiseNC):
@@ -915,7 +1127,11 @@ class Softmax(_RowwiseNC):
     def __init__(self, channels: int, *, threadpool: Threadpool | None = None):
         super().__init__(threadpool)
         self.channels = int(channels)
-        self._create("xnn_create_softmax_nc_f32", self.channels, self.channels, self.channels, 0)
+        channels = (self.channels,) * 3 if api() == API_2022 else ()
+        self._create("xnn_create_softmax_nc_f32", *channels, 0)
+
+    def _rows_2024(self, rows: int, channels: int) -> tuple:
+        return channels, channels, channels, rows
 
 
 class Unary(_RowwiseNC):
@@ -930,20 +1146,43 @@ class Unary(_RowwiseNC):
         self.kind = kind
         self.channels = int(channels)
         extra = (float(param),) if _UNARY[kind] else ()
-        self._create(f"xnn_create_{kind}_nc_f32", self.channels, self.channels, self.channels, *extra, 0)
+        if api() == API_2022:
+            self._create(f"xnn_create_{kind}_nc_f32", self.channels, self.channels, self.channels, *extra, 0)
+        else:
+            _create_unary_2024(self, kind, *extra)
 
     def _describe(self) -> str:
         return self.kind
 
 
+def _create_unary_2024(op: Operator, kind: str, *params: float) -> None:
+    """``xnn_create_unary_elementwise_nc`` of ``kind`` on float32, with its parameters (clamp: min,
+    max; elu: alpha; leaky_relu: negative slope) in ``union xnn_unary_params``."""
+    op._params = (_f32 * 2)(*params)
+    op._create("xnn_create_unary_elementwise_nc", _UNARY_2024[kind], XNN_DATATYPE_FP32, XNN_DATATYPE_FP32,
+               ctypes.addressof(op._params), None, None, 0)
+
+
 class PReLU(_RowwiseNC):
-    """``xnn_create_prelu_nc_f32``: one negative slope per channel (the last axis)."""
+    """``xnn_create_prelu_nc_f32`` (2024 API: the binary operator prelu of x and the slopes): one
+    negative slope per channel (the last axis)."""
 
     def __init__(self, slopes: np.ndarray, *, threadpool: Threadpool | None = None):
         super().__init__(threadpool)
         self.slopes = np.ascontiguousarray(slopes, dtype=np.float32).reshape(-1)
         self.channels = self.slopes.size
-        self._create("xnn_create_prelu_nc_f32", self.channels, self.channels, self.channels, _ptr(self.slopes), 0)
+        if api() == API_2022:
+            self._create("xnn_create_prelu_nc_f32", self.channels, self.channels, self.channels, _ptr(self.slopes), 0)
+        else:
+            self._create("xnn_create_binary_elementwise_nd", _BINARY_2024["prelu"], XNN_DATATYPE_FP32,
+                         None, None, None, 0)
+
+    def bind_rows(self, x: np.ndarray, out: np.ndarray, rows: int, channels: int, threadpool=None) -> None:
+        if api() == API_2022:
+            return super().bind_rows(x, out, rows, channels, threadpool)
+        self._shapes_2024 = (_sz * 2)(rows, channels), (_sz * 1)(channels)
+        self._bind_arrays((_ptr(x), _ptr(self.slopes), _ptr(out)), threadpool, (),
+                          (2, self._shapes_2024[0], 1, self._shapes_2024[1]))
 
 
 class ResizeBilinear(Operator):
@@ -956,7 +1195,9 @@ class ResizeBilinear(Operator):
         self.channels = int(channels)
         self.output_hw = tuple(int(v) for v in output_hw)
         flags = (XNN_FLAG_ALIGN_CORNERS if align_corners else 0) | (XNN_FLAG_TENSORFLOW_LEGACY_MODE if legacy else 0)
-        self._create("xnn_create_resize_bilinear2d_nhwc_f32", self.channels, self.channels, self.channels, flags)
+        # the 2022 API takes the channels at creation and the output size at setup, the 2024 one the reverse
+        sizes = (self.channels,) * 3 if api() == API_2022 else self.output_hw
+        self._create("xnn_create_resize_bilinear2d_nhwc_f32", *sizes, flags)
 
     def output_shape(self, input_shape) -> tuple:
         return (input_shape[0], *self.output_hw, self.channels)
@@ -964,8 +1205,8 @@ class ResizeBilinear(Operator):
     def _setup(self, x, out=None, threadpool=None) -> np.ndarray:
         x = _as_f32(x, "x")
         out = _out(out, self.output_shape(x.shape))
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], *self.output_hw, _ptr(x), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (*x.shape[:3], *self.output_hw),
+                          (*x.shape[:3], self.channels, self.channels, self.channels), workspace=True)
         return out
 
 
@@ -1053,11 +1294,12 @@ class _CopyNC(Operator):
                  threadpool: Threadpool | None = None):
         super().__init__(threadpool)
         self.channels = channels
-        self._create("xnn_create_copy_nc_x32", channels, input_stride, output_stride, 0)
+        self.strides = (input_stride, output_stride)
+        layout = (channels, input_stride, output_stride) if api() == API_2022 else ()
+        self._create("xnn_create_copy_nc_x32", *layout, 0)
 
     def setup_raw(self, batch: int, x_ptr: int, out_ptr: int, threadpool=None) -> None:
-        _check(self._setup_fn(self.handle, batch, x_ptr, out_ptr, self._pool(threadpool)),
-               self._setup_name)
+        self._bind_arrays((x_ptr, out_ptr), threadpool, (batch,), (batch, self.channels, *self.strides))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1107,6 +1349,8 @@ def int8_availability() -> tuple[bool, str]:
 
 def _bind(prototypes: dict, what: str) -> tuple[bool, str]:
     """Sets the prototypes of optional functions of the loaded build; (False, why) when one lacks."""
+    if api() == API_2024:
+        return False, f"{what}: bound for the 2022 API only, not for {LIBXNNPACK_2024}'s"
     xnn = lib().xnn
     missing = [name for name in prototypes if not hasattr(xnn, name)]
     if missing:
@@ -1707,4 +1951,5 @@ __all__ = [
     "GLOBAL_AVERAGE_SCALE_RATIO", "INT8_DECONV_VARIANTS", "int8_deconvolution_availability", "QDeconvolution2DNHWC",
     "int8_leaky_relu_availability", "QLeakyRelu",
     "XNN_FLAG_FP32_STATIC_WEIGHTS", "f16_symbols", "f16_availability", "HalfConvert",
+    "API_2022", "API_2024", "api", "installed_package",
 ]
