@@ -21,7 +21,7 @@ from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.errors import KselectError
 from kselect.core.measuring.device import Device
 from kselect.core.measuring.measure import reference_output, task_inputs, task_model
-from kselect.core.models.tasks import Task
+from kselect.core.models.tasks import Task, task_key
 from kselect.core.plans.plan import int8_nodes
 from kselect.core.precision.quant import PRECISIONS, dequantize, quant_params, quantize
 from kselect.plugins.openvino import int8, ir
@@ -76,9 +76,40 @@ def asked_types() -> tuple[str, ...]:
 def reduced_missing() -> dict[str, str]:
     """Each reduced precision (kselect's name) the CPU plugin does not compute in here, and why."""
     capabilities = list(ir.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-    return {precision: f"OpenVINO's CPU plugin runs no {OV_PRECISIONS[precision]} here (its OPTIMIZATION_CAPABILITIES: "
-                       f"{', '.join(capabilities)})"
-            for precision, capability in CAPABILITIES.items() if capability not in capabilities}
+    missing = {precision: f"OpenVINO's CPU plugin runs no {OV_PRECISIONS[precision]} here (its "
+                          f"OPTIMIZATION_CAPABILITIES: {', '.join(capabilities)})"
+               for precision, capability in CAPABILITIES.items() if capability not in capabilities}
+    if "int8" not in missing:
+        failure = int8_probe_failure()
+        if failure:
+            missing["int8"] = failure
+    return missing
+
+
+def int8_probe_failure() -> str | None:
+    """Why the CPU plugin does not run kselect's int8 form of a conv (int8.single_op_model) here,
+    or None: a 3x3 conv with bias on 16 channels, compiled once. (OpenVINO 2026.4 on aarch64
+    lists INT8 and refuses it: "Convolution input precision should be single".)"""
+    attrs = {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    signature = {"kind": "conv", "x": [1, 16, 12, 12], "w": [16, 16, 3, 3], "y": [1, 16, 12, 12], "attrs": attrs,
+                 "epilogue": []}
+    task = Task("probe", task_key(signature), "conv", [1, 16, 12, 12], [16, 16, 3, 3], [1, 16, 12, 12], attrs, True,
+                ["probe"], []).at_precision("int8")
+    inputs = task_inputs(task)
+    inputs["quant"] = quant_params(task, inputs, reference_output(task, inputs))
+    try:
+        converted = ir.ConvertedModel(int8.single_op_model(task, inputs), {}, ["op"])
+        ran = converted.runtime_choices(converted.compile({}, compile_properties("i8", None, None)))["op"]
+    except Exception as exc:  # the plugin refuses the model
+        return f"OpenVINO's CPU plugin does not compile an int8 (QDQ) convolution here: {_last_line(exc)}"
+    if ran.precision != "i8":
+        return f"OpenVINO's CPU plugin runs an int8 (QDQ) convolution in {ran.precision} here ({ran.primitive})"
+    return None
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1][:200] if lines else type(exc).__name__
 
 
 class IgnoredHint(KselectError):
@@ -110,7 +141,10 @@ def _offer(task_json: str, precision: str) -> Offer | None:
     copies = 1 if task.kind == "fc" else max(1, min(len(names), PROBE_BYTES // data_bytes))
     properties = compile_properties(precision, None, None)
     alone = ir.ConvertedModel(single, {}, ["op"])
-    unhinted = alone.runtime_choices(alone.compile({}, properties))["op"]
+    try:
+        unhinted = alone.runtime_choices(alone.compile({}, properties))["op"]
+    except Exception:  # the plugin refuses this op in that form (an int8 one on aarch64): not offered
+        return None
     if unhinted.precision != precision:
         return None  # the plugin does not run this op in that precision here
     own, hinted = unhinted.impl, []
