@@ -68,6 +68,18 @@ class _Tensor:
         return dnnl.equal(self.memory.md, dnnl.plain_desc(self.shape))
 
 
+def _execute(step: tuple, threads_now: int | None) -> int:
+    """Runs one executor step ``(threads, primitive call, *args)`` on its thread count (set only
+    when it differs from ``threads_now``); returns the thread count now set."""
+    threads, fn, *args = step
+    if threads != threads_now:
+        dnnl.set_threads(threads)
+    status = fn(*args)
+    if status:
+        raise dnnl.DnnlError(status, "dnnl_primitive_execute")
+    return threads
+
+
 class Executor:
     """``Executor(library, model, plan)(feeds) -> [outputs]``; ``plan`` None = oneDNN's defaults."""
 
@@ -542,13 +554,8 @@ class Executor:
     def run_loaded(self) -> None:
         """One inference on the inputs loaded last, outputs left where their producers wrote them."""
         current = None
-        for threads, fn, *args in self.steps:
-            if threads != current:
-                dnnl.set_threads(threads)
-                current = threads
-            status = fn(*args)
-            if status:
-                raise dnnl.DnnlError(status, "dnnl_primitive_execute")
+        for step in self.steps:
+            current = _execute(step, current)
         dnnl.wait()
 
     def _run_timed(self, spent: dict[str, int]) -> None:
@@ -557,14 +564,9 @@ class Executor:
         a loop of its own, so that every inference of a plan does not pay for the clock."""
         current = None
         clock = time.perf_counter_ns
-        for (threads, fn, *args), node in zip(self.steps, self.step_nodes):
+        for step, node in zip(self.steps, self.step_nodes):
             step_start = clock()
-            if threads != current:
-                dnnl.set_threads(threads)
-                current = threads
-            status = fn(*args)
-            if status:
-                raise dnnl.DnnlError(status, "dnnl_primitive_execute")
+            current = _execute(step, current)
             spent[node] = spent.get(node, 0) + clock() - step_start
         dnnl.wait()
 
