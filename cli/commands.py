@@ -483,7 +483,9 @@ def _cross_summary(plan) -> None:
         console.print(f"re-timed {summary['remeasured']['configs']} configs and {summary['remeasured']['conversions']} "
                       "conversions just now, so the plan compares timings from one period")
     model_name = plan.model.get("name", "")
-    table = Table(title=f"{model_name}: sum of isolated op and conversion times (ops in between not included)")
+    context = summary.get("in_context")
+    basis = "op times in context" if context else "isolated op times"
+    table = Table(title=f"{model_name}: sum of {basis} and conversion times (ops in between not included)")
     for column in ("choice", "ops ms", "conversions ms", "workers asleep ms", "total ms"):
         table.add_column(column, justify="left" if column == "choice" else "right")
     rows = [("cross-library (planned)", summary["predicted"]), ("greedy per op", summary["greedy"])]
@@ -492,6 +494,10 @@ def _cross_summary(plan) -> None:
         table.add_row(name, f"{value['ops_us'] / 1000:.3f}", f"{value['conversions_us'] / 1000:.3f}",
                       f"{value['sleeping_us'] / 1000:.3f}", f"{value['total_us'] / 1000:.3f}")
     console.print(table)
+    if context:
+        ratios = ", ".join(f"{name} {ratio:.2f}" for name, ratio in context["ratio_median"].items())
+        console.print(f"op times in context: each library's isolated op times scaled per op by its time in a whole "
+                      f"run of the library's own plan (median ratio: {ratios})")
     used = {}
     for entry in plan.nodes.values():
         used[entry["library"]] = used.get(entry["library"], 0) + 1

@@ -403,3 +403,40 @@ def test_a_bf16_tune_chooses_bf16_ops_under_the_budget_and_its_plan_runs_them_in
     finally:
         runner.close()
     assert ran == {node: "bf16" if node in in_bf16 else "f32" for node in plan.nodes}
+
+
+def test_openvino_shares_plans_with_other_libraries_its_crossings_measured(library, model, tmp_path):
+    """``--library mlas,openvino``: the tune measures what a tensor pays entering and leaving
+    OpenVINO's runner and what switching to and from it costs, plans across both on op times in
+    context, and a plan
+    whose ops alternate between the two runs end to end with ONNX Runtime's outputs."""
+    from kselect.core.api import tune
+    from kselect.core.cross_library.switches import defaults_plan
+    from kselect.core.whole_model.bench import compare_outputs, random_feeds
+    from kselect.plugins.mlas.apply import default_session
+
+    assert "openvino" in [lib.name for lib in plugins.select_libraries("all")]
+    result = tune(model, ["mlas", "openvino"], search="random", budget=1, db=tmp_path / "records.db",
+                  settings=QUICK, verify=False)
+    cross = result.plan.extra["cross_library"]
+    assert set(cross["switch_us"]) == {"mlas->openvino", "openvino->mlas"}
+    assert set(cross["single_library"]) == {"mlas", "openvino"}
+    assert cross["single_library"]["openvino"]["total_us"] > 0
+    # the ops were ranked by their times in a whole run of each library's own plan; the plan keeps
+    # the isolated times the race predicts from
+    context = cross["in_context"]
+    assert set(context["ratio_median"]) == {"mlas", "openvino"}
+    assert all(ratio > 0 for ratio in context["ratio_median"].values())
+    for node, entry in result.plan.nodes.items():
+        task = next(t for t in result.plan.tasks if node in t["nodes"] and t["library"] == entry["library"])
+        assert entry["time_us"] == pytest.approx(task["time_us"], rel=1e-3)
+
+    convs = [node.name for node in model.proto.graph.node if node.op_type in ("Conv", "Gemm")]
+    alternating = defaults_plan(model, {node: ("mlas", "openvino")[index % 2] for index, node in enumerate(convs)})
+    runner = load_plan(alternating, model)
+    try:
+        assert {s.library for s in runner.segments} == {"mlas", "openvino"} and len(runner.segments) >= 4
+        feeds = random_feeds(model)
+        assert compare_outputs(default_session(model).run(None, feeds), runner(feeds)) < 1e-4
+    finally:
+        runner.close()

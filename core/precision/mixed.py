@@ -60,7 +60,7 @@ from kselect.core.precision.accuracy import Metric, default_metric, get_metric, 
 from kselect.core.precision.calibration import Calibration
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.alone import node_times_alone
-from kselect.core.whole_model.context import IN_CONTEXT, ContextCorrection, in_context
+from kselect.core.whole_model.context import CONTEXT_RUNS, IN_CONTEXT, ContextCorrection, in_context
 
 # The rungs an op climbs toward fp32, least precise first: int8 (8 bits), bf16 (8 significant
 # bits, fp32's range), fp16 (11 significant bits, a narrower range).
@@ -70,9 +70,6 @@ MAX_BACKOFF_STEPS = 24  # more climbs than this are made in groups
 # Sensitivities only order the ops (ties broken by SQNR, which is continuous): a share of the
 # held-out feeds does; every point of the front is measured on all of them.
 SENSITIVITY_FEEDS = 16
-# The two whole runs a front learns its in-context costs from (core/whole_model/context.py): timed
-# runs per plan, each plan in a fresh process.
-CONTEXT_RUNS = 20
 
 
 @dataclass

@@ -23,6 +23,12 @@ run used takes its fp32 ratio), plus the planner's conversions times their ratio
 reproduced, and the points between them are predictions. ``core/whole_model/prediction.py``
 predicts a whole model measured end to end from a plan measured in the same race plus the
 difference of two such figures.
+
+``op_ratios`` is what a plan across libraries learns from each library's own plan run whole: per
+tuned node, its time in that run over its isolated time. The planner scales every option of that
+library on that node by it before choosing, so that a library whose runner fuses and overlaps
+(OpenVINO: its isolated ops summed to 1.7x its whole run on resnet18) is not ranked by the times
+its ops take alone.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from dataclasses import dataclass, field
 
 from kselect.core.models.tasks import find_ops
 
-IN_CONTEXT = "ops and conversions, corrected in context"  # a plan's PREDICTED_BASIS (core/plans/plan.py)
+IN_CONTEXT = "ops and conversions, corrected in context"
+CONTEXT_RUNS = 20  # whole runs timed per node for a correction  # a plan's PREDICTED_BASIS (core/plans/plan.py)
 
 # What runtimes append to a node's name when they rewrite it (ONNX Runtime: the NCHWc transformer,
 # the QDQ fusions, generated names), stripped one at a time until a name of the model is found.
@@ -155,3 +162,9 @@ class ContextCorrection:
                 "conversion_ratio": round(self.conversion_ratio, 4),
                 "op_ratio_median": round(statistics.median(self.ratios.values()), 4) if self.ratios else None,
                 "runs": self.runs}
+
+
+def op_ratios(run: InContext, isolated_us: dict[str, float]) -> dict[str, float]:
+    """Per tuned node of ``run`` with an isolated time (``isolated_us``: node -> us of the config
+    the run used), its time in the run over that isolated time."""
+    return {node: us / isolated_us[node] for node, us in run.ops_us.items() if isolated_us.get(node)}

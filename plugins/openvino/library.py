@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
@@ -287,20 +288,22 @@ class OpenvinoLibrary(Library):
         candidate.compiled = compiled  # kept alive as long as its request
         return candidate
 
-    # -- tensors at the model's boundary ------------------------------------------------------
-    def measure_conversion(self, label: str, direction: str, x: np.ndarray, settings) -> dict:
-        """A plan on OpenVINO is one compiled model, shared with no other library: the sides asked
-        of it (by the mixed-precision search, core/precision/mixed.py) are the model's inputs
-        entering it and its outputs leaving it, plain, handed over as they are (nothing to time),
-        and ``openvino:int8``, a tensor between a float op and an int8 one: its quantize ("in")
-        or dequantize ("out") compiled and timed in OpenVINO."""
+    # -- tensors crossing into and out of OpenVINO ---------------------------------------------
+    def conversion(self, label: str, direction: str, x: np.ndarray) -> Candidate | None:
+        """What ``ModelRunner`` does to a tensor at a segment's edge, in NCHW or flat (OpenVINO takes
+        and gives plain tensors; its layouts inside a compiled model are its own): entering, one
+        more infer call with the tensor copied into the request; leaving, the tensor copied out of
+        it. ``openvino:int8``, a tensor between a float op and an int8 one: its quantize ("in") or
+        dequantize ("out") compiled and timed in OpenVINO."""
         if Label(label).form == "int8":
-            return self._time_fresh(lambda: int8_side(x, direction), settings)
+            return int8_side(x, direction)
         if not Label(label).is_plain:
-            raise KselectError(f"OpenVINO converts no tensor into {label}: its plans run the whole model in one runner")
-        return {"times_us": [[0.0]], "output": x}
+            raise KselectError(f"OpenVINO converts no tensor into {label}: it takes and gives plain tensors")
+        if direction == "out":
+            return CallCandidate(x.copy, lambda: x)
+        return segment_entry(x)
 
-    # -- plans ------------------------------------------------------------------------------
+    # -- plans ----    # -- plans ------------------------------------------------------------------------------
     def apply(self, plan, model, out_dir, stem: str | None = None):
         hints, properties = plan_compilation(plan)
         return write_ir(plan, model, plan_model(model, plan), out_dir, hints, properties, stem)
@@ -348,8 +351,8 @@ def default_pinning() -> bool:
 
 def int8_side(x: np.ndarray, direction: str) -> Candidate:
     """The quantize ("in") or dequantize ("out") of ``x`` on its own range, in OpenVINO
-    (int8.conversion_model); ``output()`` is the float tensor after it. (Not ``conversion``: a
-    library defining that mixes with others in plans, which OpenVINO does not.)"""
+    (int8.conversion_model); ``output()`` is the float tensor after it: ``conversion`` for the
+    label ``openvino:int8``."""
     ov = openvino()
     proto, scale, zero_point = int8.conversion_model(x, direction)
     compiled = ir.ConvertedModel(proto, {}, []).compile({}, compile_properties("f32", None, None))
@@ -361,6 +364,24 @@ def int8_side(x: np.ndarray, direction: str) -> Candidate:
         y = request.get_output_tensor(0).data.copy()
         return dequantize(y, scale, zero_point) if direction == "in" else y
     candidate = CallCandidate(request.infer, output)
+    candidate.compiled = compiled  # kept alive as long as its request
+    return candidate
+
+
+def segment_entry(x: np.ndarray) -> Candidate:
+    """One infer call of a compiled model that hands its input straight to its output, the input
+    copied in as ``ModelRunner`` copies a segment's inputs (its output, left in place, is the
+    "out" side's copy)."""
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "enter",
+                               [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(x.shape))]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    compiled = ir.ConvertedModel(model, {}, []).compile({}, compile_properties("f32", None, None))
+    request = compiled.create_infer_request()
+    feed = {compiled.inputs[0]: np.ascontiguousarray(x)}
+    candidate = CallCandidate(lambda: request.infer(feed, share_outputs=True),
+                              lambda: request.get_output_tensor(0).data.copy())
     candidate.compiled = compiled  # kept alive as long as its request
     return candidate
 
