@@ -32,6 +32,7 @@ from kselect.plugins.openvino import ir
 from kselect.core.precision.calibration import quantize_qdq
 from kselect.core.precision.half import half_tolerance
 from kselect.core.precision.quant import int8_tolerance, quant_params
+from kselect.core.whole_model.context import IN_CONTEXT
 
 from kselect.plugins.openvino.runtime import openvino as import_openvino
 
@@ -427,6 +428,11 @@ def test_openvino_shares_plans_with_other_libraries_its_crossings_measured(libra
     context = cross["in_context"]
     assert set(context["ratio_median"]) == {"mlas", "openvino"}
     assert all(ratio > 0 for ratio in context["ratio_median"].values())
+    # each library's own plan and ONNX Runtime's default (the race's reference) were run whole, so
+    # the plan's figure is a whole-model time in context, its isolated sum kept beside it
+    assert set(context["whole_us"]) == {"mlas", "openvino", "baseline default"}
+    assert result.plan.extra["predicted_basis"] == IN_CONTEXT
+    assert result.plan.extra["predicted_us"] > 0 and result.plan.extra["isolated_us"] > 0
     for node, entry in result.plan.nodes.items():
         task = next(t for t in result.plan.tasks if node in t["nodes"] and t["library"] == entry["library"])
         assert entry["time_us"] == pytest.approx(task["time_us"], rel=1e-3)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kselect.core.contract import plugins
 from kselect.core.contract.space import config_key
-from kselect.core.cross_library.plan import plan_across
+from kselect.core.cross_library.plan import attach_in_context, isolated_figure, plan_across
 from kselect.core.errors import one_line
 from kselect.core.models.model import Model
 from kselect.core.plans.library_plan import onnxruntime_default_plan
@@ -48,6 +48,11 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
     events.cross_planned(plan)
     if not verify:
         return
+    fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
+    # every plan of the race, and its reference, predicted through figures in context, or none of them
+    in_context = plan.extra["cross_library"].get("in_context")
+    if reduced is not None or not attach_in_context({name: t.plan for name, t in tunings.items()}, fallback, in_context):
+        isolated_figure(plan)
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if reduced is not None:
         # each library in its mixed plans' session-wide settings (which hold its fp32 ones): the
@@ -71,7 +76,6 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
             return planned
 
         candidates += cross_with_reduced_ops(model, plan, tunings, reduced, events, plan_per_op)
-    fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
     with events.working("checking the plans end to end against ONNX Runtime's default session"):
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,
                                                      max_rounds=max(check_rounds, check_max_rounds))

@@ -11,23 +11,25 @@ layout and library changes included. The steps, one module each:
 
 from __future__ import annotations
 
-from kselect.core.contract.space import config_key
 import statistics
 
+from kselect.core.contract import plugins
+from kselect.core.contract.space import config_key
 from kselect.core.cross_library.assembly import build_cross_plan
 from kselect.core.cross_library.conversions import measure_conversions
 from kselect.core.cross_library.problem import Choice, CrossProblem, cross_problem
 from kselect.core.cross_library.switches import measure_sleep_costs, measure_switch_costs
+from kselect.core.errors import KselectError
 from kselect.core.measuring.tuning_loop import library_defaults, library_tasks, stored_outcomes
 from kselect.core.measuring.tuning_loop import remeasure as remeasure_configs
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task, extract_tasks
-from kselect.core.errors import KselectError
-from kselect.core.plans.plan import PREDICTED_US, Plan
-from kselect.core.whole_model.alone import node_times_alone
-from kselect.core.whole_model.context import CONTEXT_RUNS, in_context, op_ratios
+from kselect.core.plans.plan import ISOLATED_US, PREDICTED_BASIS, PREDICTED_US, Plan
 from kselect.core.precision.quant import TWIN_KINDS
+from kselect.core.whole_model.alone import node_times_alone
+from kselect.core.whole_model.context import CONTEXT_RUNS, IN_CONTEXT, InContext, in_context, op_ratios
 
+BASELINE_DEFAULT = "baseline default"  # context_runs' key for the baseline library's default run
 REMEASURE_ROUNDS = 3  # a re-timed pick can lose its place to another stored record; re-time that one too
 
 
@@ -42,9 +44,9 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     between them. ``reduced_nodes``: precision (int8, bf16, fp16) -> the ops that may also run in
     it, on any library whose plans hold it and that measured their twins in it (precision then
     chosen per op with the library; the accuracy is the caller's to check: core/precision/mixed.py).
-    With several libraries and fp32 only, each library's ops are first scaled by their in-context
-    ratios (``context_ratios``): the labelling is chosen on those times, while the plan's summed
-    figure stays the isolated one the race's predictions are made from. (Precision fronts learn
+    With several libraries and fp32 only, each library's ops are first scaled by their ratios in
+    context (``context_runs``) and the labelling is chosen on those times; the plan's figure is
+    then a whole-model time in context (``in_context_figures``). (Precision fronts learn
     corrections of their own, core/precision/mixed.py.)"""
     reduced_nodes = {p: frozenset(nodes) for p, nodes in (reduced_nodes or {}).items() if nodes}
     task_lists, defaults, plan_level = {}, {}, {}
@@ -71,7 +73,9 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         remeasure_configs(list(wanted.values()), defaults, device, db, settings, on_measured)
         remeasured |= set(wanted)
         records, problem = current()
-    ratios = context_ratios(model, libraries, single_plans) if len(libraries) > 1 and not reduced_nodes else {}
+    runs = context_runs(model, libraries, single_plans) if len(libraries) > 1 and not reduced_nodes else {}
+    ratios = {name: found for name, run in runs.items()
+              if name in libraries and (found := op_ratios(run, isolated_times(single_plans[name])))}
     scale_ops(problem, ratios)
     table = measure_conversions(problem.sides(), libraries, device, db, settings, on_measured, again=remeasure)
     if len(libraries) > 1:
@@ -85,7 +89,7 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     summary = plan.extra["cross_library"]
     if ratios:
-        summary["in_context"] = unscale_plan(plan, ratios)
+        summary["in_context"] = in_context_figures(plan, ratios, runs)
     fp32 = [task for task in tasks if task.precision == "fp32"]
     summary["default_ops_us"] = {name: _default_ops_us(fp32, records[name], defaults[name]) for name in libraries}
     if remeasure:
@@ -126,30 +130,35 @@ def _default_ops_us(tasks: list[Task], records: dict, defaults: dict) -> float |
     return round(total, 3)
 
 
-def context_ratios(model: Model, libraries: dict, single_plans: dict) -> dict[str, dict[str, float]]:
-    """Per natively timed library whose runner times its nodes (``Library.node_times``): its own
-    plan run whole in a fresh process, and per tuned node the ratio of its time there to its
-    isolated time; every other node of the model gets the median ratio (``ratio_of``). A library
-    whose plan cannot be timed so keeps its isolated times."""
-    ratios = {}
-    for name, library in libraries.items():
-        plan = single_plans.get(name)
-        if library.emulated or plan is None or not plan.nodes:
+def context_runs(model: Model, libraries: dict, single_plans: dict) -> dict[str, InContext]:
+    """Each natively timed library's own plan run whole in a fresh process, timed per node
+    (``Library.node_times``), and, under the key ``BASELINE_DEFAULT``, the baseline library's
+    default run (ONNX Runtime's default session, the race's reference) when it is among
+    ``libraries``. A library whose runner cannot time its nodes, or whose run fails, has none."""
+    runs = {}
+    baseline = plugins.baseline_library().name
+    jobs = [(name, name, single_plans.get(name)) for name in libraries]
+    jobs += [(BASELINE_DEFAULT, baseline, None)] if baseline in libraries else []
+    for key, name, plan in jobs:
+        if libraries[name].emulated or (key == name and (plan is None or not plan.nodes)):
             continue
         try:
             timed = node_times_alone(model, name, plan, CONTEXT_RUNS)
         except KselectError:
             continue
-        if timed is None:
-            continue
-        isolated = {node: entry["time_us"] for entry in plan.tasks if entry.get("time_us") for node in entry["nodes"]}
-        found = op_ratios(in_context(model, *timed), isolated)
-        if found:
-            ratios[name] = found
-    return ratios
+        if timed is not None:
+            runs[key] = in_context(model, *timed)
+    return runs
+
+
+def isolated_times(plan: Plan) -> dict[str, float]:
+    """Each planned node's isolated time, us, as its plan task records it."""
+    return {node: entry["time_us"] for entry in plan.tasks if entry.get("time_us") for node in entry["nodes"]}
 
 
 def ratio_of(ratios: dict[str, dict[str, float]], library: str, node: str) -> float:
+    """The node's ratio on that library; the library's median for a node its run did not time; 1
+    for a library without ratios."""
     found = ratios.get(library)
     if not found:
         return 1.0
@@ -163,19 +172,51 @@ def scale_ops(problem: CrossProblem, ratios: dict[str, dict[str, float]]) -> Non
                 option.time_us *= ratio_of(ratios, option.payload.library, node)
 
 
-def unscale_plan(plan: Plan, ratios: dict[str, dict[str, float]]) -> dict:
-    """Puts the plan's node times and summed figure back to isolated times (the race predicts from
-    those: core/whole_model/prediction.py); returns what the context changed, for the plan's
-    evidence."""
-    in_context_us = plan.extra[PREDICTED_US]
+def in_context_figures(plan: Plan, ratios: dict[str, dict[str, float]], runs: dict[str, InContext]) -> dict:
+    """Puts the plan's node times back to isolated ones and, when every library it uses has a run,
+    makes its figure a whole-model time in context: the ops in context, the conversions as
+    measured, and the untuned nodes' time of each library's run weighted by its share of the
+    plan's ops (the isolated sum kept beside it, ``ISOLATED_US``). Returns the evidence."""
+    scaled_us = plan.extra[PREDICTED_US]
+    isolated_us = scaled_us
     for node, entry in plan.nodes.items():
         isolated = entry["time_us"] / ratio_of(ratios, entry["library"], node)
-        plan.extra[PREDICTED_US] -= entry["time_us"] - isolated
+        isolated_us -= entry["time_us"] - isolated
         entry["time_us"] = round(isolated, 3)
-    plan.extra[PREDICTED_US] = round(plan.extra[PREDICTED_US], 3)
-    return {"ratio_median": {name: round(statistics.median(found.values()), 4) for name, found in ratios.items()},
-            "ratios": {name: {node: round(r, 4) for node, r in found.items()} for name, found in ratios.items()},
-            "predicted_us": round(in_context_us, 3),
-            "note": "the labelling was chosen on op times scaled by these ratios (each library's own plan "
-                    "run whole, per node over isolated); predicted, greedy and single_library are in those "
-                    "times; the plan's summed figure is isolated"}
+    evidence = {"ratio_median": {name: round(statistics.median(found.values()), 4) for name, found in ratios.items()},
+                "ratios": {name: {node: round(r, 4) for node, r in found.items()} for name, found in ratios.items()},
+                "whole_us": {name: round(run.whole_us, 1) for name, run in runs.items()},
+                "untuned_us": {name: round(run.untuned_us, 1) for name, run in runs.items()}}
+    used = [entry["library"] for entry in plan.nodes.values()]
+    if used and all(name in runs for name in used):
+        untuned_us = sum(runs[name].untuned_us for name in used) / len(used)
+        plan.extra[PREDICTED_US] = round(scaled_us + untuned_us, 3)
+        plan.extra[PREDICTED_BASIS] = IN_CONTEXT
+        plan.extra[ISOLATED_US] = round(isolated_us, 3)
+    else:
+        plan.extra[PREDICTED_US] = round(isolated_us, 3)
+    return evidence
+
+
+def attach_in_context(plans: dict[str, Plan], reference: Plan | None, evidence: dict | None) -> bool:
+    """Gives each library's own plan (``plans``: library -> plan) and the race's reference (ONNX
+    Runtime's default, None when not raced) their whole-model figures in context from the runs
+    ``in_context_figures`` recorded, so that every plan of the race is predicted through the
+    same kind of figure; only when all of them have one (False: nothing changed)."""
+    if not evidence:
+        return False
+    whole = evidence["whole_us"]
+    if any(name not in whole for name in plans) or (reference is not None and BASELINE_DEFAULT not in whole):
+        return False
+    for name, plan in [*plans.items(), *([(BASELINE_DEFAULT, reference)] if reference is not None else [])]:
+        plan.extra[ISOLATED_US] = round(plan.extra.get(PREDICTED_US, plan.estimated_us()), 3)
+        plan.extra[PREDICTED_US] = whole[name]
+        plan.extra[PREDICTED_BASIS] = IN_CONTEXT
+    return True
+
+
+def isolated_figure(plan: Plan) -> None:
+    """The plan's figure back to its isolated sum, where ``in_context_figures`` made it one in context."""
+    if plan.extra.get(PREDICTED_BASIS) == IN_CONTEXT and ISOLATED_US in plan.extra:
+        plan.extra[PREDICTED_US] = plan.extra.pop(ISOLATED_US)
+        del plan.extra[PREDICTED_BASIS]

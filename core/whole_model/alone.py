@@ -121,16 +121,18 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
 
 
 def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0):
-    """``Library.node_times`` of ``plan`` (one library's) in a fresh process of its own, as the
-    rounds protocol runs a plan: no other runner's threads in it, and a plan that crashes or hangs
-    takes only that process down. (whole-run us, node -> us), or None when the library's runner
+    """``Library.node_times`` of ``plan`` (one library's; None: the library's defaults) in a fresh
+    process of its own, as the rounds protocol runs a plan: no other runner's threads in it, and a
+    plan that crashes or hangs takes only that process down. (whole-run us, node -> us), or None when the library's runner
     cannot time its nodes; raises KselectError when the process fails."""
     with tempfile.TemporaryDirectory(prefix="kselect-alone-") as work:
         plan_path, model_path = Path(work) / "plan.json", Path(work) / "model.onnx"
-        plan.save(plan_path)
+        if plan is not None:
+            plan.save(plan_path)
         model_path.write_bytes(model.proto.SerializeToString())
         done = _run_alone({"model": str(model_path), "inputs": model.input_shapes, "result": str(Path(work) / "result.json"),
-                           "node_times": {"library": library_name, "plan": str(plan_path), "runs": runs}}, timeout_s)
+                           "node_times": {"library": library_name, "plan": None if plan is None else str(plan_path),
+                                          "runs": runs}}, timeout_s)
     if "failed" in done:
         raise KselectError(f"timing {library_name}'s plan per node failed: {done['failed']}")
     return None if done["nodes"] is None else (done["whole_us"], done["nodes"])
@@ -139,7 +141,8 @@ def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s
 def _node_times_main(job: dict, model: Model) -> dict:
     spec = job["node_times"]
     library = plugins.get_library(spec["library"])
-    timed = library.node_times(model, load_plan_file(spec["plan"]), [random_feeds(model)], spec["runs"])
+    plan = None if spec["plan"] is None else load_plan_file(spec["plan"])
+    timed = library.node_times(model, plan, [random_feeds(model)], spec["runs"])
     return {"whole_us": None, "nodes": None} if timed is None else {"whole_us": timed[0], "nodes": timed[1]}
 
 
