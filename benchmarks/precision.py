@@ -47,7 +47,7 @@ from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.models.model import load_model
 from kselect.core.precision.accuracy import default_metric, get_metric, run_outputs
 from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
-from kselect.core.whole_model.alone import side_figures, timed_alone
+from kselect.core.whole_model.alone import median_bounds, paired_speedups, side_figures, timed_alone
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 OPENVINO = "kselect.plugins.openvino.baselines:runner"
@@ -169,7 +169,7 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
     baseline = timed["ORT fp32 default"]["process_ms"]
     for side, figures in sides.items():
         figures.update(side_figures(baseline, timed[side]))
-    return {"model": name, "command": "benchmarks/precision.py " + " ".join(sys.argv[1:]),
+    return {"model": name, "command": f"benchmarks/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
             "tunes": args.tunes, "metric": metric_name, "synthetic": calibration.synthetic,
             "data": "SYNTHETIC random inputs" if calibration.synthetic else
             f"{calibration.source}" + (f", {calibration.caveat}" if calibration.caveat else ""),
@@ -234,12 +234,45 @@ def summary(results: list[dict], budgets: list[float]) -> dict:
                 "budget": fair, "openvino_drop": round(openvino["drop"], 6), "kselect_side": best["side"],
                 "kselect_drop": round(best["drop"], 6), "kselect_speedup": best["speedup"],
                 "openvino_speedup": openvino["speedup"], "as_fast": best["speedup"] >= openvino["speedup"]}
+    out["against_defaults"] = against_defaults(results, budgets)
     return out
 
 
-def write_markdown(document: dict, path: Path, command: str) -> None:
+def versus(peer: dict, side: dict) -> dict:
+    """``side`` against ``peer`` timed in the same rounds: the median of the per-round speedups of
+    side over peer with its bounds; shown slower when the upper bound is below 1."""
+    low, median, high = median_bounds(paired_speedups(peer["process_ms"], side["process_ms"]))
+    return {"speedup": round(median, 4), "bounds": [round(low, 4), round(high, 4)], "shown_slower": high < 1.0}
+
+
+def against_defaults(results: list[dict], budgets: list[float]) -> list[dict]:
+    """Per model and budget, kselect's OpenVINO plan against OpenVINO's default, and its plan
+    across every library (``--library all``) against the faster of ONNX Runtime's and OpenVINO's
+    defaults; a default whose own drop exceeds the budget is not a peer at that budget."""
+    rows = []
+    for r in results:
+        sides = r["sides"]
+        for budget in budgets:
+            peers = [name for name in ("ORT fp32 default", "OpenVINO default")
+                     if "process_ms" in sides.get(name, {}) and sides[name]["drop"] <= budget]
+            for tune, wanted in (("openvino", ["OpenVINO default"]), ("all", peers)):
+                side = sides.get(f"kselect {tune}, drop <= {budget}", {})
+                candidates = [name for name in wanted if name in peers]
+                if "process_ms" not in side or not candidates:
+                    continue
+                peer = max(candidates, key=lambda name: sides[name]["speedup"])
+                rows.append({"model": r["model"], "budget": budget, "kselect": f"--library {tune}", "peer": peer,
+                             "kselect_drop": round(side["drop"], 6), "peer_drop": round(sides[peer]["drop"], 6),
+                             **versus(sides[peer], side)})
+    return rows
+
+
+TITLE = "Precision per op: kselect against ONNX Runtime and OpenVINO"
+
+
+def write_markdown(document: dict, path: Path, command: str, title: str = TITLE) -> None:
     """The results page: how it was run, one table per model, the summary against the targets."""
-    lines = ["# Precision per op: kselect against ONNX Runtime and OpenVINO", "",
+    lines = [f"# {title}", "",
              f"Each model's run is named under its heading (the last: `{command}`), on {document['device']} (libraries: "
              + ", ".join(f"{name} {version}" for name, version in document["libraries"].items())
              + f"; {document['openvino']}): per model, each side alone in a fresh process per round, "
@@ -277,11 +310,25 @@ def write_markdown(document: dict, path: Path, command: str) -> None:
                      f"{item.get('kselect_drop', 0):.4f} | {item['kselect_speedup']:.3f}x | "
                      f"{item['openvino_speedup']:.3f}x | {'yes' if item['as_fast'] else 'no'} |")
     lines.append("")
+    versus_rows = summary_.get("against_defaults", [])
+    if versus_rows:
+        lines += ["kselect's OpenVINO plan against OpenVINO's default, and its plan across every library "
+                  "(`--library all`, OpenVINO in it) against the faster of ONNX Runtime's and OpenVINO's "
+                  "defaults within the same budget: the median of per-round speedups of kselect's side over "
+                  "the peer, with bounds; shown slower when the upper bound is below 1.", "",
+                  "| model | budget | kselect | peer | kselect drop | peer drop | speedup over peer | bounds | shown slower |",
+                  "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+        for item in versus_rows:
+            lines.append(f"| {item['model']} | {item['budget']} | {item['kselect']} | {item['peer']} | "
+                         f"{item['kselect_drop']:.4f} | {item['peer_drop']:.4f} | {item['speedup']:.3f}x | "
+                         f"{item['bounds'][0]:.3f}-{item['bounds'][1]:.3f} | {'yes' if item['shown_slower'] else 'no'} |")
+        lines.append("")
     path.write_text("\n".join(lines))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(defaults: dict | None = None, title: str = TITLE, description: str = __doc__) -> None:
+    """``defaults``: argument defaults other than this script's (benchmarks/openvino.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet18,mobilenetv2,resnet50")
     parser.add_argument("--budgets", default="0.0005,0.01", help="metric drops kselect's plans are chosen under")
     parser.add_argument("--tunes", default="mlas,onednn;openvino",
@@ -297,6 +344,7 @@ def main() -> None:
     parser.add_argument("--db", default="benchmarks/results/precision.db")
     parser.add_argument("--json", default="benchmarks/results/precision.json")
     parser.add_argument("--markdown", default="docs/precision-benchmark.md")
+    parser.set_defaults(**(defaults or {}))
     args = parser.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
@@ -328,7 +376,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps({**header, "models": everything,
                                                    "summary": summary(everything, args.budgets)}, indent=2) + "\n")
     document = json.loads(Path(args.json).read_text())
-    write_markdown(document, Path(args.markdown), "benchmarks/precision.py " + " ".join(sys.argv[1:]))
+    write_markdown(document, Path(args.markdown), f"benchmarks/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]), title)
     console.print(f"summary: {json.dumps(summary(earlier + results, args.budgets))}; wrote {args.json} and "
                   f"{args.markdown}")
 

@@ -392,3 +392,39 @@ def test_a_cross_library_plan_with_mlas(small_model_path, tmp_path):
                           "--json", bench_path)
     assert benched.returncode == 0, benched.stderr
     assert json.loads(bench_path.read_text())["max_relative_output_error"] < 1e-3
+
+
+def test_a_bias_add_after_a_blocked_deconv_runs_on_a_jit_kernel(onednn):
+    """A per-channel constant added to a deconv's output (a bias Add left unfused, as in
+    PP-OCRv4's detector head) is laid out in the format the deconv wrote: with a plain constant
+    against a blocked tensor oneDNN 2.6 takes its reference binary kernel, some 300 times slower."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], name="up", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Add", ["c", "bias"], ["y"], name="bias_add")]
+    initializers = [numpy_helper.from_array(rng.standard_normal((24, 24, 2, 2)).astype(np.float32), "w"),
+                    numpy_helper.from_array(rng.standard_normal((1, 24, 1, 1)).astype(np.float32), "bias")]
+    model = model_from_proto("bias_add", graphs.model(nodes, initializers, (1, 24, 40, 40), name="bias_add"))
+    x = rng.standard_normal(model.input_shapes["x"], dtype=np.float32)
+    runner = onednn.model_runner(model, None)
+    try:
+        assert not runner.impls["bias_add"].startswith("ref"), runner.impls
+        assert _relative(runner({"x": x})[0], _ort(model, {"x": x})[0]) < 1e-4
+    finally:
+        runner.close()
+
+
+def test_a_plan_in_segments_is_timed_per_node_in_context(onednn):
+    """A model with an op oneDNN's runner lacks runs in segments; timed per node for the costs in
+    context (core/whole_model/context.py), oneDNN's nodes come from its executor and ONNX Runtime's
+    segment counts whole, as untuned time."""
+    from kselect.core.whole_model.alone import segmented_node_times
+    from kselect.core.whole_model.context import in_context
+
+    model = _ops_model([helper.make_node("Neg", ["y"], ["out"], name="neg")])
+    feeds = [{"x": np.random.default_rng(5).standard_normal(model.input_shapes["x"], dtype=np.float32)}]
+    whole_us, per_node = segmented_node_times(onednn, model, None, feeds, 3)
+    assert whole_us > 0
+    assert [name for name in per_node if name.startswith("segment")] == ["segment 2 (mlas)"]
+    run = in_context(model, whole_us, per_node)
+    assert {"c1", "c2", "dw", "pw", "up", "fc"} <= set(run.ops_us)
+    assert per_node["segment 2 (mlas)"] > 0 and "segment 2 (mlas)" not in run.ops_us

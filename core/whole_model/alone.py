@@ -24,7 +24,7 @@ from kselect.core.measuring.measure import MeasureSettings, time_candidate
 from kselect.core.measuring.worker import die_with_parent, signal_name
 from kselect.core.models.model import Model, load_model
 from kselect.core.plans.plan import load_plan_file
-from kselect.core.plans.runtime import library_runner, load_plan
+from kselect.core.plans.runtime import library_runner, load_plan, segment_plan, sub_model
 from kselect.core.whole_model.bench import compare_outputs, random_feeds, relative_iqr
 
 # An app holds one plan, so the checks that choose among plans time each candidate as the app
@@ -138,11 +138,55 @@ def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s
     return None if done["nodes"] is None else (done["whole_us"], done["nodes"])
 
 
+def segmented_node_times(library, model: Model, plan, feeds: list[dict], runs: int):
+    """``Library.node_times`` of a plan, also where the library's runner does not run every op of
+    the model and the plan runs in segments (core/plans/runtime.py): the whole run timed as the
+    plan runs it, the library's own segments timed per node by its runner on their sub-models,
+    fed what the whole run hands them, and every other segment timed whole under the name
+    ``segment N (library)`` (untuned time, for core/whole_model/context.py). None when the runner
+    cannot time its nodes."""
+    if all(library.runs_op(node.op_type) for node in model.proto.graph.node):
+        return library.node_times(model, plan, feeds, runs)
+    runner = load_plan(plan, model) if plan is not None else library_runner(library, model)
+    try:
+        if len(runner.segments) == 1:
+            return library.node_times(model, plan, feeds, runs)
+        for feed in feeds:
+            runner(feed)
+        whole = []
+        for index in range(runs):
+            start = time.perf_counter()
+            runner(feeds[index % len(feeds)])
+            whole.append((time.perf_counter() - start) * 1e6)
+        values, given = dict(feeds[0]), []
+        for segment, run_segment in zip(runner.segments, runner.runners):
+            given.append({name: values[name] for name in segment.inputs})
+            values.update(zip(segment.outputs, run_segment(given[-1])))
+        per_node = {}
+        for index, (segment, run_segment) in enumerate(zip(runner.segments, runner.runners)):
+            if segment.library == library.name:
+                own_plan = segment_plan(plan, segment) if plan is not None else None
+                timed = library.node_times(sub_model(model, segment, index), own_plan, [given[index]], runs)
+                if timed is None:
+                    return None
+                per_node.update(timed[1])
+            else:
+                times = []
+                for _ in range(runs):
+                    start = time.perf_counter()
+                    run_segment(given[index])
+                    times.append((time.perf_counter() - start) * 1e6)
+                per_node[f"segment {index + 1} ({segment.library})"] = statistics.median(times)
+        return statistics.median(whole), per_node
+    finally:
+        runner.close()
+
+
 def _node_times_main(job: dict, model: Model) -> dict:
     spec = job["node_times"]
     library = plugins.get_library(spec["library"])
     plan = None if spec["plan"] is None else load_plan_file(spec["plan"])
-    timed = library.node_times(model, plan, [random_feeds(model)], spec["runs"])
+    timed = segmented_node_times(library, model, plan, [random_feeds(model)], spec["runs"])
     return {"whole_us": None, "nodes": None} if timed is None else {"whole_us": timed[0], "nodes": timed[1]}
 
 

@@ -38,6 +38,8 @@ from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
 
 TUNED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# The formats a 4-D tensor may hold whose constant operand is laid out the same (_constant_like).
+BROADCAST_FORMATS = ("nChw16c", "nChw8c", "nhwc", "nchw")
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min"}
 COMMUTATIVE = ("add", "mul", "max", "min")
 
@@ -120,6 +122,7 @@ class Executor:
         finally:
             pd.close()
         self._add(node_name, primitive, threads)
+        self.impls.setdefault(node_name, primitive.impl)
         return primitive
 
     def _build(self) -> None:
@@ -417,9 +420,7 @@ class Executor:
             raise UnsupportedOp(f"onednn executor: {node.op_type} {node.name!r} mixes ranks", node.name)
         threads = a.threads
         if isinstance(b, np.ndarray):
-            constant = self._memory(dnnl.plain_desc(shape(b)))
-            constant.plain_view()[...] = b
-            second = constant
+            second = self._constant_like(b, a.memory.md)
         elif shape(b) == y_shape:
             second = self._feed(node.name, b.memory, a.memory.md, threads)  # same format as the first
         else:
@@ -435,6 +436,21 @@ class Executor:
         y = self._memory(pd.dst)
         self._create(node.name, pd, {dnnl.ARG_SRC: a.memory, dnnl.ARG_SRC_1: second, dnnl.ARG_DST: y}, threads)
         self._set(out_name, y_shape, y, threads)
+
+    def _constant_like(self, value: np.ndarray, tensor_md: dnnl.MemoryDesc) -> dnnl.Memory:
+        """A constant operand (a per-channel bias broadcast over a 4-D tensor) in the format of the
+        tensor it meets: oneDNN 2.6 runs a binary op whose tensor is blocked (nChw16c) and whose
+        constant is plain on its reference implementation, some 300 times slower (286 ms against
+        well under 1 ms for a 24-channel 368x368 bias Add); in the tensor's own format it takes its
+        jit one."""
+        plain = self._memory(dnnl.plain_desc(list(value.shape)))
+        plain.plain_view()[...] = value
+        tag = dnnl.format_name(tensor_md, BROADCAST_FORMATS) if value.ndim == 4 else None
+        if tag is None or tag == "nchw":
+            return plain
+        shaped = self._memory(dnnl.desc(list(value.shape), tag))
+        dnnl.reorder_now(plain, shaped)
+        return shaped
 
     # -- pooling ------------------------------------------------------------------------------
     def _pool(self, node, out_name, algorithm: str, kernel, strides, dilations, pads):
