@@ -3,11 +3,14 @@ deconv and inner product twins measured against the float64 reference within the
 tolerance on real bf16 kernels; a candidate computing wrongly in half precision rejected; a plan
 with bf16 and fp32 ops run end to end through kselect.load_plan; a tune with --precision fp32,bf16
 on a real model choosing bf16 ops under the budget, its plan reproducing the front's metric; a
-tune across MLAS and oneDNN holding int8, bf16 and fp32 ops in one plan."""
+tune across MLAS and oneDNN holding int8, bf16 and fp32 ops in one plan; ``kselect space`` naming,
+per op kind, why the f32 primitives' bf16 fp-math mode is not offered."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import platform
 
 import graphs
 import numpy as np
@@ -25,7 +28,7 @@ from kselect.core.plans.plan import Plan
 from kselect.core.precision.half import half_tolerance
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
-from kselect.plugins.onednn.library import OnednnLibrary
+from kselect.plugins.onednn.library import OnednnLibrary, fpmath_bf16_change
 
 _OK, _REASON = dnnl.availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=_REASON)
@@ -141,6 +144,26 @@ def test_kselect_space_names_each_precision_a_library_offers_and_why_the_others_
         assert space["missing_precisions"]["bf16"] == reason
     mlas = kselect_json("space", "resnet18", "--library", "mlas")
     assert mlas["precisions"] == ["fp32", "int8"] and set(mlas["missing_precisions"]) == {"bf16", "fp16"}
+
+
+def test_kselect_space_says_per_op_kind_why_the_bf16_fp_math_form_is_not_offered(onednn):
+    """The f32 primitives' bf16 fp-math mode would be the bf16 twins' second form; oneDNN 2.6.3's x64
+    kernels ignore it (the same implementations, bit-identical output), so it is offered for no op
+    kind and ``kselect space --json`` says why, one reason per kind."""
+    attr = dnnl.Attr([], "bf16")  # the probe's attribute really carries the mode
+    mode = ctypes.c_int(-1)
+    dnnl.call("dnnl_primitive_attr_get_fpmath_mode", ctypes.c_void_p(attr.handle), ctypes.byref(mode))
+    attr.close()
+    assert mode.value == dnnl.FPMATH_MODES["bf16"]
+    space = kselect_json("space", "resnet18", "--library", "onednn")
+    for kind, what in prim.KIND_NAMES.items():
+        change = fpmath_bf16_change(kind)
+        if dnnl.version()[:2] == (2, 6) and platform.machine() == "x86_64":
+            assert change is None
+        reason = space["missing_dims"][f"fpmath_bf16:{kind}"]
+        assert (f"f32 {what} with fpmath_mode bf16 runs as strict f32" in reason) == (change is None)
+        assert change is None or change in reason
+    assert not any("form" in task["dimensions"] for task in space["tasks"])
 
 
 YOLO = ("yolov8n-nudenet-320", "--input-shape", "images=1,3,128,128")

@@ -127,6 +127,7 @@ _SIGNATURES = {
     "dnnl_primitive_attr_create": [ctypes.POINTER(_P)],
     "dnnl_primitive_attr_destroy": [_P],
     "dnnl_primitive_attr_set_post_ops": [_P, _P],
+    "dnnl_primitive_attr_set_fpmath_mode": [_P, ctypes.c_int],
     "dnnl_post_ops_create": [ctypes.POINTER(_P)],
     "dnnl_post_ops_destroy": [_P],
     "dnnl_post_ops_append_eltwise": [_P, ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float],
@@ -399,15 +400,21 @@ class Memory(_Owned):
 
 
 # -- attributes ----------------------------------------------------------------------------
+# dnnl_fpmath_mode_t: how far an f32 primitive may round its operands down to compute faster
+FPMATH_MODES = {"strict": 0, "bf16": 1}
+
+
 class Attr(_Owned):
-    """Primitive attributes holding eltwise post-ops: ``[(algorithm name, alpha, beta), ...]``."""
+    """Primitive attributes holding eltwise post-ops: ``[(algorithm name, alpha, beta), ...]``, and
+    the fp-math mode, ``strict`` unless told (set explicitly, whatever ONEDNN_DEFAULT_FPMATH_MODE says)."""
 
     _destroy = "dnnl_primitive_attr_destroy"
 
-    def __init__(self, post_ops: Sequence[tuple[str, float, float]] = ()):
+    def __init__(self, post_ops: Sequence[tuple[str, float, float]] = (), fpmath: str = "strict"):
         handle = _P()
         call("dnnl_primitive_attr_create", ctypes.byref(handle))
         self.handle = handle.value
+        call("dnnl_primitive_attr_set_fpmath_mode", self.handle, FPMATH_MODES[fpmath])
         if post_ops:
             ops = _P()
             call("dnnl_post_ops_create", ctypes.byref(ops))

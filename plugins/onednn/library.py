@@ -111,6 +111,21 @@ class OnednnLibrary(Library):
             missing["bf16"] = "oneDNN is not available"
         return missing
 
+    def missing_dims(self) -> dict[str, str]:
+        """The bf16 twin's second form, f32 primitives in bf16 fp-math mode, is offered for no op
+        kind: per kind, why (``fpmath_bf16_change``: oneDNN ignores the mode here, or the plugin
+        does not take what it changes)."""
+        major, minor, patch = dnnl.version()
+        missing = {}
+        for kind, what in prim.KIND_NAMES.items():
+            change = fpmath_bf16_change(kind)
+            missing[f"fpmath_bf16:{kind}"] = (
+                f"f32 {what} with fpmath_mode bf16 runs as strict f32 in oneDNN {major}.{minor}.{patch} on "
+                f"{dnnl.effective_isa()}: the same implementations, bit-identical output" if change is None else
+                f"fpmath_mode bf16 changes f32 {what} here ({change}), but kselect's oneDNN plugin does not "
+                f"offer that form")
+        return missing
+
     def version(self) -> str:
         major, minor, patch = dnnl.version()
         package = _debian_version()
@@ -262,6 +277,38 @@ class OnednnLibrary(Library):
 
     def runs_op(self, op_type: str) -> bool:
         return op_type in BUILDERS
+
+
+@functools.lru_cache(maxsize=None)
+def fpmath_bf16_change(kind: str) -> str | None:
+    """What oneDNN's bf16 fp-math mode (``dnnl_primitive_attr_set_fpmath_mode``) changes for an f32
+    primitive of ``kind`` (conv, deconv, fc) here, or None when nothing: the same implementations
+    offered for every output layout, and the first of each computing a bit-identical output from the
+    same data in both modes."""
+    task = prim.probe_task(kind, "fp32")
+    strict, relaxed = prim.offered(task), prim.offered(task, "bf16")
+    if strict != relaxed:
+        names = lambda by_layout: sorted({name for impls in by_layout.values() for name, _ in impls})  # noqa: E731
+        return f"implementations {', '.join(names(strict))} in strict mode, {', '.join(names(relaxed))} in bf16"
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32)
+               for shape in (task.input_shape, task.weight_shape, [task.output_shape[1]]))
+    for layout, impls in strict.items():
+        if not impls:
+            continue
+        config = {"impl": impls[0][0], "threads": 1, **({"layout": layout} if layout else {})}
+        outputs = []
+        for fpmath in ("strict", "bf16"):
+            candidate = PrimitiveCandidate(prim.Built(task, config, w, b, fpmath=fpmath), x, task.output_shape)
+            try:
+                candidate.run()
+                outputs.append(candidate.output())
+            finally:
+                candidate.close()
+        if not np.array_equal(*outputs):
+            largest = float(np.max(np.abs(outputs[0] - outputs[1])) / np.max(np.abs(outputs[0])))
+            return f"{config['impl']}'s output differs by up to {largest:.2g} of its largest magnitude"
+    return None
 
 
 DEBIAN_NAME = "libdnnl2"

@@ -204,9 +204,9 @@ def named(pds: list[dnnl.PrimitiveDesc]) -> list[tuple[str, dnnl.PrimitiveDesc]]
 
 
 @functools.lru_cache(maxsize=256)
-def _offer(task_json: str) -> tuple:
+def _offer(task_json: str, fpmath: str) -> tuple:
     task = Task.from_json(json.loads(task_json))
-    attr = dnnl.Attr(post_ops(task.epilogue) or [])
+    attr = dnnl.Attr(post_ops(task.epilogue) or [], fpmath)
     try:
         by_layout = {}
         for layout in (None,) if task.kind == "fc" else LAYOUTS:
@@ -236,25 +236,38 @@ def _key(task: Task) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def offered(task: Task) -> dict:
+def offered(task: Task, fpmath: str = "strict") -> dict:
     """layout (None for fc) -> ((implementation name, the input format it reads), ...) as oneDNN
-    yields them for an output in that layout, most preferred first."""
-    return dict(_offer(_key(task))[0])
+    yields them for an output in that layout, most preferred first (``fpmath``: the attribute's
+    fp-math mode, ``strict`` for every candidate; the bf16 fp-math probe asks for ``bf16``)."""
+    return dict(_offer(_key(task), fpmath)[0])
 
 
 def preference(task: Task) -> tuple[str, ...]:
     """The implementations oneDNN yields for a conv / deconv with every format ``any``, in its
     order of preference."""
-    return _offer(_key(task))[2]
+    return _offer(_key(task), "strict")[2]
 
 
 def own_choice(task: Task) -> tuple[str, str | None] | None:
     """oneDNN's own pick for a conv / deconv with every format ``any``: (implementation, the output
     format it chose, None if none of ``LAYOUTS``)."""
-    return _offer(_key(task))[1]
+    return _offer(_key(task), "strict")[1]
 
 
 # -- which precisions this CPU and build run fast -------------------------------------------------
+KIND_NAMES = {"conv": "convolution", "deconv": "deconvolution", "fc": "inner product"}
+
+
+def probe_task(kind: str, precision: str) -> Task:
+    """A small task of ``kind`` for probing what this build offers (3x3, 32 channels, 8x8; fc 64 -> 32)."""
+    window = {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    if kind == "fc":
+        return Task("probe", "", "fc", [4, 64], [32, 64], [4, 32], {"transB": 1}, True, [], [], precision)
+    attrs = window if kind == "conv" else {**window, "output_padding": [0, 0]}
+    return Task("probe", "", kind, [1, 32, 8, 8], [32, 32, 3, 3], [1, 32, 8, 8], attrs, True, [], [], precision)
+
+
 @functools.lru_cache(maxsize=None)
 def bf16_missing() -> str | None:
     """Why oneDNN offers no bf16 kernels here, or None when it does: a bf16 convolution and inner
@@ -264,15 +277,11 @@ def bf16_missing() -> str | None:
     isa = dnnl.effective_isa()
     if "bf16" not in isa and "amx" not in isa:
         return f"no bf16 kernels: oneDNN runs {isa} here (bf16 needs AVX512_BF16 or AMX)"
-    probes = [Task("probe", "", "conv", [1, 32, 8, 8], [32, 32, 3, 3], [1, 32, 8, 8],
-                   {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1},
-                   True, [], [], "bf16"),
-              Task("probe", "", "fc", [4, 64], [32, 64], [4, 32], {"transB": 1}, True, [], [], "bf16")]
-    for probe in probes:
+    for probe in (probe_task("conv", "bf16"), probe_task("fc", "bf16")):
         names = [name for layout in ((None,) if probe.kind == "fc" else LAYOUTS) for name in _names(probe, layout)]
         if not any(not name.startswith("ref:") for name in names):
-            what = "inner product" if probe.kind == "fc" else "convolution"
-            return f"no bf16 {what} kernel in this oneDNN build for {isa} (only {', '.join(names) or 'none'})"
+            return (f"no bf16 {KIND_NAMES[probe.kind]} kernel in this oneDNN build for {isa} "
+                    f"(only {', '.join(names) or 'none'})")
     return None
 
 
@@ -291,9 +300,11 @@ class Built:
     the memories it reads and writes, in the formats the implementation chose (``src`` in f32
     for a bf16 task: ``steps`` convert it first). ``feed(md)``, if given, returns the memory to
     read (the runner's tensor, or a reordered copy of it). ``steps``: the primitives one run
-    executes, in order."""
+    executes, in order. ``fpmath``: the attribute's fp-math mode (``strict`` for every candidate
+    and plan; ``bf16`` only for the fp-math probe, library.fpmath_bf16_change)."""
 
-    def __init__(self, task: Task, config: dict, w: np.ndarray, b: np.ndarray | None, feed=None):
+    def __init__(self, task: Task, config: dict, w: np.ndarray, b: np.ndarray | None, feed=None,
+                 fpmath: str = "strict"):
         self.task = task
         self.threads = int(config["threads"])
         if task.kind == "fc":  # Gemm's alpha and beta, folded into the weights and bias
@@ -302,7 +313,7 @@ class Built:
         self._owned: list = []
         layout = config.get("layout")
         dnnl.set_threads(self.threads)  # JIT kernels split their work for this count when created
-        attr = dnnl.Attr(post_ops(task.epilogue) or [])
+        attr = dnnl.Attr(post_ops(task.epilogue) or [], fpmath)
         offered_names: list[str] = []
         try:
             for src_format, algorithm in _variants(task, layout):
