@@ -147,7 +147,7 @@ def run_model(name: str, libraries: dict, db: RecordDB, options: TuneOptions, ro
     tuning["cross"] = {"plan_and_check_s": round(time.perf_counter() - start - sum(t.tune_s for t in result.tunings.values()), 1)}
     selection = result.checks
     cross_name, cross = min(((n, p) for n, p in spinning_variants(result.cross_plan)), key=lambda v: next(
-        r["plan_ms"] for r in selection if r["variant"] == v[0]))
+        r.get("plan_ms", float("inf")) for r in selection if r["variant"] == v[0]))
     kept = result.kept
     kept = kept if not kept.startswith("cross-library plan") else "cross-library plan"
 

@@ -534,6 +534,9 @@ def _check_table(chosen, results) -> None:
         if "failed" in result:
             table.add_row(result["variant"], "-", "-", "failed", "-", "-", result["failed"], "-", "-", "-")
             continue
+        if "skipped" in result:
+            table.add_row(result["variant"], "0", "-", "-", "-", "-", "-", "-", "skipped: " + result["skipped"], "-")
+            continue
         low, high = result["speedup_bounds"]
         table.add_row(result["variant"], str(result["processes"]), f"{result['default_ms']:.3f}",
                       f"{result['plan_ms']:.3f}", *_predicted_cells(result.get("prediction")), f"{result['speedup']:.3f}x",

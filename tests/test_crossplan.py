@@ -128,6 +128,36 @@ def test_a_check_that_nothing_passes_keeps_onnxruntimes_own_configuration(tuned)
     assert_kept_by_the_race(kept.extra["verified"], results, min_speedup=0.0)
 
 
+def test_a_plan_whose_loss_the_predictions_make_certain_is_not_raced(tuned):
+    """Every plan of the race with a whole-model figure in context (as core/cross_library/plan.py
+    gives them when each library's plan ran whole): a candidate predicted more than the bound
+    slower than the race's fastest prediction is reported as skipped and not timed; within the
+    bound, or without figures in context for all, every candidate races."""
+    import copy
+
+    from kselect.core.plans.plan import ISOLATED_US, PREDICTED_BASIS, PREDICTED_US
+    from kselect.core.whole_model.context import IN_CONTEXT
+    from kselect.core.whole_model.selection import PREDICTION_BOUND, certain_losses, verified_across
+
+    model, device = tuned["model"], tuned["device"]
+    fallback = copy.deepcopy(onnxruntime_default_plan(model, device, tuned["db"]))
+    mlas, cross = copy.deepcopy(tuned["single"]["mlas"]), copy.deepcopy(tuned["plan"])
+    for plan, us in ((fallback, 1000.0), (mlas, 1100.0), (cross, 2000.0)):
+        plan.extra.update({PREDICTED_US: us, PREDICTED_BASIS: IN_CONTEXT, ISOLATED_US: us})
+    candidates = [("mlas plan", mlas), ("cross-library plan", cross)]
+    kept, results = verified_across(model, candidates, rounds=2, runs_per_process=2, fallback=fallback, max_rounds=2)
+    by_name = {result["variant"]: result for result in results}
+    assert by_name["cross-library plan"]["skipped"].startswith("predicted 2.00x the race's fastest prediction")
+    assert "speedup" not in by_name["cross-library plan"] and by_name["mlas plan"]["processes"] == 2
+    assert kept.extra["verified"]["skipped"] == {"cross-library plan": by_name["cross-library plan"]["skipped"]}
+
+    cross.extra[PREDICTED_US] = 1000.0 * (1 + PREDICTION_BOUND) * 0.99
+    assert certain_losses(candidates, fallback) == {}
+    cross.extra[PREDICTED_US] = 2000.0
+    del fallback.extra[PREDICTED_BASIS]  # the reference without a figure in context: nothing is certain
+    assert certain_losses(candidates, fallback) == {}
+
+
 def assert_kept_by_the_race(verified: dict, results: list[dict], min_speedup: float | None = None) -> None:
     """The plan a whole-model race kept (``verified``) is the one its own figures (``results``, one
     per candidate) pick: among the plans shown faster than ONNX Runtime's default session (or at

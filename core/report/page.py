@@ -433,13 +433,14 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         rows = [charts.CheckRow(t["variant"], t["speedup"], list(t.get("round_speedups", [])),
                                 tuple(t["speedup_bounds"]) if t.get("speedup_bounds") else None,
                                 t["variant"] == verified.get("chosen"))
-                for t in tried if "failed" not in t]
+                for t in tried if "failed" not in t and "skipped" not in t]
         title = f"Whole model: speedup over {baseline}" + (" [EMULATED]" if emulated else "")
         figure = _figure("whole-model-check", charts.check_chart(rows, baseline, thresholds, title), how) if rows else ""
         cells = []
         for t in tried:
-            if "failed" in t:
-                cells.append([esc(t["variant"]), "-", "-", "-", "-", "-", esc(f"failed: {t['failed']}"), "-"])
+            if "failed" in t or "skipped" in t:
+                why = f"failed: {t['failed']}" if "failed" in t else f"skipped: {t['skipped']}"
+                cells.append([esc(t["variant"]), "-", "-", "-", "-", "-", esc(why), "-"])
                 continue
             bounds = t.get("speedup_bounds")
             cells.append([esc(t["variant"]) + (" <strong>(kept)</strong>" if t["variant"] == verified.get("chosen") else ""),

@@ -10,11 +10,16 @@ import statistics
 from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
 from kselect.core.models.model import Model
-from kselect.core.plans.plan import LIBRARY_DEFAULT, reduced_nodes
+from kselect.core.plans.plan import LIBRARY_DEFAULT, PREDICTED_BASIS, PREDICTED_US, reduced_nodes
 from kselect.core.plans.spinning import spin_dims
 from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
 from kselect.core.whole_model.bench import bench_in_process, compare_outputs, fresh_runners, relative_iqr
+from kselect.core.whole_model.context import IN_CONTEXT
 from kselect.core.whole_model.prediction import prediction
+
+# The largest error the race trusts a whole-model prediction in context to have: a plan predicted
+# slower than the race's fastest prediction by more than this is a certain loss, not raced.
+PREDICTION_BOUND = 0.25
 
 
 def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.99, rounds: int = 6,
@@ -148,6 +153,22 @@ def _predict_from_one(results: list[dict], candidates: list, fallback, baseline:
                                               statistics.median(result["process_ms"]))
 
 
+def certain_losses(candidates: list, fallback) -> dict[str, str]:
+    """The candidates ([(name, plan)]) predicted slower than the race's fastest prediction (theirs
+    and ``fallback``'s, ONNX Runtime's default) by more than ``PREDICTION_BOUND``, each with why,
+    but for the candidate predicted fastest; none unless every plan of the race has a whole-model
+    figure in context (core/cross_library/plan.in_context_figures)."""
+    plans = [plan for _, plan in candidates] + ([fallback] if fallback is not None else [])
+    if not all(plan.extra.get(PREDICTED_BASIS) == IN_CONTEXT for plan in plans):
+        return {}
+    best = min(plan.extra[PREDICTED_US] for plan in plans)
+    # the candidate predicted fastest is raced whatever its prediction, so that a race is run
+    raced = min(candidates, key=lambda item: item[1].extra[PREDICTED_US])[0] if candidates else None
+    return {name: (f"predicted {plan.extra[PREDICTED_US] / best:.2f}x the race's fastest prediction, beyond the "
+                   f"{PREDICTION_BOUND:.0%} a prediction in context is trusted to be off: not raced")
+            for name, plan in candidates if name != raced and plan.extra[PREDICTED_US] > (1 + PREDICTION_BOUND) * best}
+
+
 def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_process: int = 8,
                     max_error: float = 1e-3, fallback=None, min_speedup: float | None = None,
                     max_rounds: int = 10) -> tuple:
@@ -161,8 +182,12 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     core/plans/library_plan.onnxruntime_default_plan) is kept, or without one the fastest candidate.
     ``min_speedup`` replaces that test by a fixed median speedup to reach, in ``rounds`` rounds. A
     cross-library plan runs through core/plans/runtime.py. A candidate whose process fails, crashes or
-    hangs is reported with its reason and not kept."""
+    hangs is reported with its reason and not kept. A candidate whose loss is certain by the
+    predictions in context (``certain_losses``) is reported as skipped and not timed."""
 
+    skipped = certain_losses(candidates, fallback) if min_speedup is None else {}
+    skipped_results = [{"variant": name, "skipped": why} for name, why in skipped.items()]
+    candidates = [(name, plan) for name, plan in candidates if name not in skipped]
     plans = dict(candidates)
     comparisons = len(candidates)
     confidence = family_confidence(comparisons)
@@ -236,7 +261,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
                                    "fastest": fastest["variant"], "shown_faster": [r["variant"] for r, _ in shown_faster],
                                    "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT, "confidence": confidence,
                                    "comparisons": comparisons,
-                                   "rounds": len(baseline["process_ms"]),
+                                   "rounds": len(baseline["process_ms"]), "skipped": skipped,
                                    "protocol": "each alone in a fresh process, taking turns; per-round speedups, "
-                                               "more rounds while undecided", "tried": results}
-    return best_plan, results
+                                               "more rounds while undecided", "tried": results + skipped_results}
+    return best_plan, results + skipped_results
