@@ -356,8 +356,8 @@ def main(defaults: dict | None = None, title: str = TITLE, description: str = __
             earlier = [m for m in previous["models"] if m["model"] not in args.models.split(",")]
     results = []
     header = {"device": device.summary(), "device_fingerprint": device.fingerprint,
-              "libraries": {name: plugins.get_library(name).version()
-                            for name in sorted({n for tune in args.tunes.split(";") for n in tune.split(",")})},
+              "libraries": {lib.name: lib.version() for tune in args.tunes.split(";")
+                            for lib in plugins.select_libraries(tune)},
               "openvino": plugins.get_library("openvino").version(), "budget": args.budget,
               "min_time_s": args.min_time, "rounds": args.rounds, "runs_per_process": args.runs}
     with tempfile.TemporaryDirectory(prefix="kselect-precision-") as work:

@@ -26,6 +26,7 @@ from kselect.core.models.model import Model, load_model
 from kselect.core.plans.plan import load_plan_file
 from kselect.core.plans.runtime import library_runner, load_plan, segment_plan, sub_model
 from kselect.core.whole_model.bench import compare_outputs, random_feeds, relative_iqr
+from kselect.core.whole_model.context import timed_runs
 
 # An app holds one plan, so the checks that choose among plans time each candidate as the app
 # runs it: alone in a process of its own, started afresh in every round, candidates taking turns.
@@ -151,13 +152,7 @@ def segmented_node_times(library, model: Model, plan, feeds: list[dict], runs: i
     try:
         if len(runner.segments) == 1:
             return library.node_times(model, plan, feeds, runs)
-        for feed in feeds:
-            runner(feed)
-        whole = []
-        for index in range(runs):
-            start = time.perf_counter()
-            runner(feeds[index % len(feeds)])
-            whole.append((time.perf_counter() - start) * 1e6)
+        whole = timed_runs(runner, feeds, runs)
         values, given = dict(feeds[0]), []
         for segment, run_segment in zip(runner.segments, runner.runners):
             given.append({name: values[name] for name in segment.inputs})
@@ -171,11 +166,7 @@ def segmented_node_times(library, model: Model, plan, feeds: list[dict], runs: i
                     return None
                 per_node.update(timed[1])
             else:
-                times = []
-                for _ in range(runs):
-                    start = time.perf_counter()
-                    run_segment(given[index])
-                    times.append((time.perf_counter() - start) * 1e6)
+                times = timed_runs(run_segment, [given[index]], runs)
                 per_node[f"segment {index + 1} ({segment.library})"] = statistics.median(times)
         return statistics.median(whole), per_node
     finally:

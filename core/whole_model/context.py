@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from kselect.core.models.tasks import find_ops
@@ -168,3 +169,16 @@ def op_ratios(run: InContext, isolated_us: dict[str, float]) -> dict[str, float]
     """Per tuned node of ``run`` with an isolated time (``isolated_us``: node -> us of the config
     the run used), its time in the run over that isolated time."""
     return {node: us / isolated_us[node] for node, us in run.ops_us.items() if isolated_us.get(node)}
+
+
+def timed_runs(runner, feeds: list[dict], runs: int) -> list[float]:
+    """One warm-up run of each feed, then ``runs`` timed runs (us) on the feeds in turn: how a
+    runner's whole run is timed beside its per-node times (``Library.node_times``)."""
+    for feed in feeds:
+        runner(feed)
+    times = []
+    for index in range(runs):
+        start = time.perf_counter()
+        runner(feeds[index % len(feeds)])
+        times.append((time.perf_counter() - start) * 1e6)
+    return times

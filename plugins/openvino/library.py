@@ -10,7 +10,6 @@ import functools
 import json
 import platform
 import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +24,7 @@ from kselect.core.measuring.measure import reference_output, task_inputs, task_m
 from kselect.core.models.tasks import Task, task_key
 from kselect.core.plans.plan import int8_nodes
 from kselect.core.precision.quant import PRECISIONS, dequantize, quant_params, quantize
+from kselect.core.whole_model.context import timed_runs
 from kselect.plugins.openvino import int8, ir
 from kselect.plugins.openvino.export import write_ir
 from kselect.plugins.openvino.runtime import openvino
@@ -317,13 +317,13 @@ class OpenvinoLibrary(Library):
         planned ONNX node whose IR layers it holds, else under its own name."""
         plain = ModelRunner(model, plan)
         try:
-            whole = _timed_runs(plain, feeds, runs)
+            whole = timed_runs(plain, feeds, runs)
         finally:
             plain.close()
         profiled = ModelRunner(model, plan, {"PERF_COUNT": True})
         try:
             per_node: dict[str, list[float]] = {}
-            _timed_runs(profiled, feeds, 0)
+            timed_runs(profiled, feeds, 0)
             for index in range(runs):
                 profiled(feeds[index % len(feeds)])
                 this_run: dict[str, float] = {}
@@ -409,18 +409,6 @@ def plan_compilation(plan) -> tuple[dict[str, ir.Hint], dict]:
     hints = {node: hint(c, keep_f32=bool(reduced) and c["precision"] == "f32") for node, c in configs.items()}
     settings = plan.plan_level or next(iter(configs.values()), {})
     return hints, compile_properties(precision, settings.get("threads"), settings.get("pinning"))
-
-
-def _timed_runs(runner, feeds: list[dict], runs: int) -> list[float]:
-    """One warm-up run of each feed, then ``runs`` timed runs (us) on the feeds in turn."""
-    for feed in feeds:
-        runner(feed)
-    times = []
-    for index in range(runs):
-        start = time.perf_counter()
-        runner(feeds[index % len(feeds)])
-        times.append((time.perf_counter() - start) * 1e6)
-    return times
 
 
 class ModelRunner:

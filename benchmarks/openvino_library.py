@@ -6,9 +6,11 @@ across every library with OpenVINO in it (``--library all --precision all``), at
 precision benchmark's (benchmarks/precision.py, which this runs with other defaults); the page
 adds, per model and budget, kselect's OpenVINO plan against OpenVINO's default and its plan
 across libraries against the faster of the two defaults, and names the implementation types the
-OpenVINO plan chose where they differ from OpenVINO's own pick.
+OpenVINO plan chose where they differ from OpenVINO's own pick. (Not named openvino.py: Python
+puts a script's folder first on its path, and that file would then be what ``import openvino``
+finds.)
 
-    .venv/bin/python benchmarks/openvino.py --models pplcnet-doc-orientation,yolov8n-nudenet-320
+    .venv/bin/python benchmarks/openvino_library.py --models pplcnet-doc-orientation,yolov8n-nudenet-320
 """
 
 from __future__ import annotations
