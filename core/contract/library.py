@@ -313,6 +313,9 @@ class Library(KernelSource, WholeModelRunner, TensorCrossing):
     emulated: bool = RUNS_EMULATED
     fresh_instances: int = 1  # candidates built and timed this many times from scratch
     plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
+    # plan-level dims offered only for ops of one form, which a model may lack (MLAS's bf16_fastmath: fully
+    # connected layers ONNX Runtime runs as MatMul)
+    op_specific_dims: frozenset[str] = frozenset()
     # Layouts chosen per op with the measured conversions between them counted (core/cross_library/plan.py
     # on this library alone), rather than each op's fastest config whatever the changes cost.
     plans_layouts_per_op: bool = False

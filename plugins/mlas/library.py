@@ -63,6 +63,7 @@ class MlasLibrary(Library):
     # kleidiai, bf16_fastmath: ONNX Runtime's Arm64 options, offered where they change something (arm.py)
     plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking", "activations",
                        "weights", "kleidiai", "bf16_fastmath")
+    op_specific_dims = frozenset({"bf16_fastmath"})  # fully connected layers ORT runs as MatMul only
     precisions = ("fp32", "int8")
     plan_precisions = ("fp32", "int8")  # a plan with int8 ops runs as the QDQ model (int8.py)
 
