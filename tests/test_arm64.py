@@ -266,3 +266,17 @@ def test_tune_chooses_the_arm_knobs_and_the_plan_runs_with_them(tmp_path):
     assert benched.returncode == 0, benched.stderr
     result = json.loads(bench_path.read_text())
     assert result["library"] == "mlas" and result["max_relative_output_error"] < arm.BF16_PLAN_ERROR
+
+
+@needs_bf16_and_sme
+def test_bf16_fastmath_is_named_missing_for_a_model_without_matmul():
+    """ONNX Runtime runs a Gemm fully connected layer (the contract model's) without the fast-math GEMM."""
+    from kselect.core.contract.checks import contract_model
+    from kselect.core.models.model import model_from_proto
+    from kselect.plugins.mlas.library import MlasLibrary
+
+    library = MlasLibrary()
+    assert "bf16_fastmath" not in library.missing_dims()
+    library.prepare_model(model_from_proto("contract_cnn", contract_model()))
+    assert "runs no MatMul in this model" in library.missing_dims()["bf16_fastmath"]
+    assert "kleidiai" not in library.missing_dims()

@@ -109,7 +109,14 @@ class MlasLibrary(Library):
         self.ort_matmul_nodes = ort_matmul_nodes(optimized)
 
     def missing_dims(self) -> dict[str, str]:
-        return missing_arm_dims()
+        """The Arm64 knobs this machine, onnxruntime build or CPU cannot use (arm.py); and the bf16
+        fast-math GEMM for a model (``prepare_model``) with no MatMul ONNX Runtime keeps."""
+        missing = missing_arm_dims()
+        if "bf16_fastmath" not in missing and self.ort_matmul_nodes == set():
+            missing["bf16_fastmath"] = ("ONNX Runtime's bf16 fast-math GEMM reaches MatMul only, and it runs no MatMul "
+                                        "in this model (its fully connected layers are Gemm, or MatMul + Add fused "
+                                        "into Gemm)")
+        return missing
 
     def runs_as_matmul(self, task: Task) -> bool:
         """Whether ONNX Runtime runs most of this fc task's nodes as MatMul (the only op its bf16
