@@ -84,22 +84,31 @@ build_root() {
 
 # qemu 7.2 (Debian 12) passes the host's /proc/cpuinfo through to aarch64 programs, and aarch64
 # programs that read it to describe the CPU crash on an x86 one (onnxruntime's import segfaults). In
-# the root /proc/cpuinfo is a stand-in in the Arm kernel's format, one entry per host cpu: a Neoverse-N1
-# with only baseline Armv8.2 features, all of which qemu's default (max) CPU has. Newer qemu (8.2+)
-# emulates the file itself. The kernel's own machine (/proc/sys/kernel/arch) still says x86_64, which is
-# how kselect tells it runs emulated (core/measuring/device.py).
+# the root /proc/cpuinfo is a stand-in in the Arm kernel's format, one entry per host cpu, for the CPU
+# qemu emulates: a Neoverse-N1 (Armv8.2 with NEON and dot product, no SVE), or with
+# KSELECT_ARM64_QEMU_CPU=max qemu's "max" CPU, whose features are its HWCAP / HWCAP2 (getauxval)
+# under qemu 7.2 and its MIDR (0x000f0510) as read there. Newer qemu (8.2+) emulates the file itself.
+# The kernel's own machine (/proc/sys/kernel/arch) still says x86_64, which is how kselect tells it
+# runs emulated (core/measuring/device.py).
 write_cpuinfo_stand_in() {
-    local cpus=$1 i
+    local cpus=$1 cpu=$2 i features ids
+    if [[ $cpu == max* ]]; then
+        features='fp asimd aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm ilrcpc flagm sb paca pacg dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm svef32mm svef64mm svebf16 i8mm bf16 rng bti mte sme smei16i64 smef64f64 smei8i32 smef16f32 smeb16f32 smef32f32 smefa64'
+        ids='CPU implementer\t: 0x00\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0x051\nCPU revision\t: 0\n\n'
+    else
+        features='fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp'
+        ids='CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n'
+    fi
     for ((i = 0; i < cpus; i++)); do
-        printf 'processor\t: %d\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp\n' "$i"
-        printf 'CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n'
+        printf 'processor\t: %d\nBogoMIPS\t: 50.00\nFeatures\t: %s\n' "$i" "$features"
+        printf "$ids"
     done
 }
 
-# qemu emulates a Neoverse-N1 (Armv8.2 with NEON and dot product, no SVE) by default, as the stand-in
-# cpuinfo says: with qemu 7.2's default "max" CPU (SVE at 512 bits), ACL 24.11's fully connected layer
-# returned wrong values in the last output columns (N = 10), right with the Neoverse-N1.
-# KSELECT_ARM64_QEMU_CPU=max runs the other one.
+# qemu emulates a Neoverse-N1 by default, as the stand-in cpuinfo says: with qemu 7.2's "max" CPU (SVE
+# at 512 bits), ACL 24.11's fully connected layer returned wrong values in the last output columns
+# (N = 10), right with the Neoverse-N1. KSELECT_ARM64_QEMU_CPU=max runs the other one (it has BF16, I8MM
+# and SME: ONNX Runtime's bf16 fast-math GEMM and KleidiAI's SME kernels run there).
 # Runs "$@" in the root inside a private mount namespace: every mount made here vanishes when it ends.
 run_in_root() {
     build_root
@@ -109,7 +118,12 @@ run_in_root() {
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca-certificates.crt"
     mkdir -p "$repo/.venv"
     mkdir -p "$root/var/lib/kselect"
-    write_cpuinfo_stand_in "$(nproc --all)" > "$root/var/lib/kselect/cpuinfo"
+    write_cpuinfo_stand_in "$(nproc --all)" "${KSELECT_ARM64_QEMU_CPU:-neoverse-n1}" > "$root/var/lib/kselect/cpuinfo"
+    # On qemu 7.2's "max" CPU OpenBLAS's float64 GEMM (numpy's matmul, kselect's float64 references)
+    # returned garbage (errors of 1e296; einsum agreed with the Neoverse-N1 run): OpenBLAS uses its
+    # Neoverse-N1 kernels there
+    export KSELECT_ARM64_OPENBLAS=""
+    [[ ${KSELECT_ARM64_QEMU_CPU:-} == max* ]] && KSELECT_ARM64_OPENBLAS=OPENBLAS_CORETYPE=NEOVERSEN1
     unshare --mount --propagation private -- bash -euo pipefail -c '
         root=$1 repo=$2 in_root_repo=$3; shift 3
         mount -t proc proc "$root/proc"
@@ -123,7 +137,7 @@ run_in_root() {
             HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TERM="${TERM:-dumb}" LANG=C.UTF-8 \
             SSL_CERT_FILE=/etc/ssl/host-ca-certificates.crt PIP_CERT=/etc/ssl/host-ca-certificates.crt \
             REQUESTS_CA_BUNDLE=/etc/ssl/host-ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
-            QEMU_CPU="${KSELECT_ARM64_QEMU_CPU:-neoverse-n1}" \
+            QEMU_CPU="${KSELECT_ARM64_QEMU_CPU:-neoverse-n1}" $KSELECT_ARM64_OPENBLAS \
             /bin/bash -c "cd $in_root_repo && exec \"\$@\"" bash "$@"
     ' bash "$root" "$repo" "$in_root_repo" "$@"
 }

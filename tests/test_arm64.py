@@ -129,3 +129,154 @@ def test_mlas_plans_run_where_mlas_has_no_nchwc_kernels():
     with pytest.raises(ValueError, match="no NCHWc kernels"):
         rewrite_model(model, {"conv": "NCHWc"}, 1)
     onnx.checker.check_model(rewritten)
+
+
+# -- ONNX Runtime's Arm64 MLAS knobs: KleidiAI on or off, the bf16 fast-math GEMM (plugins/mlas/arm.py) --
+
+from kselect.plugins.mlas import arm  # noqa: E402
+
+ON_ARM = platform.machine() in ("aarch64", "arm64")
+ARM_KNOBS = {"kleidiai": "sme", "bf16_fastmath": "bf16"}  # dim -> the CPU feature it needs
+
+
+def _conv_and_matmul_model(path: Path) -> Path:
+    """A 3x3 conv (KleidiAI's route on a CPU with SME), a pooling, and a fully connected layer ONNX
+    Runtime runs as MatMul (no bias Add to fuse into a Gemm: the bf16 fast-math GEMM reaches it)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    y = graphs.conv(nodes, inits, rng, "conv", "x", 8, 16, 3)
+    nodes += [helper.make_node("GlobalAveragePool", [y], ["pooled"], name="pool"),
+              helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+              helper.make_node("MatMul", ["flat", "fc.w"], ["y"], name="fc")]
+    inits.append(numpy_helper.from_array((rng.standard_normal((16, 32)) * 0.3).astype(np.float32), "fc.w"))
+    onnx.save(graphs.model(nodes, inits, input_shape=(1, 8, 12, 12), output_shapes=[(1, 32)], name="convmatmul"), path)
+    return path
+
+
+def test_arm_knobs_missing_with_reasons():
+    keys = frozenset(arm.ARM_DIMS.values())
+    on_x86 = arm.missing_arm_dims("x86_64", keys, frozenset({"sme", "bf16"}))
+    assert set(on_x86) == set(ARM_KNOBS) and all("this is x86_64" in why for why in on_x86.values())
+    old_build = arm.missing_arm_dims("aarch64", frozenset(), frozenset({"sme", "bf16"}))
+    assert "no mlas.disable_kleidiai" in old_build["kleidiai"]
+    assert "no mlas.enable_gemm_fastmath_arm64_bfloat16" in old_build["bf16_fastmath"]
+    neoverse_n1 = arm.missing_arm_dims("aarch64", keys, frozenset({"fp", "asimd", "asimddp"}))
+    assert "no sme in /proc/cpuinfo" in neoverse_n1["kleidiai"] and "no bf16 in" in neoverse_n1["bf16_fastmath"]
+    assert arm.missing_arm_dims("aarch64", keys, frozenset({"bf16"})).keys() == {"kleidiai"}
+    assert arm.missing_arm_dims("aarch64", keys, frozenset({"sme", "bf16"})) == {}
+    for reasons in (on_x86, old_build, neoverse_n1):
+        assert all("\n" not in why for why in reasons.values())
+
+
+def test_installed_onnxruntime_has_the_arm_keys_where_it_reads_them():
+    """Read off the build: PyPI's aarch64 wheel has both keys; the x86_64 one has no bf16 fast-math
+    GEMM (its MatMul reads the key only when built for aarch64 Linux)."""
+    keys = arm.ort_build_keys()
+    if ON_ARM:
+        assert keys == frozenset(arm.ARM_DIMS.values())
+    else:
+        assert arm.BF16_FASTMATH_KEY not in keys
+
+
+@pytest.mark.skipif(ON_ARM, reason="the x86_64 side: on aarch64 the knobs are offered where the CPU has them")
+def test_space_on_x86_names_the_missing_arm_knobs(tmp_path):
+    space = subprocess.run([sys.executable, "-m", "kselect.cli.main", "space", str(_conv_and_matmul_model(tmp_path / "m.onnx")),
+                            "--library", "mlas", "--json"], capture_output=True, text=True, timeout=300, check=True)
+    listed = json.loads(space.stdout)
+    assert set(listed["missing_dims"]) >= set(ARM_KNOBS)
+    for dim in ARM_KNOBS:
+        why = listed["missing_dims"][dim]
+        assert arm.ARM_DIMS[dim] in why and "Arm64" in why and platform.machine() in why
+        assert all(dim not in task["dimensions"] for task in listed["tasks"])
+
+
+@pytest.mark.skipif(not ON_ARM, reason="aarch64 only: on other machines the Arm knobs are missing (test above)")
+def test_space_on_aarch64_offers_each_knob_where_the_cpu_has_it(tmp_path):
+    """In the arm64 root: on its default Neoverse-N1 (no SME, no BF16) both are missing, named so; with
+    KSELECT_ARM64_QEMU_CPU=max (SME and BF16) KleidiAI is a dim of the 3x3 conv and bf16 fast math
+    one of the fully connected layer ONNX Runtime runs as MatMul."""
+    space = subprocess.run([sys.executable, "-m", "kselect.cli.main", "space", str(_conv_and_matmul_model(tmp_path / "m.onnx")),
+                            "--library", "mlas", "--json"], capture_output=True, text=True, timeout=900, check=True)
+    listed = json.loads(space.stdout)
+    dims = {task["kind"]: task["dimensions"] for task in listed["tasks"]}
+    features = arm.cpu_features()
+    for dim, feature in ARM_KNOBS.items():
+        kind = "conv" if dim == "kleidiai" else "fc"
+        if feature in features:
+            assert dim in dims[kind] and dim not in listed["missing_dims"], (dim, dims)
+        else:
+            assert dim not in dims[kind] and f"no {feature} in /proc/cpuinfo" in listed["missing_dims"][dim]
+
+
+needs_bf16_and_sme = pytest.mark.skipif(
+    not (ON_ARM and {"bf16", "sme"} <= arm.cpu_features()),
+    reason="needs an aarch64 CPU with BF16 and SME (in the arm64 root: KSELECT_ARM64_QEMU_CPU=max)")
+
+
+@needs_bf16_and_sme
+def test_bf16_fastmath_candidate_is_held_to_bf16_tolerance():
+    """A MatMul under the bf16 fast-math GEMM computes in bf16: beyond fp32's tolerance, within bf16's,
+    so it is measured valid; KleidiAI off and on are both exact."""
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+    from kselect.core.models.tasks import Task
+    from kselect.plugins.mlas.library import MlasLibrary
+
+    library = MlasLibrary()
+    fc = Task("T", "fc0123456789abcd", "fc", [1, 256], [64, 256], [1, 64], {"alpha": 1.0, "beta": 1.0, "transB": 0},
+              False, ["fc"])
+    settings = MeasureSettings(min_time_s=0.001, min_repeats=1)
+    base = {"threads": 1, "spinning": 1, "prepacking": 1}
+    exact = measure_in_this_process(library, fc, {**base, "bf16_fastmath": 0}, settings, {})
+    fast = measure_in_this_process(library, fc, {**base, "bf16_fastmath": 1}, settings, {})
+    assert exact.status == "ok" and exact.error < 1e-5
+    assert fast.status == "ok" and 1e-4 < fast.error < arm.BF16_PLAN_ERROR, fast
+    conv = Task("C", "c0ffee0123456789", "conv", [1, 16, 8, 8], [16, 16, 3, 3], [1, 16, 8, 8],
+                {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}, True,
+                ["conv"])
+    assert "kleidiai" in [d.name for d in library.space(conv, this_device()).dims]
+    for kleidiai in (1, 0):
+        result = measure_in_this_process(library, conv, {"layout": "NCHW", "threads": 1, "spinning": 1,
+                                                         "kleidiai": kleidiai}, settings, {})
+        assert result.status == "ok" and result.error < 1e-5, result
+
+
+@needs_bf16_and_sme
+def test_tune_chooses_the_arm_knobs_and_the_plan_runs_with_them(tmp_path):
+    """`kselect tune --library mlas` measures both values of each knob, the plan stores the chosen ones,
+    its export's session options carry them, and `kselect bench` runs it within bf16's bound."""
+    from helpers import kselect_json, run_kselect
+
+    model = _conv_and_matmul_model(tmp_path / "convmatmul.onnx")
+    plan_path, bench_path = tmp_path / "plan.json", tmp_path / "bench.json"
+    kselect_json("tune", model, "--library", "mlas", "--search", "exhaustive", "--budget", "32", "--min-time", "0.01",
+                 "--min-repeats", "3", "--no-verify", "--db", tmp_path / "records.db", "-o", plan_path, timeout=1800)
+    plan = json.loads(plan_path.read_text())
+    assert plan["plan_level"]["kleidiai"] in (0, 1) and plan["plan_level"]["bf16_fastmath"] in (0, 1)
+    kselect_json("plan", "apply", plan_path, model, "-o", tmp_path / "out", timeout=900)
+    options = json.loads(next((tmp_path / "out").glob("*.session.json")).read_text())["config_entries"]
+    assert options[arm.DISABLE_KLEIDIAI_KEY] == ("0" if plan["plan_level"]["kleidiai"] else "1")
+    assert options[arm.BF16_FASTMATH_KEY] == str(plan["plan_level"]["bf16_fastmath"])
+    benched = run_kselect("bench", model, "--plan", plan_path, "--rounds", "1", "--runs-per-round", "1",
+                          "--json", bench_path, timeout=1800)
+    assert benched.returncode == 0, benched.stderr
+    result = json.loads(bench_path.read_text())
+    assert result["library"] == "mlas" and result["max_relative_output_error"] < arm.BF16_PLAN_ERROR
+
+
+@needs_bf16_and_sme
+def test_bf16_fastmath_is_named_missing_for_a_model_without_matmul():
+    """ONNX Runtime runs a Gemm fully connected layer (the contract model's) without the fast-math GEMM."""
+    from kselect.core.contract.checks import contract_model
+    from kselect.core.models.model import model_from_proto
+    from kselect.plugins.mlas.library import MlasLibrary
+
+    library = MlasLibrary()
+    assert "bf16_fastmath" not in library.missing_dims()
+    library.prepare_model(model_from_proto("contract_cnn", contract_model()))
+    assert "runs no MatMul in this model" in library.missing_dims()["bf16_fastmath"]
+    assert "kleidiai" not in library.missing_dims()

@@ -105,6 +105,17 @@ class KernelSource(ABC):
         """Largest accepted error relative to the reference's largest magnitude."""
         return 1e-3
 
+    def computes_in(self, task: Task, config: dict) -> str:
+        """The precision a config of this task computes in: the task's own, unless a knob of the
+        config lowers it (MLAS's bf16 fast-math GEMM on an fp32 task: "bf16"); a half precision
+        here gets that format's tolerance (core/precision/half.py) in place of ``tolerance``."""
+        return task.precision
+
+    def plan_error_bound(self, settings: dict) -> float | None:
+        """The largest output error relative to the library default a plan with these plan-level
+        settings may show end to end, where the settings lower its precision (None: fp32's bound)."""
+        return None
+
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
         """Build a candidate (runs in the measuring child process)."""
         raise NotImplementedError
@@ -302,6 +313,9 @@ class Library(KernelSource, WholeModelRunner, TensorCrossing):
     emulated: bool = RUNS_EMULATED
     fresh_instances: int = 1  # candidates built and timed this many times from scratch
     plan_level_dims: tuple[str, ...] = ()  # dims that must take one value across a whole plan
+    # plan-level dims offered only for ops of one form, which a model may lack (MLAS's bf16_fastmath: fully
+    # connected layers ONNX Runtime runs as MatMul)
+    op_specific_dims: frozenset[str] = frozenset()
     # Layouts chosen per op with the measured conversions between them counted (core/cross_library/plan.py
     # on this library alone), rather than each op's fastest config whatever the changes cost.
     plans_layouts_per_op: bool = False

@@ -191,6 +191,10 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     error = relative_error(measured["output"], reference)
     summary = summarise(measured["times_us"])
     tolerance = op_kind(task.kind).tolerance(task)
+    computes_in = library.computes_in(task, config)
+    if tolerance is None and computes_in != task.precision and computes_in in HALF_PRECISIONS:
+        tolerance = half_tolerance(task, inputs, reference, computes_in,
+                                   accumulates_in_format=computes_in in library.accumulates_in_half)
     if tolerance is None:
         tolerance = precision_allowed if precision_allowed is not None else library.tolerance(task, config)
     if not error <= tolerance:

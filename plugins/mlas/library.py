@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from kselect.core.contract.labels import Label
 from kselect.core.contract.library import Candidate, Library
@@ -18,6 +18,7 @@ from kselect.core.models.activations import clamp_range, onnx_nodes
 from kselect.core.models.tasks import Task
 from kselect.core.precision.quant import asymmetric_u8
 from kselect.plugins.mlas import int8
+from kselect.plugins.mlas.arm import BF16_PLAN_ERROR, kleidiai_applies, missing_arm_dims, offered_arm_dims
 from kselect.plugins.mlas.apply import default_session, plan_session, write_optimized_model
 from kselect.plugins.mlas.int8 import ACTIVATION_TYPES, WEIGHT_GRANULARITY, has_int8_form
 from kselect.plugins.mlas.layout import (
@@ -27,7 +28,7 @@ from kselect.plugins.mlas.layout import (
     nchwc_block_size,
     nchwc_feed,
 )
-from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, ort_nchwc_convs
+from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, ort_matmul_nodes, ort_nchwc_convs, ort_optimized
 from kselect.plugins.mlas.profiling import profiled_run
 from kselect.plugins.mlas.session_config import FORCE_SPINNING_STOP_KEY, session_options
 from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
@@ -59,8 +60,10 @@ class MlasLibrary(Library):
     fresh_instances = 3  # sessions of one config can settle at different speeds
     # int8 ops: the activation type and weight granularity are one choice for the whole quantized
     # model, as onnxruntime.quantization makes it (int8.py)
+    # kleidiai, bf16_fastmath: ONNX Runtime's Arm64 options, offered where they change something (arm.py)
     plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking", "activations",
-                       "weights")
+                       "weights", "kleidiai", "bf16_fastmath")
+    op_specific_dims = frozenset({"bf16_fastmath"})  # fully connected layers ORT runs as MatMul only
     precisions = ("fp32", "int8")
     plan_precisions = ("fp32", "int8")  # a plan with int8 ops runs as the QDQ model (int8.py)
 
@@ -96,11 +99,39 @@ class MlasLibrary(Library):
 
     def __init__(self):
         self.ort_nchwc_nodes: set[str] | None = None  # convs ORT's default session runs as NCHWc
+        self.ort_matmul_nodes: set[str] | None = None  # fully connected nodes it runs as MatMul (not Gemm)
         # (int8 task key, activations, weights) -> whether ORT runs that op channels-last
         self.int8_channels_last: dict[tuple, bool] = {}
 
     def prepare_model(self, model) -> None:
-        self.ort_nchwc_nodes = ort_nchwc_convs(model.proto)
+        optimized = ort_optimized(model.proto)
+        self.ort_nchwc_nodes = ort_nchwc_convs(model.proto, optimized)
+        self.ort_matmul_nodes = ort_matmul_nodes(optimized)
+
+    def missing_dims(self) -> dict[str, str]:
+        """The Arm64 knobs this machine, onnxruntime build or CPU cannot use (arm.py); and the bf16
+        fast-math GEMM for a model (``prepare_model``) with no MatMul ONNX Runtime keeps."""
+        missing = missing_arm_dims()
+        if "bf16_fastmath" not in missing and self.ort_matmul_nodes == set():
+            missing["bf16_fastmath"] = ("ONNX Runtime's bf16 fast-math GEMM reaches MatMul only, and it runs no MatMul "
+                                        "in this model (its fully connected layers are Gemm, or MatMul + Add fused "
+                                        "into Gemm)")
+        return missing
+
+    def runs_as_matmul(self, task: Task) -> bool:
+        """Whether ONNX Runtime runs most of this fc task's nodes as MatMul (the only op its bf16
+        fast-math GEMM reaches); unknown without ``prepare_model``: no."""
+        if task.kind != "fc" or self.ort_matmul_nodes is None:
+            return False
+        return 2 * sum(node in self.ort_matmul_nodes for node in task.nodes) > len(task.nodes)
+
+    def plan_error_bound(self, settings: dict) -> float | None:
+        """A plan whose MatMuls compute in bf16 (``bf16_fastmath``) is held to bf16's bound end to end."""
+        return BF16_PLAN_ERROR if settings.get("bf16_fastmath") == 1 else None
+
+    def computes_in(self, task: Task, config: dict) -> str:
+        """bf16 for a MatMul under the bf16 fast-math GEMM: its candidates get bf16's tolerance."""
+        return "bf16" if config.get("bf16_fastmath") == 1 else task.precision
 
     def supports(self, task: Task) -> bool:
         if task.precision == "int8":  # any activation (int8.single_op_model)
@@ -108,7 +139,8 @@ class MlasLibrary(Library):
         return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
-        # every MLAS path is an exact fp32 algorithm (no Winograd/FFT): only summation order differs
+        # every MLAS fp32 path is an exact fp32 algorithm (no Winograd/FFT): only summation order differs
+        # (the bf16 fast-math GEMM: bf16's tolerance, ``computes_in``)
         return 1e-4
 
     def _block(self) -> int:
@@ -158,7 +190,18 @@ class MlasLibrary(Library):
         space.add(Categorical("spinning", (1, 0)))
         if task.kind == "fc":
             space.add(Categorical("prepacking", (1, 0), role="memory"))
+        for dim, values in self._arm_dims(task).items():
+            space.add(Categorical(dim, values, role="algorithm"))
         return space
+
+    def _arm_dims(self, task: Task) -> dict[str, tuple]:
+        """The Arm64 knobs that can change this fp32 task here (arm.py), with their values, ORT's default first."""
+        offered, dims = offered_arm_dims(), {}
+        if "kleidiai" in offered and kleidiai_applies(task):
+            dims["kleidiai"] = (1, 0)
+        if "bf16_fastmath" in offered and self.runs_as_matmul(task):
+            dims["bf16_fastmath"] = (0, 1)
+        return dims
 
     def default_config(self, task: Task, device: Device) -> dict:
         """What a default ONNX Runtime session does: NCHWc where its NCHWc transformer converts the
@@ -177,6 +220,7 @@ class MlasLibrary(Library):
         config["spinning"] = 1
         if task.kind == "fc":
             config["prepacking"] = 1
+        config.update({dim: values[0] for dim, values in self._arm_dims(task).items()})
         return config
 
     def prepare(self, task: Task, config: dict, inputs: dict[str, np.ndarray]) -> Candidate:
@@ -222,6 +266,9 @@ class MlasLibrary(Library):
                     reordered_output(model, channels)
                 else:
                     unblock = lambda y: from_blocked(y, channels, block)  # noqa: E731
+        elif "bf16_fastmath" in config:  # an fc ORT runs as MatMul, measured as one
+            model, epilogue = matmul_model(task, inputs), []
+            x, unblock = inputs["x"], (lambda y: y)
         else:  # a Gemm, ORT's ConvTranspose (NCHW only: MLAS's GEMM and col2im) or 1-D Conv, with the epilogue
             model, epilogue = task_model(task, inputs), []
             x, unblock = inputs["x"], (lambda y: y)
@@ -332,6 +379,19 @@ def mlas_activation_params(step: list) -> list[float]:
     if op == "HardSigmoid":
         return [attrs["alpha"], attrs["beta"]]
     return []
+
+
+def matmul_model(task: Task, inputs: dict[str, np.ndarray]):
+    """An fc task as the MatMul ONNX Runtime runs (x @ w.T, weights stored K x N as in the model),
+    then its epilogue; a MatMul node has no bias (``fc.FullyConnectedKind.read``)."""
+    out = "op_out" if task.epilogue else "y"
+    weights = numpy_helper.from_array(np.ascontiguousarray(inputs["w"].T * task.attrs["alpha"]), "w")
+    nodes, constants = onnx_nodes(task.epilogue, out, "y")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], [out], name="op"), *nodes], "op",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(task.input_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(task.output_shape))],
+                              [weights, *constants])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _divert_output(graph, name: str) -> str:

@@ -63,7 +63,7 @@ key                                                     default    applies to
 
 So for NCHW convs only the session-wide knobs (threads, spinning) matter; the two ``mlas.nchwc_*``
 keys only change NCHWc convs.  ``mlas.disable_kleidiai`` / ``mlas.kleidiai.conv_igemm_max_work``
-exist too but are Arm64 only.
+are Arm64 knobs (arm.py), as is ``mlas.enable_gemm_fastmath_arm64_bfloat16``.
 """
 
 from __future__ import annotations
@@ -134,14 +134,14 @@ def ort_optimized(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.load(path)
 
 
-def ort_nchwc_convs(model: onnx.ModelProto) -> set[str]:
+def ort_nchwc_convs(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None) -> set[str]:
     """Names of the Conv nodes ONNX Runtime's own NchwcTransformer turns into NCHWc convs.
 
     Its choice depends on the graph around a conv (e.g. a conv whose input channels are not a
     block multiple is converted only when its producer already is), so ORT is asked: the model
     is optimised as a default session would, and each NCHWc conv, which ORT names after its
     output tensor + "_nchwc" (the conv's, or that of the activation fused into it), is traced
-    back to the original node.
+    back to the original node. ``optimized``: ``ort_optimized(model)``, when already made.
     """
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -155,12 +155,18 @@ def ort_nchwc_convs(model: onnx.ModelProto) -> set[str]:
             if len(readers) == 1 and readers[0].op_type in UNARY_ACTIVATIONS:
                 conv_of_tensor[readers[0].output[0]] = node.name
     converted = set()
-    for node in ort_optimized(model).graph.node:
+    for node in (optimized or ort_optimized(model)).graph.node:
         if node.domain == NCHWC_DOMAIN and node.op_type == "Conv" and node.name.endswith("_nchwc"):
             original = conv_of_tensor.get(node.name[: -len("_nchwc")])
             if original is not None:
                 converted.add(original)
     return converted
+
+
+def ort_matmul_nodes(optimized: onnx.ModelProto) -> set[str]:
+    """Names of the MatMul nodes ONNX Runtime runs as MatMul in ``optimized`` (``ort_optimized``):
+    it fuses a MatMul followed by a bias Add into a Gemm (a node of another name)."""
+    return {node.name for node in optimized.graph.node if node.op_type == "MatMul" and node.domain in ("", "ai.onnx")}
 
 
 __all__ = [
@@ -169,6 +175,7 @@ __all__ = [
     "NCHWC_DOMAIN",
     "NCHWC_TRANSFORMER",
     "UNARY_ACTIVATIONS",
+    "ort_matmul_nodes",
     "ort_nchwc_convs",
     "ort_optimized",
     "session_options",

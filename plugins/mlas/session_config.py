@@ -4,6 +4,7 @@ keys kselect sets, read by the single-op candidates (library.py) and the plan se
 
 from __future__ import annotations
 
+from kselect.plugins.mlas.arm import arm_config_entries
 from kselect.plugins.mlas.ort_session import DISABLE_OPTIMIZERS_KEY, NCHWC_TRANSFORMER
 
 # ONNX Runtime session config keys (checked against onnxruntime 1.32's own key list).
@@ -46,4 +47,5 @@ def session_config_entries(config: dict, keep_nchwc_transformer: bool = False) -
         entries[POINTWISE_BATCH_KEY] = str(config["pointwise_batch"])
     if "prepacking" in config:
         entries[PREPACKING_KEY] = "0" if config["prepacking"] else "1"
+    entries.update(arm_config_entries(config))  # KleidiAI, bf16 fast-math GEMM (arm.py)
     return entries
