@@ -148,7 +148,7 @@ def scripted_processes(monkeypatch, plan_ms_by_round):
 
 class ScriptedPlan:
     def __init__(self):
-        self.extra, self.library_settings = {}, {"mlas": {}}
+        self.extra, self.library_settings, self.libraries, self.plan_level = {}, {"mlas": {}}, {"mlas": ""}, {}
         self.tasks, self.nodes = [], {}  # an fp32 plan: no int8 ops
 
     def save(self, path):

@@ -171,10 +171,10 @@ QUICK_TUNE = ("--budget", "1", "--min-time", "0.01", "--min-repeats", "3")
 
 
 @needs_bf16
-def test_a_bf16_tune_of_a_real_model_keeps_bf16_ops_within_the_budget_and_its_plan_scores_as_its_front(tmp_path):
+def test_a_bf16_tune_of_a_real_model_holds_the_budget_in_bf16_and_its_plan_scores_as_its_front(tmp_path):
     """YOLOv8n (64 convs with SiLU) on oneDNN with --precision fp32,bf16 and a cosine budget of
     0.0005 on the sample pictures: the front's first reduced point runs every op whose bf16 kernel
-    is faster in bf16, the chosen point is within the budget with bf16 ops, the plan stores each
+    is faster in bf16 and holds the budget, the chosen point is within the budget, the plan stores each
     op's precision, and the plan run through kselect.load_plan scores on the held-out feeds what
     the front says."""
     from kselect.core.models.model import load_model
@@ -191,12 +191,16 @@ def test_a_bf16_tune_of_a_real_model_keeps_bf16_ops_within_the_budget_and_its_pl
     assert list(front)[:2] == ["fp32", "bf16"] and front["fp32"]["ops_by_precision"] == {}
     assert set(front["bf16"]["ops_by_precision"]) == {"bf16"} and front["bf16"]["ops_by_precision"]["bf16"] > 30
     assert front["bf16"]["weight_bytes"] < front["fp32"]["weight_bytes"]
+    # bf16 on every op whose kernel is faster in it holds the budget; which point is kept is a matter
+    # of measured speed (in a loaded run the fp32 plan was once predicted as fast), so only its
+    # budget is asserted, and its precisions are what the plan stores
+    assert front["bf16"]["within_budget"] and front["bf16"]["drop"] <= 0.0005
     chosen = front[precision["chosen"]]
-    assert chosen["within_budget"] and chosen["drop"] <= 0.0005 and chosen["ops_by_precision"].get("bf16")
+    assert chosen["within_budget"] and chosen["drop"] <= 0.0005
 
     plan = load_plan_file(out)
     assert reduced_nodes(plan) == chosen["precisions"]
-    assert {t["precision"] for t in plan.tasks if t["nodes"][0] in chosen["precisions"]} == {"bf16"}
+    assert {t["precision"] for t in plan.tasks if t["nodes"][0] in chosen["precisions"]} <= {"bf16"}
     model = load_model(YOLO[0], [YOLO[2]])
     score, drop = score_plan(model, plan, calibration_for(model, "samples"), None, "cosine")
     assert score == pytest.approx(chosen["score"], abs=1e-4) and drop <= 0.0005 + 1e-4
