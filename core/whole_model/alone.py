@@ -124,8 +124,8 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
 def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0):
     """``Library.node_times`` of ``plan`` (one library's; None: the library's defaults) in a fresh
     process of its own, as the rounds protocol runs a plan: no other runner's threads in it, and a
-    plan that crashes or hangs takes only that process down. (whole-run us, node -> us), or None when the library's runner
-    cannot time its nodes; raises KselectError when the process fails."""
+    plan that crashes or hangs takes only that process down. (whole-run us, node -> us), or None
+    when the library's runner cannot time its nodes; raises KselectError when the process fails."""
     with tempfile.TemporaryDirectory(prefix="kselect-alone-") as work:
         plan_path, model_path = Path(work) / "plan.json", Path(work) / "model.onnx"
         if plan is not None:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 from kselect.core.models.tasks import find_ops
 
-IN_CONTEXT = "ops and conversions, corrected in context"
-CONTEXT_RUNS = 20  # whole runs timed per node for a correction  # a plan's PREDICTED_BASIS (core/plans/plan.py)
+IN_CONTEXT = "ops and conversions, corrected in context"  # a plan's PREDICTED_BASIS (core/plans/plan.py)
+CONTEXT_RUNS = 20  # whole runs timed per node for a correction, each plan in a fresh process
 
 # What runtimes append to a node's name when they rewrite it (ONNX Runtime: the NCHWc transformer,
 # the QDQ fusions, generated names), stripped one at a time until a name of the model is found.
