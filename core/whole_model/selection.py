@@ -48,7 +48,7 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
         tried.append({"variant": name, **result})
         if on_result:
             on_result(name, result)
-        if not result["max_relative_output_error"] <= plan_max_error(library, plan, max_error):
+        if not result["max_relative_output_error"] <= plan_max_error(plan, max_error):
             continue
         matching.append((name, plan))
         needed = 1 + switching_margin(result) if sleeping_threads(plan) else min_speedup
@@ -63,19 +63,12 @@ def verified_plan(library, model: Model, variants: list, min_speedup: float = 0.
     return chosen(*matching[-1])
 
 
-def plan_max_error(library, plan, max_error: float) -> float:
-    """``max_error``, or the library's bound for a plan whose settings lower its precision
-    (``Library.plan_error_bound``: MLAS's bf16 fast-math GEMM)."""
-    bound = library.plan_error_bound(dict(plan.plan_level))
-    return max_error if bound is None else max(max_error, bound)
-
-
-def plan_max_error_across(plan, max_error: float) -> float:
-    """``plan_max_error`` for a plan of one or more libraries: the loosest of their bounds."""
+def plan_max_error(plan, max_error: float) -> float:
+    """``max_error``, or the loosest bound of the plan's libraries for settings that lower its
+    precision (``Library.plan_error_bound``: MLAS's bf16 fast-math GEMM)."""
     bounds = [max_error]
     for name in plan.libraries:
-        settings = plan.library_settings.get(name, plan.plan_level if len(plan.libraries) == 1 else {})
-        bound = plugins.get_library(name).plan_error_bound(dict(settings))
+        bound = plugins.get_library(name).plan_error_bound(dict(plan.library_settings.get(name, {})))
         if bound is not None:
             bounds.append(bound)
     return max(bounds)
@@ -213,7 +206,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     def acceptable(error: float, plan) -> bool:
         # a plan with reduced-precision ops was held to its accuracy budget on held-out feeds
         # (core/precision/mixed.py): of it, only finite outputs are asked here
-        return math.isfinite(error) if reduced_nodes(plan) else error <= plan_max_error_across(plan, max_error)
+        return math.isfinite(error) if reduced_nodes(plan) else error <= plan_max_error(plan, max_error)
 
     def matches(name: str, measured: dict, reference: dict) -> bool:
         return acceptable(compare_outputs(reference["outputs"], measured["outputs"]), plans[name])
