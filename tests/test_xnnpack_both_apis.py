@@ -1,8 +1,11 @@
 """XNNPack's public operator API on whichever build is installed: Debian 12's (``libXNNPACK.so.0``,
 the 2022 API) on x86_64, Debian 13's (``libXNNPACK.so.0.20241108``, the 2024 API: reshape before
-setup) in the arm64 root. Every f32 operator the plugin creates against numpy, the plugin's
-availability and space on the build, and a tune and whole-model run of resnet18 with its outputs
-checked against ONNX Runtime. Part of ``make test-arm64``."""
+setup) in the arm64 root. Every f32 operator the plugin creates against numpy; fp16 candidates
+(the f16 operators between their conversions) within the core's half tolerance and int8 ones
+(qc8 / qs8 / qu8) within its int8 tolerance; the plugin's availability, precisions and space on
+the build; a tune and whole-model run of resnet18 with its outputs checked against ONNX Runtime,
+and (slow: the arm64 subset) a tune of resnet18 with every precision whose plan runs. Part of
+``make test-arm64``."""
 
 from __future__ import annotations
 
@@ -11,12 +14,18 @@ import math
 
 import numpy as np
 import pytest
-from helpers import kselect_json, run_kselect
+from helpers import kselect_json, run_kselect, twin_conv, twin_task
 
+import kselect
 from kselect.core.measuring import device
 from kselect.core.measuring.device import this_device
+from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
 from kselect.core.models.model import load_model
-from kselect.core.models.tasks import Task
+from kselect.core.models.tasks import Task, extract_tasks
+from kselect.core.plans.plan import Plan, load_plan_file, plan_node, plan_task
+from kselect.core.precision.half import UNIT_ROUNDOFF, half_tolerance
+from kselect.core.precision.quant import int8_tolerance, quant_params
+from kselect.plugins.xnnpack import int8, kernels
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
 
@@ -166,8 +175,53 @@ def test_micro_kernel_choice_only_on_the_known_build_and_precisions_as_bound():
     assert "threads" in dims
     if "override off" in status:
         assert "public API only" in status and "ukernel" not in dims
-    if xa.api() == xa.API_2024:  # its 8-bit and f16 operators are not bound: fp32 alone
-        assert "override off" in status and "no int8" in status and lib.precisions == ("fp32",)
+    assert "int8" in lib.precisions and ("fp16" in lib.precisions) == xa.f16_availability()[0]
+    if xa.api() == xa.API_2024:  # its 8-bit operators between float ones; the add and pooling ops in float
+        assert "override off" in status and "int8: qc8 / qs8 / qu8 operators" in status
+        assert lib.int8_passes == frozenset({"Flatten"})
+
+
+QUICK = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.02, timeout_s=60)
+_CONV3X3 = ([1, 16, 8, 8], [24, 16, 3, 3], [1, 24, 8, 8], 3)
+_FC = ([4, 64], [20, 64], [4, 20], {"alpha": 1.0, "beta": 1.0, "transB": 1})
+
+
+@pytest.mark.skipif(not xa.f16_availability()[0], reason=f"no fp16 here: {xa.f16_availability()[1]}")
+@pytest.mark.parametrize("kind", ["conv", "fc"])
+def test_fp16_candidates_within_the_half_tolerance(kind):
+    """The fp16 twin of a 3x3 conv and of an fc, on the build's f16 operator between the f32 -> f16
+    and f16 -> f32 conversions: measured ok against the float64 reference, off by more than
+    float32's rounding (it computes in half) and within the core's half tolerance for kernels
+    that round their sums to half."""
+    task = twin_conv("fp16", *_CONV3X3) if kind == "conv" else twin_task("fp16", "fc", *_FC)
+    lib = XnnpackLibrary()
+    assert lib.supports(task)
+    inputs = task_inputs(task)
+    tolerance = half_tolerance(task, inputs, reference_output(task, inputs), "fp16", accumulates_in_format=True)
+    result = measure_in_this_process(lib, task, lib.default_config(task, this_device()), QUICK, {})
+    assert result.status == "ok", result.reason
+    assert UNIT_ROUNDOFF["fp16"] / 4 < result.error <= tolerance
+
+
+@pytest.mark.parametrize("kind, variant", [("conv", "qc8"), ("conv", "qs8"), ("conv", "qu8"), ("fc", "qs8"),
+                                           ("fc", "qu8")])
+def test_int8_candidates_within_the_int8_tolerance(kind, variant):
+    """The int8 twin of a 3x3 conv (qc8: per-channel int8 weights; qs8; qu8) and of an fc (qs8,
+    qu8) on the build's 8-bit operators, its input quantized as the core says: measured ok
+    against the float64 reference within the core's int8 tolerance."""
+    task = twin_conv("int8", *_CONV3X3) if kind == "conv" else twin_task("int8", "fc", *_FC)
+    lib = XnnpackLibrary()
+    assert lib.supports(task) and variant in int8.variants(task)
+    inputs = task_inputs(task)
+    reference = reference_output(task, inputs)
+    config = dict(lib.default_config(task, this_device()), variant=variant)
+    if "ukernel" in config:  # the micro-kernel choice (the 2022 amd64 build): the variant's own default
+        config["ukernel"] = kernels.int8_default_kernel(variant, int8.op_class(task), kernels.gemm_rows(task),
+                                                        int8._taps(task))
+    assert config in lib.space(task, this_device())
+    result = measure_in_this_process(lib, task, config, QUICK, {})
+    assert result.status == "ok", result.reason
+    assert 0 < result.error <= int8_tolerance(task, inputs, reference, quant_params(task, inputs, reference))
 
 
 def test_resnet18_tunes_and_its_plan_runs_with_outputs_checked(tmp_path):
@@ -204,3 +258,81 @@ def test_resnet18_whole_model_matches_onnxruntime():
     finally:
         run.close()
     _close(out, expected, 1e-4)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a.ravel() @ b.ravel() / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.skipif(not xa.f16_availability()[0], reason=f"no fp16 here: {xa.f16_availability()[1]}")
+def test_resnet18_plan_in_fp16_runs_in_the_whole_model():
+    """A plan of resnet18 (1x3x32x32) with every conv and the fc in fp16: the whole-model runner
+    runs them on the f16 operators between their conversions, and the output is ONNX Runtime's
+    fp32 one up to half precision (not equal to it: f16 did run)."""
+    import onnxruntime as ort
+
+    model = load_model("resnet18", ["input=1,3,32,32"])
+    lib, here = XnnpackLibrary(), this_device()
+    tasks, nodes = [], {}
+    for task in extract_tasks(model):
+        twin = task.at_precision("fp16")
+        config = lib.default_config(twin, here)
+        tasks.append(plan_task(twin, twin.nodes, "xnnpack", config, 1.0, config, 1.0, 1, False))
+        nodes.update({node: plan_node(twin, "xnnpack", config) for node in twin.nodes})
+    plan_level = {"spinning": 1} if any("spinning" in n["config"] for n in nodes.values()) else {}
+    plan = Plan(model={}, device={}, libraries={"xnnpack": lib.version()}, emulated=lib.emulated,
+                plan_level=plan_level, tasks=tasks, nodes=nodes)
+    x = RNG.standard_normal((1, 3, 32, 32), dtype=np.float32)
+    runner = kselect.load_plan(plan, model)
+    try:
+        output = runner.run({"input": x})[0]
+        assert runner.runners[0].fp16_nodes == set(nodes)
+    finally:
+        runner.close()
+    reference = ort.InferenceSession(model.proto.SerializeToString(),
+                                     providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    error = float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference)))
+    assert 1e-5 < error < 0.05 and _cosine(output, reference) > 0.999
+
+
+@pytest.mark.slow
+def test_resnet18_tunes_every_precision_and_its_plan_runs(tmp_path):
+    """`kselect tune resnet18 --precision all` (1x3x32x32, synthetic feeds, cosine budget 0.01):
+    every conv / fc task's int8 twin is measured, and its fp16 twin where XNNPack has f16 kernels
+    here (bf16 named missing); the precision search measures its front in the whole model and
+    chooses a point within the budget; the plan stores each op's precision and runs through
+    kselect.load_plan, its output within the budget of ONNX Runtime's fp32 one. Slow (minutes
+    emulated): in the arm64 subset and `make test-all`."""
+    import onnxruntime as ort
+
+    out = tmp_path / "resnet18.plan.json"
+    tuned = kselect_json("tune", "resnet18", "--input-shape", "input=1,3,32,32", "--library", "xnnpack",
+                         "--precision", "all", "--metric", "cosine", "--max-accuracy-drop", "0.01", "--budget", "1",
+                         "--min-time", "0.01", "--min-repeats", "3", "--no-verify", "--db", tmp_path / "r.db",
+                         "-o", out, timeout=3600)
+    (library,) = tuned["libraries"]
+    fp32_tasks = {t["task"] for t in library["tasks"] if "." not in t["task"]}
+    twins = {"int8"} | ({"fp16"} if xa.f16_availability()[0] else set())
+    for precision in twins:
+        measured = {t["task"]: t for t in library["tasks"] if t["task"].endswith(f".{precision}")}
+        assert set(measured) == {f"{task}.{precision}" for task in fp32_tasks}
+        assert all(t["best_us"] > 0 for t in measured.values())
+    assert not any(t["task"].endswith(".bf16") for t in library["tasks"])
+    precision = library["precision"]
+    assert precision["front"][0]["name"] == "fp32"
+    chosen = next(point for point in precision["front"] if point["name"] == precision["chosen"])
+    assert chosen["within_budget"]
+    plan = load_plan_file(out)
+    planned = {node: t.get("precision", "fp32") for t in plan.tasks for node in t["nodes"]}
+    assert {node: p for node, p in planned.items() if p != "fp32"} == chosen["precisions"]
+
+    model = load_model("resnet18", ["input=1,3,32,32"])
+    x = RNG.standard_normal((1, 3, 32, 32), dtype=np.float32)
+    runner = kselect.load_plan(out, model)
+    try:
+        output = runner.run({"input": x})[0]
+    finally:
+        runner.close()
+    reference = ort.InferenceSession(model.proto.SerializeToString(),
+                                     providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    assert _cosine(output, reference) >= 1 - 0.01

@@ -1,15 +1,18 @@
 """XNNPack's half-precision (f16) conv, deconv and fully connected operators as fp16 candidates
 (core/precision/half.py).
 
-This snapshot (libxnnpack0 0.0~git20220216) has ``xnn_create_convolution2d_nhwc_f16``,
+Both builds (Debian 12's libxnnpack0 0.0~git20220216, the 2022 API; Debian 13's
+libxnnpack0.20241108 0.0~git20241108, the 2024 API) have ``xnn_create_convolution2d_nhwc_f16``,
 ``..._deconvolution2d_nhwc_f16`` and ``..._fully_connected_nc_f16``: IEEE half tensors in and
 out, weights and bias given in float32 (``XNN_FLAG_FP32_STATIC_WEIGHTS``) and rounded to half
 when the operator packs them. xnn_initialize fills its f16 table only where the CPU has what the
-kernels need (x86: AVX2 and F16C; Arm: FP16 arithmetic); elsewhere creating one fails with
-xnn_status_unsupported_hardware and the library offers no fp16 (``xa.f16_availability``).
+kernels need (x86: AVX2 and F16C; Arm: FP16 arithmetic, Armv8.2-A); elsewhere creating one fails
+with xnn_status_unsupported_hardware and the library offers no fp16 (``xa.f16_availability``).
+The operator classes (xnnpack_api.py) hide the API: the same calls here on both.
 
 An fp16 op reads and writes float32 tensors like its neighbours: it is XNNPack's f32 -> f16
-conversion of its input (``xnn_create_convert_nc_f32_f16``), the f16 operator, and the f16 -> f32
+conversion of its input (``xnn_create_convert_nc_f32_f16``; on the 2024 API the unary convert
+operator), the f16 operator, and the f16 -> f32
 conversion of its output, all three timed as the candidate and run the same way by the executor
 in whole models. Its neighbours and the plan's layouts are those of fp32 (the NHWC float
 tensors of ``xnnpack:NHWC``), so no conversion is planned around it. A Relu or Clip after the op
@@ -18,12 +21,13 @@ float32, on the converted output, as it does after an fp32 op. XNNPack's f16 ker
 running sum to half after every multiply-add (the x86 ones emulate Arm's FP16 arithmetic so):
 ``XnnpackLibrary.accumulates_in_half`` says so, and the core allows for it.
 
-Space: ``threads`` and ``spinning`` (as for fp32). No micro-kernel choice: this build's f16
-table has one GEMM / IGEMM pair (4x16 and 1x16 ``avx2_broadcast``) and one depthwise kernel per
-tap count (3, 4, 9, 25; ``fma3``), all from its one f16 ISA tier, and the library holds no other
-f16 kernel (no other name among its assert strings): there is nothing to choose among. No NCHW
-path (no f16 NCHW operator in this snapshot) and no work split (``tile_n`` / ``loop`` take the
-kernel's tile from the f32 override's catalog).
+Space: ``threads`` and ``spinning`` (as for fp32). No micro-kernel choice: the 2022 amd64
+build's f16 table has one GEMM / IGEMM pair (4x16 and 1x16 ``avx2_broadcast``) and one depthwise
+kernel per tap count (3, 4, 9, 25; ``fma3``), all from its one f16 ISA tier, and the library holds
+no other f16 kernel (no other name among its assert strings): there is nothing to choose among;
+on the 2024 build kselect has the public API only (as for fp32). No NCHW path (no f16 NCHW
+operator in the 2022 snapshot; the 2024 one's is not bound) and no work split (``tile_n`` /
+``loop`` take the kernel's tile from the f32 override's catalog).
 """
 
 from __future__ import annotations
@@ -39,12 +43,18 @@ from kselect.plugins.xnnpack import configured, tileshim
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
 NO_KERNEL_CHOICE = "one f16 GEMM and one depthwise kernel per tap count in this build: no micro-kernel choice"
+NO_KERNEL_CHOICE_2024 = "public API only on this build: no micro-kernel choice"
+
+
+def no_kernel_choice() -> str:
+    """Why an f16 op offers no micro-kernel choice on the loaded build."""
+    return NO_KERNEL_CHOICE if xa.api() == xa.API_2022 else NO_KERNEL_CHOICE_2024
 
 
 def available() -> tuple[bool, str]:
     """Whether fp16 candidates run here, and what they are (or why not)."""
     ok, why = xa.f16_availability()
-    return (True, f"f16 conv / deconv / fc operators ({NO_KERNEL_CHOICE})") if ok else (False, why)
+    return (True, f"f16 conv / deconv / fc operators ({no_kernel_choice()})") if ok else (False, why)
 
 
 def supports(task) -> bool:
@@ -76,7 +86,7 @@ def check_config(config: dict) -> None:
     extra = sorted(set(config) - {"threads", "spinning"})
     if extra:
         raise configured.ConfigError(f"an f16 operator takes threads and spinning only, not {', '.join(extra)} "
-                                     f"({NO_KERNEL_CHOICE})")
+                                     f"({no_kernel_choice()})")
 
 
 class Converted(configured.Built):

@@ -1,6 +1,8 @@
 """XNNPack's 8-bit conv and fully connected operators as int8 candidates (core/precision/quant.py).
 
-This snapshot (libxnnpack0 0.0~git20220216, xnnpack.h at ae108ef) has three 8-bit variants:
+Both builds (Debian 12's libxnnpack0 0.0~git20220216, xnnpack.h at ae108ef, the 2022 API; Debian
+13's libxnnpack0.20241108, the 2024 API, where qc8 is named ``..._qs8_qc8w``) have three 8-bit
+variants, which the operator classes of xnnpack_api.py create the same way on either:
 
 - ``qc8``: int8 activations, int8 weights with one scale per output channel
   (``xnn_create_convolution2d_nhwc_qc8``). It has no per-channel fully connected operator: a
@@ -24,10 +26,12 @@ on XNNPack's 8-bit sigmoid and multiply operators: the operator writes the pre-a
 (``QuantParams.pre_scale``), the sigmoid the only grid XNNPack's sigmoid writes (scale 1/256),
 the multiply the output's grid; all of them are the timed run. A LeakyRelu (slope in (0, 1]) runs
 after it on XNNPack's 8-bit leaky relu, a lookup table from the pre-activation grid onto the
-output's; this snapshot has it for qu8 only, so such an op's only variant is qu8. Any other
-activation makes the int8 twin unsupported.
+output's; the 2022 snapshot has it for qu8 only, so such an op's only variant is qu8 (on both
+builds). Any other activation makes the int8 twin unsupported. The 2024 build also has a
+per-channel fully connected and deconvolution (``..._qs8_qc8w``): not offered, so both builds
+offer the same variants.
 
-Micro-kernels: the verified table override (ukernel_forcing.py) rewrites the family's own gemm /
+Micro-kernels (the 2022 amd64 build only): the verified table override (ukernel_forcing.py) rewrites the family's own gemm /
 dwconv entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read
 in child processes (``ukernel_catalog.catalog_int8``), at their native MR only.
 """

@@ -2,7 +2,8 @@
 int8 conv / deconv / fc node on its configured 8-bit operator between 8-bit copies of its input
 and output; the Sigmoid, SiLU Mul or LeakyRelu after such a node on XNNPack's 8-bit operator; an
 Add or GlobalAveragePool of 8-bit tensors int8 ops wrote on the 8-bit operator (``add`` and
-``global_average`` return False when the operator cannot take them: they then run in float).
+``global_average`` return False when the operator cannot take them, and on the 2024 API, which
+has no such 8-bit add and pooling operators (``xa.int8_graph_availability``): they then run in float).
 The grids and 8-bit buffers are the executor's (executor.py ``grid``, ``quantized``)."""
 
 from __future__ import annotations

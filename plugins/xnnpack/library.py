@@ -117,8 +117,13 @@ class XnnpackLibrary(Library):
     # workers spin or sleep between parallel loops is one setting for the whole model.
     plan_level_dims = ("spinning",)
     spin_dim = "spinning"
-    # the executor's 8-bit add, max / global average pooling, and a Flatten (a view)
-    int8_passes = frozenset({"Add", "MaxPool", "GlobalAveragePool", "ReduceMean", "Flatten"})
+    @property
+    def int8_passes(self) -> frozenset[str]:
+        """The executor's 8-bit add, max / global average pooling (where the build has those
+        operators: not the 2024 API's), and a Flatten (a view)."""
+        if xa.int8_graph_availability()[0]:
+            return frozenset({"Add", "MaxPool", "GlobalAveragePool", "ReduceMean", "Flatten"})
+        return frozenset({"Flatten"})
     # XNNPack's f16 kernels round the running sum to half after every multiply-add (half.py)
     accumulates_in_half = frozenset({"fp16"})
 

@@ -4,8 +4,11 @@
 ``xnn_reshape_convolution2d_nhwc_f32``.
 
 Only the public operator API of ``/usr/include/xnnpack.h`` is used here (f32 operators a CNN
-needs; further down, the 8-bit and the f16 (half precision) conv / fc operators and their
-conversions, bound only when the build has them, on the 2022 API only).  Every operator object
+needs; further down, the 8-bit and the f16 (half precision) conv / deconv / fc operators and their
+conversions, bound only when the build has them: on both APIs, under the 2024 names (qc8 is
+``..._qs8_qc8w``; the conversions are ``xnn_create_unary_elementwise_nc``'s convert, the 8-bit
+sigmoid, leaky relu and multiply its unary / binary operators on qint8 / quint8); the 8-bit add
+and pooling operators on the 2022 API only).  Every operator object
 packs its weights once at creation; ``run(x, out=None)`` binds the arrays and runs
 (``xnn_run_operator``) on C-contiguous float32 numpy arrays (float16 for an f16 operator).
 Binding the arrays is ``xnn_setup_*(op, shapes, pointers, pool)`` on the 2022 API and
@@ -207,12 +210,21 @@ _PROTOS_2024 = {
     "xnn_reshape_resize_bilinear2d_nhwc_f32": [_vp] + [_sz] * 6 + [_szp, _szp, _vp],
     "xnn_setup_resize_bilinear2d_nhwc_f32": [_vp, _vp, _vp, _vp],
 }
-_TAKES_CACHES_2024 = {"xnn_create_convolution2d_nhwc_f32", "xnn_create_convolution2d_nchw_f32",
-                      "xnn_create_deconvolution2d_nhwc_f32", "xnn_create_fully_connected_nc_f32"}
-XNN_DATATYPE_FP32 = 1
+# every convolution, deconvolution and fully connected operator of the 2024 API, whatever its type
+_TAKES_CACHES_2024 = ("xnn_create_convolution2d_", "xnn_create_deconvolution2d_", "xnn_create_fully_connected_nc_")
+# enum xnn_datatype of the 2024 header
+XNN_DATATYPE_FP32, XNN_DATATYPE_FP16, XNN_DATATYPE_QINT8, XNN_DATATYPE_QUINT8 = 1, 2, 3, 4
 # enum xnn_binary_operator and enum xnn_unary_operator of the 2024 header
 _BINARY_2024 = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3, "maximum": 4, "minimum": 5, "prelu": 8}
-_UNARY_2024 = {"clamp": 1, "elu": 5, "hardswish": 9, "leaky_relu": 10, "sigmoid": 13}
+_UNARY_2024 = {"convert": 0, "clamp": 1, "elu": 5, "hardswish": 9, "leaky_relu": 10, "sigmoid": 13}
+
+
+_DATATYPES_2024 = {"qs8": XNN_DATATYPE_QINT8, "qu8": XNN_DATATYPE_QUINT8}
+
+
+class _QuantizationParams(ctypes.Structure):
+    """``struct xnn_quantization_params`` of the 2024 header: a tensor's grid."""
+    _fields_ = [("zero_point", ctypes.c_int32), ("scale", ctypes.c_float)]
 
 
 class _Lib:
@@ -464,7 +476,7 @@ class Operator:
         self._last = None
 
     def _create(self, fn_name: str, *args) -> None:
-        if self._lib.api == API_2024 and fn_name in _TAKES_CACHES_2024:
+        if self._lib.api == API_2024 and fn_name.startswith(_TAKES_CACHES_2024):
             args += (None, None)  # no code cache, no weights cache
         fn = getattr(self._lib.xnn, fn_name)
         _check(fn(*args, ctypes.byref(self._op)), fn_name, self._describe())
@@ -1155,12 +1167,15 @@ class Unary(_RowwiseNC):
         return self.kind
 
 
-def _create_unary_2024(op: Operator, kind: str, *params: float) -> None:
-    """``xnn_create_unary_elementwise_nc`` of ``kind`` on float32, with its parameters (clamp: min,
-    max; elu: alpha; leaky_relu: negative slope) in ``union xnn_unary_params``."""
+def _create_unary_2024(op: Operator, kind: str, *params: float, datatypes=(XNN_DATATYPE_FP32, XNN_DATATYPE_FP32),
+                       grids=(None, None)) -> None:
+    """``xnn_create_unary_elementwise_nc`` of ``kind`` from and to ``datatypes`` (float32 by
+    default), with its parameters (clamp: min, max; elu: alpha; leaky_relu: negative slope) in
+    ``union xnn_unary_params`` and, for an 8-bit input or output, its grid (zero point, scale)."""
     op._params = (_f32 * 2)(*params)
-    op._create("xnn_create_unary_elementwise_nc", _UNARY_2024[kind], XNN_DATATYPE_FP32, XNN_DATATYPE_FP32,
-               ctypes.addressof(op._params), None, None, 0)
+    op._grids = [None if grid is None else _QuantizationParams(int(grid[0]), float(grid[1])) for grid in grids]
+    op._create("xnn_create_unary_elementwise_nc", _UNARY_2024[kind], *datatypes, ctypes.addressof(op._params),
+               *(None if grid is None else ctypes.addressof(grid) for grid in op._grids), 0)
 
 
 class PReLU(_RowwiseNC):
@@ -1305,7 +1320,8 @@ class _CopyNC(Operator):
 # --------------------------------------------------------------------------------------------
 # 8-bit operators (qc8, qs8, qu8): optional symbols, prototypes set on first use
 # --------------------------------------------------------------------------------------------
-# The 2022 snapshot's int8 conv / fully connected operators (xnnpack.h at ae108ef):
+# The 2022 snapshot's int8 conv / fully connected operators (xnnpack.h at ae108ef; the 2024 API
+# has the same ones, qc8 named qs8_qc8w, with the same create arguments plus the caches):
 #   qc8: int8 activations, int8 weights with one scale per output channel (convolution only: no
 #        per-channel fully connected operator in this snapshot);
 #   qs8: int8 activations, int8 weights with one scale;
@@ -1338,23 +1354,54 @@ for _kind in ("f32_qs8", "f32_qu8", "qs8_f32", "qu8_f32"):
     _INT8_PROTOS[f"xnn_setup_convert_nc_{_kind}"] = [_vp, _sz, _vp, _vp, _vp]
 
 
+def _int8_name(function: str, variant: str) -> str:
+    """``function`` (e.g. "xnn_create_convolution2d_nhwc") of an 8-bit variant: the 2024 API names
+    qc8 (int8 activations, per-channel int8 weights) qs8_qc8w."""
+    return f"{function}_{'qs8_qc8w' if variant == 'qc8' and api() == API_2024 else variant}"
+
+
+def _with_caches(create: list) -> list:
+    """A 2022 create function's arguments as the 2024 API has them: a code and a weights cache
+    before the operator out-pointer."""
+    return create[:-1] + _CACHES + create[-1:]
+
+
+# The 2024 API: the same create arguments plus the caches; reshape and setup as the f32
+# operators'; quantize and dequantize are xnn_create_unary_elementwise_nc's convert between
+# float32 and an 8-bit type with its quantization (bound with the f32 operators).
+_INT8_PROTOS_2024 = {}
+for _variant, _name in (("qc8", "qs8_qc8w"), ("qs8", "qs8"), ("qu8", "qu8")):
+    _INT8_PROTOS_2024[f"xnn_create_convolution2d_nhwc_{_name}"] = \
+        _with_caches(_INT8_PROTOS[f"xnn_create_convolution2d_nhwc_{_variant}"])
+    _INT8_PROTOS_2024[f"xnn_reshape_convolution2d_nhwc_{_name}"] = _PROTOS_2024["xnn_reshape_convolution2d_nhwc_f32"]
+    _INT8_PROTOS_2024[f"xnn_setup_convolution2d_nhwc_{_name}"] = _PROTOS_2024["xnn_setup_convolution2d_nhwc_f32"]
+for _variant in ("qs8", "qu8"):
+    _INT8_PROTOS_2024[f"xnn_create_fully_connected_nc_{_variant}"] = \
+        _with_caches(_INT8_PROTOS[f"xnn_create_fully_connected_nc_{_variant}"])
+    _INT8_PROTOS_2024[f"xnn_reshape_fully_connected_nc_{_variant}"] = _PROTOS_2024["xnn_reshape_fully_connected_nc_f32"]
+    _INT8_PROTOS_2024[f"xnn_setup_fully_connected_nc_{_variant}"] = _PROTOS_2024["xnn_setup_fully_connected_nc_f32"]
+
+
 @functools.lru_cache(maxsize=None)
 def int8_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit conv / fully connected operators (prototypes set)."""
     ok, why = availability()
     if not ok:
         return False, why
-    return _bind(_INT8_PROTOS, "qc8 / qs8 / qu8 convolution, qs8 / qu8 fully connected")
+    return _bind(_INT8_PROTOS, "qc8 / qs8 / qu8 convolution, qs8 / qu8 fully connected", _INT8_PROTOS_2024)
 
 
-def _bind(prototypes: dict, what: str) -> tuple[bool, str]:
-    """Sets the prototypes of optional functions of the loaded build; (False, why) when one lacks."""
+def _bind(prototypes: dict, what: str, prototypes_2024: dict | None = None) -> tuple[bool, str]:
+    """Sets the prototypes of optional functions of the loaded build (``prototypes_2024`` on the
+    2024 API); (False, why) when one lacks."""
     if api() == API_2024:
-        return False, f"{what}: bound for the 2022 API only, not for {LIBXNNPACK_2024}'s"
+        if prototypes_2024 is None:
+            return False, f"{what}: bound for the 2022 API only, not for {LIBXNNPACK_2024}'s"
+        prototypes = prototypes_2024
     xnn = lib().xnn
     missing = [name for name in prototypes if not hasattr(xnn, name)]
     if missing:
-        return False, f"{LIBXNNPACK} lacks {', '.join(missing)}"
+        return False, f"{lib().soname} lacks {', '.join(missing)}"
     for name, argtypes in prototypes.items():
         fn = getattr(xnn, name)
         fn.argtypes = argtypes
@@ -1362,12 +1409,12 @@ def _bind(prototypes: dict, what: str) -> tuple[bool, str]:
     return True, what
 
 
-def _optional_int8(prototypes: dict, what: str) -> tuple[bool, str]:
+def _optional_int8(prototypes: dict, what: str, prototypes_2024: dict | None = None) -> tuple[bool, str]:
     """Optional 8-bit operators on top of the conv / fc ones: (False, why) when those or these lack."""
     ok, why = int8_availability()
     if not ok:
         return False, why
-    return _bind(prototypes, what)
+    return _bind(prototypes, what, prototypes_2024)
 
 
 # The 8-bit operators an activation after an int8 conv / fc runs on (int8.py, the executor):
@@ -1386,7 +1433,9 @@ SIGMOID_OUTPUT_SCALE = 1.0 / 256.0
 @functools.lru_cache(maxsize=None)
 def int8_activation_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit sigmoid and multiply operators (prototypes set)."""
-    return _optional_int8(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply")
+    # the 2024 API's unary sigmoid and binary multiply (xnn_create_unary_elementwise_nc,
+    # xnn_create_binary_elementwise_nd on qint8 / quint8) are bound with the f32 operators
+    return _optional_int8(_INT8_ACTIVATION_PROTOS, "qs8 / qu8 sigmoid and multiply", {})
 
 
 # The 8-bit leaky relu after an int8 conv / fc (lut-elementwise-nc.c at ae108ef: a 256-entry table
@@ -1401,7 +1450,8 @@ _INT8_LEAKY_RELU_PROTOS = {
 @functools.lru_cache(maxsize=None)
 def int8_leaky_relu_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit (qu8) leaky relu operator (prototypes set)."""
-    return _optional_int8(_INT8_LEAKY_RELU_PROTOS, "qu8 leaky relu")
+    # the 2024 API's: xnn_create_unary_elementwise_nc's leaky_relu on quint8 (bound with the f32 operators)
+    return _optional_int8(_INT8_LEAKY_RELU_PROTOS, "qu8 leaky relu", {})
 
 
 # The 8-bit transposed convolution (deconvolution-nhwc.c): qs8 and qu8 only, one weight scale (no
@@ -1413,12 +1463,19 @@ _INT8_DECONV_PROTOS = {
 for _variant in ("qs8", "qu8"):
     _INT8_DECONV_PROTOS[f"xnn_setup_deconvolution2d_nhwc_{_variant}"] = [_vp, _sz, _sz, _sz, _u32, _u32, _vp, _vp, _vp]
 INT8_DECONV_VARIANTS = ("qs8", "qu8")
+_INT8_DECONV_PROTOS_2024 = {}
+for _variant in INT8_DECONV_VARIANTS:
+    _INT8_DECONV_PROTOS_2024[f"xnn_create_deconvolution2d_nhwc_{_variant}"] = \
+        _with_caches(_INT8_DECONV_PROTOS[f"xnn_create_deconvolution2d_nhwc_{_variant}"])
+    for _kind in ("reshape", "setup"):
+        _INT8_DECONV_PROTOS_2024[f"xnn_{_kind}_deconvolution2d_nhwc_{_variant}"] = \
+            _PROTOS_2024[f"xnn_{_kind}_deconvolution2d_nhwc_f32"]
 
 
 @functools.lru_cache(maxsize=None)
 def int8_deconvolution_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit deconvolution operators (prototypes set)."""
-    return _optional_int8(_INT8_DECONV_PROTOS, "qs8 / qu8 deconvolution")
+    return _optional_int8(_INT8_DECONV_PROTOS, "qs8 / qu8 deconvolution", _INT8_DECONV_PROTOS_2024)
 
 
 # The 8-bit operators the executor runs between int8 conv / fc ops of a whole model: a residual
@@ -1444,7 +1501,12 @@ GLOBAL_AVERAGE_SCALE_RATIO = (2.0 ** -8, 2.0 ** 8)
 @functools.lru_cache(maxsize=None)
 def int8_graph_availability() -> tuple[bool, str]:
     """Whether the loaded build has the 8-bit add, max pooling and global average pooling
-    operators (prototypes set)."""
+    operators (prototypes set). Not on the 2024 API: it has no 8-bit global average pooling
+    operator (only a qu8 average pooling and the reduce operator), and its binary add takes no
+    output clamp (a folded Relu)."""
+    if availability()[0] and api() == API_2024:
+        return False, ("qs8 / qu8 add, max pooling and global average pooling: not on the 2024 API (no 8-bit global "
+                       "average pooling operator; its add takes no output clamp): those ops run in float")
     return _optional_int8(_INT8_GRAPH_PROTOS, "qs8 / qu8 add, s8 / u8 max pooling, qs8 / qu8 global average pooling")
 
 
@@ -1518,7 +1580,8 @@ class _QuantizedOperator(Operator):
 
 
 class QConvolution2DNHWC(_QuantizedOperator):
-    """``xnn_create_convolution2d_nhwc_{qc8,qs8,qu8}``: dense, grouped and depthwise (groups == C_in).
+    """``xnn_create_convolution2d_nhwc_{qc8,qs8,qu8}`` (2024 API: ``_{qs8_qc8w,qs8,qu8}``): dense,
+    grouped and depthwise (groups == C_in).
 
     ``weights``: OIHW int8 (qc8, qs8) or uint8 (qu8, with ``kernel_zero_point``); ``kernel_scale``:
     one per output channel (qc8) or one (qs8, qu8); ``bias``: int32 at input_scale * kernel_scale.
@@ -1548,8 +1611,8 @@ class QConvolution2DNHWC(_QuantizedOperator):
         quant = self._quant_args(variant, ohwi, bias, input_zero_point, input_scale, kernel_scale, output_zero_point,
                                  output_scale, output_min, output_max, kernel_zero_point, O)
         t, l, b, r = self.padding
-        self._create(f"xnn_create_convolution2d_nhwc_{variant}", t, r, b, l, kh, kw, self.stride[0], self.stride[1],
-                     self.dilation[0], self.dilation[1], groups, Ig, O // groups, self.input_channels, O, *quant)
+        self._create(_int8_name("xnn_create_convolution2d_nhwc", variant), t, r, b, l, kh, kw, *self.stride,
+                     *self.dilation, groups, Ig, O // groups, self.input_channels, O, *quant)
         self._release()
 
     def _describe(self) -> str:
@@ -1570,8 +1633,7 @@ class QConvolution2DNHWC(_QuantizedOperator):
         out = np.empty(shape, int8_dtype(self.variant)) if out is None else _as_q(out, self.variant, "out")
         if tuple(out.shape) != shape:
             raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
-        _check(self._setup_fn(self.handle, x.shape[0], x.shape[1], x.shape[2], _ptr(x), _ptr(out),
-                              self._pool(threadpool)), self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, x.shape[:3], workspace=True, output_dims=2)
         return out
 
 
@@ -1614,7 +1676,8 @@ class QDeconvolution2DNHWC(_DeconvGeometry, _QuantizedOperator):
 
 class QFullyConnected(_QuantizedOperator):
     """``xnn_create_fully_connected_nc_{qs8,qu8}``: y = x @ W.T + b on 8-bit data (one weight scale;
-    this snapshot has no per-channel fully connected operator). ``weights``: (C_out, C_in)."""
+    the 2022 snapshot has no per-channel fully connected operator, the 2024 one's is not bound).
+    ``weights``: (C_out, C_in)."""
 
     def __init__(self, variant: str, weights, bias=None, *, input_zero_point: int, input_scale: float,
                  kernel_scale: float, output_zero_point: int, output_scale: float, output_min: int, output_max: int,
@@ -1641,8 +1704,7 @@ class QFullyConnected(_QuantizedOperator):
         out = np.empty(shape, int8_dtype(self.variant)) if out is None else _as_q(out, self.variant, "out")
         if tuple(out.shape) != shape:
             raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
-        _check(self._setup_fn(self.handle, x.size // self.input_channels, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self._bind_arrays((_ptr(x), _ptr(out)), threadpool, (x.size // self.input_channels,))
         return out
 
 
@@ -1653,8 +1715,7 @@ class _QRowwiseNC(_RowwiseNC):
         x, out = _as_q(x, self.variant, "x"), _as_q(out, self.variant, "out")
         if x.shape != out.shape or x.shape[-1] != self.channels:
             raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
-        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self.bind_rows(x, out, x.size // self.channels, self.channels, threadpool)
         return out
 
 
@@ -1673,8 +1734,12 @@ class QSigmoid(_QRowwiseNC):
         self.channels = int(channels)
         low, high = (-128, 127) if datatype == "qs8" else (0, 255)
         self.output_zero_point = low
-        self._create(f"xnn_create_sigmoid_nc_{datatype}", self.channels, self.channels, self.channels,
-                     int(input_zero_point), float(input_scale), low, SIGMOID_OUTPUT_SCALE, low, high, 0)
+        if api() == API_2022:
+            self._create(f"xnn_create_sigmoid_nc_{datatype}", self.channels, self.channels, self.channels,
+                         int(input_zero_point), float(input_scale), low, SIGMOID_OUTPUT_SCALE, low, high, 0)
+        else:
+            _create_unary_2024(self, "sigmoid", datatypes=(_DATATYPES_2024[datatype],) * 2,
+                               grids=((input_zero_point, input_scale), (low, SIGMOID_OUTPUT_SCALE)))
 
 
 class QLeakyRelu(_QRowwiseNC):
@@ -1689,8 +1754,13 @@ class QLeakyRelu(_QRowwiseNC):
             raise XNNPackUnavailable(why)
         self.variant = "qu8"
         self.channels = int(channels)
-        self._create("xnn_create_leaky_relu_nc_qu8", self.channels, self.channels, self.channels, float(negative_slope),
-                     int(input_zero_point), float(input_scale), int(output_zero_point), float(output_scale), 0, 255, 0)
+        if api() == API_2022:
+            self._create("xnn_create_leaky_relu_nc_qu8", self.channels, self.channels, self.channels,
+                         float(negative_slope), int(input_zero_point), float(input_scale), int(output_zero_point),
+                         float(output_scale), 0, 255, 0)
+        else:
+            _create_unary_2024(self, "leaky_relu", float(negative_slope), datatypes=(XNN_DATATYPE_QUINT8,) * 2,
+                               grids=((input_zero_point, input_scale), (output_zero_point, output_scale)))
 
     def _describe(self) -> str:
         return f"{type(self).__name__} channels={self.channels}"
@@ -1712,17 +1782,27 @@ class _QBinary(Binary):
             raise ValueError(f"no {datatype} {self._kind} operator (qs8, qu8)")
         self.kind = f"{self._kind} {datatype}"
         self.variant = datatype
-        self._create(f"xnn_create_{self._kind}_nd_{datatype}", int(a_zero_point), float(a_scale), int(b_zero_point),
-                     float(b_scale), int(output_zero_point), float(output_scale), int(output_min), int(output_max), 0)
         self._shape_cache = {}
+        self._clamp = None
+        if api() == API_2022:
+            self._create(f"xnn_create_{self._kind}_nd_{datatype}", int(a_zero_point), float(a_scale),
+                         int(b_zero_point), float(b_scale), int(output_zero_point), float(output_scale),
+                         int(output_min), int(output_max), 0)
+            return
+        # the 2024 API's binary operators take no output clamp
+        if (int(output_min), int(output_max)) != _type_range(datatype):
+            raise ValueError(f"the 2024 API's {self._kind} takes no output clamp: [{output_min}, {output_max}]")
+        self._grids = [_QuantizationParams(int(zero_point), float(scale)) for zero_point, scale in
+                       ((a_zero_point, a_scale), (b_zero_point, b_scale), (output_zero_point, output_scale))]
+        self._create("xnn_create_binary_elementwise_nd", _BINARY_2024[self._kind], _DATATYPES_2024[datatype],
+                     *(ctypes.addressof(grid) for grid in self._grids), 0)
 
     def _setup(self, a, b, out, threadpool=None) -> np.ndarray:
         a, b, out = _as_q(a, self.variant, "a"), _as_q(b, self.variant, "b"), _as_q(out, self.variant, "out")
         sa, sb, na, nb, oshape = self._shapes(a.shape, b.shape)
         if tuple(out.shape) != tuple(oshape):
             raise ValueError(f"out: expected shape {tuple(oshape)}, got {tuple(out.shape)}")
-        _check(self._setup_fn(self.handle, na, sa, nb, sb, _ptr(a), _ptr(b), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self._bind_arrays((_ptr(a), _ptr(b), _ptr(out)), threadpool, (na, sa, nb, sb))
         return out
 
 
@@ -1809,26 +1889,37 @@ class QGlobalAveragePooling(Operator):
         return out
 
 
-class QuantizeConvert(Operator):
+class QuantizeConvert(_RowwiseNC):
     """``xnn_create_convert_nc_f32_{qs8,qu8}`` (quantize, ``to`` = "qs8" / "qu8") or
     ``xnn_create_convert_nc_{qs8,qu8}_f32`` (dequantize, ``to`` = "f32", ``variant`` the 8-bit
     type) over the last axis: q = clamp(round(x / scale) + zero_point), x = (q - zero_point) * scale.
-    ``zero_point`` is in the 8-bit type's own integers (int8: the uint8 one minus 128)."""
+    ``zero_point`` is in the 8-bit type's own integers (int8: the uint8 one minus 128). On the
+    2024 API: ``xnn_create_unary_elementwise_nc``'s convert between float32 and the 8-bit type
+    with its grid."""
 
     def __init__(self, to: str, channels: int, scale: float, zero_point: int, *, variant: str | None = None,
                  threadpool: Threadpool | None = None):
         super().__init__(threadpool)
         _require_int8()
         self.channels = int(channels)
+        grid = (int(zero_point), float(scale))
         if to in ("qs8", "qu8"):
             self.source, self.target = np.float32, (np.int8 if to == "qs8" else np.uint8)
             low, high = (-128, 127) if to == "qs8" else (0, 255)
-            self._create(f"xnn_create_convert_nc_f32_{to}", self.channels, self.channels, self.channels,
-                         float(scale), int(zero_point), low, high, 0)
+            if api() == API_2022:
+                self._create(f"xnn_create_convert_nc_f32_{to}", self.channels, self.channels, self.channels,
+                             float(scale), int(zero_point), low, high, 0)
+            else:
+                _create_unary_2024(self, "convert", datatypes=(XNN_DATATYPE_FP32, _DATATYPES_2024[to]),
+                                   grids=(None, grid))
         elif to == "f32" and variant in ("qs8", "qu8"):
             self.source, self.target = (np.int8 if variant == "qs8" else np.uint8), np.float32
-            self._create(f"xnn_create_convert_nc_{variant}_f32", self.channels, self.channels, self.channels,
-                         float(scale), int(zero_point), 0)
+            if api() == API_2022:
+                self._create(f"xnn_create_convert_nc_{variant}_f32", self.channels, self.channels, self.channels,
+                             float(scale), int(zero_point), 0)
+            else:
+                _create_unary_2024(self, "convert", datatypes=(_DATATYPES_2024[variant], XNN_DATATYPE_FP32),
+                                   grids=(grid, None))
         else:
             raise ValueError(f"no conversion to {to!r} from {variant!r}")
 
@@ -1838,8 +1929,7 @@ class QuantizeConvert(Operator):
                 raise TypeError(f"{name}: expected a C-contiguous {np.dtype(dtype).name} array, got {a.dtype}")
         if x.shape != out.shape or x.shape[-1] != self.channels:
             raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
-        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self.bind_rows(x, out, x.size // self.channels, self.channels, threadpool)
         return out
 
 
@@ -1851,7 +1941,8 @@ class QuantizeConvert(Operator):
 # the running sum to half after every multiply-add (the x86 ones emulate Arm's FP16 arithmetic
 # that way). Created with XNN_FLAG_FP32_STATIC_WEIGHTS they take their weights and bias in float32
 # and round them to half when they pack them. Their creation returns
-# xnn_status_unsupported_hardware where xnn_initialize found no f16 kernels for the CPU.
+# xnn_status_unsupported_hardware where xnn_initialize found no f16 kernels for the CPU. The 2024
+# API has the same three (reshaped, then set up, as its f32 ones) with the same flag.
 
 XNN_FLAG_FP32_STATIC_WEIGHTS = 0x00000008
 # What XNNPack's f16 kernels need, per architecture: without it xnn_initialize leaves the f16 table empty
@@ -1870,6 +1961,12 @@ _F16_PROTOS = {
 for _kind in ("f32_f16", "f16_f32"):
     _F16_PROTOS[f"xnn_create_convert_nc_{_kind}"] = [_sz] * 3 + [_u32, _op_out]
     _F16_PROTOS[f"xnn_setup_convert_nc_{_kind}"] = [_vp, _sz, _vp, _vp, _vp]
+# The 2024 API: the f32 operators' arguments (the kernel and bias as void pointers); the
+# conversions are xnn_create_unary_elementwise_nc's convert (bound with the f32 operators).
+_F16_PROTOS_2024 = {}
+for _operator in ("convolution2d_nhwc", "deconvolution2d_nhwc", "fully_connected_nc"):
+    for _kind in ("create", "reshape", "setup"):
+        _F16_PROTOS_2024[f"xnn_{_kind}_{_operator}_f16"] = _PROTOS_2024[f"xnn_{_kind}_{_operator}_f32"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -1878,7 +1975,7 @@ def f16_symbols() -> tuple[bool, str]:
     ok, why = availability()
     if not ok:
         return False, why
-    return _bind(_F16_PROTOS, "f16 convolution, deconvolution and fully connected")
+    return _bind(_F16_PROTOS, "f16 convolution, deconvolution and fully connected", _F16_PROTOS_2024)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1917,9 +2014,10 @@ def _creation(operator: str, datatype: str) -> tuple[str, int, type]:
     raise ValueError(f"no {datatype!r} {operator} operator (f32, f16)")
 
 
-class HalfConvert(Operator):
+class HalfConvert(_RowwiseNC):
     """``xnn_create_convert_nc_f32_f16`` (``to`` = "f16": float32 rounded to IEEE half, to nearest
-    even) or ``xnn_create_convert_nc_f16_f32`` (``to`` = "f32", exact) over the last axis."""
+    even) or ``xnn_create_convert_nc_f16_f32`` (``to`` = "f32", exact) over the last axis; on the
+    2024 API ``xnn_create_unary_elementwise_nc``'s convert between those types."""
 
     def __init__(self, to: str, channels: int, *, threadpool: Threadpool | None = None):
         super().__init__(threadpool)
@@ -1928,15 +2026,18 @@ class HalfConvert(Operator):
             raise ValueError(f"no conversion to {to!r} (f16, f32)")
         self.channels = int(channels)
         self.source, self.target = (np.float32, np.float16) if to == "f16" else (np.float16, np.float32)
-        direction = "f32_f16" if to == "f16" else "f16_f32"
-        self._create(f"xnn_create_convert_nc_{direction}", self.channels, self.channels, self.channels, 0)
+        if api() == API_2022:
+            direction = "f32_f16" if to == "f16" else "f16_f32"
+            self._create(f"xnn_create_convert_nc_{direction}", self.channels, self.channels, self.channels, 0)
+        else:
+            types = (XNN_DATATYPE_FP32, XNN_DATATYPE_FP16) if to == "f16" else (XNN_DATATYPE_FP16, XNN_DATATYPE_FP32)
+            self._create("xnn_create_unary_elementwise_nc", _UNARY_2024["convert"], *types, None, None, None, 0)
 
     def _setup(self, x, out, threadpool=None) -> np.ndarray:
         x, out = _as_f32(x, "x", self.source), _as_f32(out, "out", self.target)
         if x.shape != out.shape or x.shape[-1] != self.channels:
             raise ValueError(f"expected x and out of the same shape (..., {self.channels}): {x.shape}, {out.shape}")
-        _check(self._setup_fn(self.handle, x.size // self.channels, _ptr(x), _ptr(out), self._pool(threadpool)),
-               self._setup_name)
+        self.bind_rows(x, out, x.size // self.channels, self.channels, threadpool)
         return out
 
 
