@@ -31,9 +31,10 @@ builds). Any other activation makes the int8 twin unsupported. The 2024 build al
 per-channel fully connected and deconvolution (``..._qs8_qc8w``): not offered, so both builds
 offer the same variants.
 
-Micro-kernels (the 2022 amd64 build only): the verified table override (ukernel_forcing.py) rewrites the family's own gemm /
-dwconv entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the kernels of every ISA tier read
-in child processes (``ukernel_catalog.catalog_int8``), at their native MR only.
+Micro-kernels (the 2022 amd64 build only): the verified table override (ukernel_forcing.py)
+rewrites the family's own gemm / dwconv entry (``xnn_params.qc8`` / ``.qs8`` / ``.qu8``), with the
+kernels of every ISA tier read in child processes (``ukernel_catalog.catalog_int8``), at their
+native MR only.
 """
 
 from __future__ import annotations
