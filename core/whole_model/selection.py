@@ -272,7 +272,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
                                    "fastest": fastest["variant"], "shown_faster": [r["variant"] for r, _ in shown_faster],
                                    "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT, "confidence": confidence,
                                    "comparisons": comparisons,
-                                   "rounds": len(baseline["process_ms"]), "skipped": skipped,
+                                   "rounds": len(baseline["process_ms"]),
                                    "protocol": "each alone in a fresh process, taking turns; per-round speedups, "
                                                "more rounds while undecided", "tried": results + skipped_results}
     return best_plan, results + skipped_results
