@@ -38,7 +38,7 @@ demo: setup
 		--json $(DEMO_DIR)/resnet18.onednn.bench.json
 
 test: setup
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -m "not slow" --durations=25  # the slowest tests: the suite must stay under 20 minutes
 
 test-all: setup
 	$(PYTHON) -m pytest -q
