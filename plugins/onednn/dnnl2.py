@@ -85,7 +85,8 @@ SIGNATURES = {
     "dnnl_primitive_desc_iterator_destroy": [_P],
     "dnnl_primitive_desc_create": [ctypes.POINTER(_P), _P, _P, _P, _P],
 }
-RESTYPES = {"dnnl_primitive_desc_iterator_fetch": (_P, [_P]), "dnnl_primitive_desc_query_md": (MD_ARG, [_P, ctypes.c_int, ctypes.c_int])}
+RESTYPES = {"dnnl_primitive_desc_iterator_fetch": (_P, [_P]),
+            "dnnl_primitive_desc_query_md": (MD_ARG, [_P, ctypes.c_int, ctypes.c_int])}
 
 
 def check_layout() -> None:

@@ -282,7 +282,7 @@ def bf16_missing() -> str | None:
         names = [name for layout in ((None,) if probe.kind == "fc" else LAYOUTS) for name in _names(probe, layout)]
         if not any(not name.startswith("ref:") for name in names):
             return (f"no bf16 {KIND_NAMES[probe.kind]} kernel in this oneDNN build for {isa} "
-                    f"(only {', '.join(names) or 'none'})")
+                    f"(only {', '.join(dict.fromkeys(names)) or 'none'})")
     return None
 
 
