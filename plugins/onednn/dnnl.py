@@ -1,53 +1,50 @@
-"""A ctypes binding over oneDNN 2.x's C API (Debian's libdnnl.so.2, 2.6.3), as much as the plugin
-needs: a CPU engine and stream, memory descriptors and memories, the forward primitives a CNN
-runs (convolution, deconvolution, inner product, pooling, eltwise, binary, softmax, concat,
-reorder), post-ops, and the primitive descriptor iterator that walks every implementation
-oneDNN has for an operation.
+"""A ctypes binding over oneDNN's C API, as much as the plugin needs: a CPU engine and stream,
+memory descriptors and memories, the forward primitives a CNN runs (convolution, deconvolution,
+inner product, pooling, eltwise, binary, softmax, concat, reorder), eltwise post-ops, and the walk
+over every implementation oneDNN has for an operation.
+
+Two generations of the C API, chosen at load time by the library found: ``libdnnl.so.2`` (2.x:
+Debian 12's 2.6.3) when present, else the ``libdnnl.so.3*`` the linker knows (3.x: Debian 13's
+3.7.2, soname ``libdnnl.so.3.6``). What differs between them (memory descriptors as structs or as
+opaque handles, operation descriptors or per-kind primitive descriptor creation, the
+implementation iterator, renumbered format tags and eltwise algorithms) is in dnnl2.py and dnnl3.py;
+the rest of the plugin calls only this module. An operation (``convolution(...)``, ...) is the
+generation's own object, handed back to ``implementations`` / ``primitive_desc``.
 
 Every call's ``dnnl_status_t`` is checked: a failure raises ``DnnlError`` naming the call.
-Enum values and struct layouts are those of the 2.x headers (dnnl_types.h), stable across the
-2.x soname; ``MemoryDesc`` is checked against its C size (696 bytes on LP64) at load.
 
-Threads: Debian builds oneDNN with the OpenMP runtime (libgomp), where a primitive runs on
-``omp_get_max_threads()`` threads of the calling thread, read when the primitive descriptor is
-created (the JIT kernels split their work then) and when it executes; ``set_threads`` sets it
-through the libgomp that libdnnl itself loaded.
+Threads: Debian builds oneDNN with the OpenMP runtime (libgomp) on amd64 and arm64 alike, where a
+primitive runs on ``omp_get_max_threads()`` threads of the calling thread, read when the primitive
+descriptor is created (the JIT kernels split their work then) and when it executes; ``set_threads``
+sets it through the libgomp that libdnnl itself loaded.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
+import importlib
+import platform
 from typing import Iterable, Sequence
 
 import numpy as np
 
-SONAME = "libdnnl.so.2"
-DEBIAN_PACKAGE = "libdnnl2"
+SONAME_2 = "libdnnl.so.2"
+INSTALL_HINT = "apt-get install libdnnl-dev"
 MAX_NDIMS = 12
 
-# -- enums (dnnl_types.h, oneDNN 2.6) --------------------------------------------------------
-SUCCESS, ITERATOR_ENDS = 0, 4
+# -- enums with the same values in the 2.x and 3.x headers (the others are in dnnl2.py / dnnl3.py) --
+SUCCESS, UNIMPLEMENTED, LAST_IMPLEMENTATION = 0, 3, 4  # dnnl_status_t
 BF16, F32 = 2, 3  # dnnl_data_type_t
 ITEM_SIZE = {BF16: 2, F32: 4}
-FORMAT_KIND_ANY, FORMAT_KIND_BLOCKED = 1, 2
 CPU_ENGINE = 1
 STREAM_DEFAULT_FLAGS = 1
 FORWARD_INFERENCE = 96
-RUNTIME_OMP, RUNTIME_SEQ, RUNTIME_TBB, RUNTIME_THREADPOOL = 2, 1, 4, 8
-
-TAGS = {  # dnnl_format_tag_t
-    "any": 1, "a": 2, "x": 2, "ab": 3, "nc": 3, "oi": 3, "abc": 4, "ncw": 4, "abcd": 5, "nchw": 5, "oihw": 5,
-    "abcde": 7, "goihw": 7, "ba": 22, "io": 22, "iohw": 24, "giohw": 18, "acdb": 20, "nhwc": 20,
-    "nChw4c": 75, "nChw8c": 93, "nChw16c": 69,
-}
+RUNTIME_OMP = 2
 
 CONVOLUTION = {"direct": 1, "winograd": 2}
 DECONVOLUTION_DIRECT = 10
-ELTWISE = {  # dnnl_alg_kind_t
-    "relu": 0x1F, "tanh": 0x2F, "elu": 0x3F, "linear": 0x7F, "bounded_relu": 0x8F, "logistic": 0xAF,
-    "swish": 0xDF, "clip": 0xFF, "clip_v2": 0x10, "hardswish": 0x70,
-}
 POOLING = {"max": 0x1FF, "avg_include_padding": 0x2FF, "avg_exclude_padding": 0x3FF}
 BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3, "div": 0x1FFF4, "sub": 0x1FFF5}
 
@@ -57,6 +54,9 @@ QUERY_SRC_MD, QUERY_WEIGHTS_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 131, 13
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
 ARG_FROM, ARG_TO = 1, 17
 ARG_MULTIPLE_SRC = 1024
+
+# dnnl_fpmath_mode_t: how far an f32 primitive may round its operands down to compute faster
+FPMATH_MODES = {"strict": 0, "bf16": 1}
 
 Dims = ctypes.c_int64 * MAX_NDIMS
 
@@ -68,35 +68,6 @@ class DnnlError(RuntimeError):
         super().__init__(f"oneDNN {call} failed: {status_name(status)} (status {status})")
 
 
-class BlockingDesc(ctypes.Structure):
-    _fields_ = [("strides", Dims), ("inner_nblks", ctypes.c_int), ("inner_blks", Dims), ("inner_idxs", Dims)]
-
-
-class _FormatDesc(ctypes.Union):  # blocking, wino_desc (48 bytes) and rnn_packed_desc (296 bytes)
-    _fields_ = [("blocking", BlockingDesc), ("reserved", ctypes.c_uint8 * 296)]
-
-
-class _ExtraDesc(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("compensation_mask", ctypes.c_int), ("scale_adjust", ctypes.c_float),
-                ("asymm_compensation_mask", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
-
-
-class MemoryDesc(ctypes.Structure):
-    """dnnl_memory_desc_t."""
-    _fields_ = [("ndims", ctypes.c_int), ("dims", Dims), ("data_type", ctypes.c_int), ("padded_dims", Dims),
-                ("padded_offsets", Dims), ("offset0", ctypes.c_int64), ("format_kind", ctypes.c_int),
-                ("format_desc", _FormatDesc), ("extra", _ExtraDesc)]
-
-    @property
-    def shape(self) -> list[int]:
-        return [int(self.dims[i]) for i in range(self.ndims)]
-
-    def copy(self) -> "MemoryDesc":
-        other = MemoryDesc()
-        ctypes.pointer(other)[0] = self
-        return other
-
-
 class ExecArg(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
 
@@ -106,86 +77,92 @@ class Version(ctypes.Structure):
                 ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
 
 
-# Operation descriptors are only passed by pointer: a buffer larger than any of them (the largest
-# here, dnnl_convolution_desc_t, is 5,976 bytes) and 8-byte aligned.
-OpDesc = ctypes.c_int64 * 1024
-
 _P = ctypes.c_void_p
-_MD = ctypes.POINTER(MemoryDesc)
-_SIGNATURES = {
-    "dnnl_engine_create": [ctypes.POINTER(_P), ctypes.c_int, ctypes.c_size_t],
-    "dnnl_engine_destroy": [_P],
-    "dnnl_stream_create": [ctypes.POINTER(_P), _P, ctypes.c_uint],
-    "dnnl_stream_wait": [_P],
-    "dnnl_stream_destroy": [_P],
-    "dnnl_memory_desc_init_by_tag": [_MD, ctypes.c_int, Dims, ctypes.c_int, ctypes.c_int],
-    "dnnl_memory_desc_init_by_strides": [_MD, ctypes.c_int, Dims, ctypes.c_int, Dims],
-    "dnnl_memory_desc_reshape": [_MD, _MD, ctypes.c_int, Dims],
-    "dnnl_memory_create": [ctypes.POINTER(_P), _MD, _P, _P],
-    "dnnl_memory_set_data_handle": [_P, _P],
-    "dnnl_memory_destroy": [_P],
-    "dnnl_primitive_attr_create": [ctypes.POINTER(_P)],
-    "dnnl_primitive_attr_destroy": [_P],
-    "dnnl_primitive_attr_set_post_ops": [_P, _P],
-    "dnnl_primitive_attr_set_fpmath_mode": [_P, ctypes.c_int],
-    "dnnl_post_ops_create": [ctypes.POINTER(_P)],
-    "dnnl_post_ops_destroy": [_P],
-    "dnnl_post_ops_append_eltwise": [_P, ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float],
-    "dnnl_convolution_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, _MD, _MD, _MD, _MD, Dims, Dims, Dims],
-    "dnnl_dilated_convolution_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, _MD, _MD, _MD, _MD, Dims, Dims,
-                                                   Dims, Dims],
-    "dnnl_dilated_deconvolution_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, _MD, _MD, _MD, _MD, Dims, Dims,
-                                                     Dims, Dims],
-    "dnnl_inner_product_forward_desc_init": [_P, ctypes.c_int, _MD, _MD, _MD, _MD],
-    "dnnl_pooling_v2_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, _MD, _MD, Dims, Dims, Dims, Dims, Dims],
-    "dnnl_eltwise_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, _MD, ctypes.c_float, ctypes.c_float],
-    "dnnl_binary_desc_init": [_P, ctypes.c_int, _MD, _MD, _MD],
-    "dnnl_softmax_forward_desc_init": [_P, ctypes.c_int, _MD, ctypes.c_int],
-    "dnnl_concat_primitive_desc_create": [ctypes.POINTER(_P), _MD, ctypes.c_int, ctypes.c_int, _MD, _P, _P],
-    "dnnl_reorder_primitive_desc_create": [ctypes.POINTER(_P), _MD, _P, _MD, _P, _P],
-    "dnnl_primitive_desc_iterator_create": [ctypes.POINTER(_P), _P, _P, _P, _P],
-    "dnnl_primitive_desc_iterator_next": [_P],
-    "dnnl_primitive_desc_iterator_destroy": [_P],
-    "dnnl_primitive_desc_create": [ctypes.POINTER(_P), _P, _P, _P, _P],
-    "dnnl_primitive_desc_destroy": [_P],
-    "dnnl_primitive_desc_query": [_P, ctypes.c_int, ctypes.c_int, _P],
-    "dnnl_primitive_create": [ctypes.POINTER(_P), _P],
-    "dnnl_primitive_execute": [_P, _P, ctypes.c_int, ctypes.POINTER(ExecArg)],
-    "dnnl_primitive_destroy": [_P],
-}
+
+
+def _signatures(md) -> dict:
+    """The functions both generations declare alike; ``md``: how they take a memory descriptor."""
+    return {
+        "dnnl_engine_create": [ctypes.POINTER(_P), ctypes.c_int, ctypes.c_size_t],
+        "dnnl_engine_destroy": [_P],
+        "dnnl_stream_create": [ctypes.POINTER(_P), _P, ctypes.c_uint],
+        "dnnl_stream_wait": [_P],
+        "dnnl_stream_destroy": [_P],
+        "dnnl_memory_create": [ctypes.POINTER(_P), md, _P, _P],
+        "dnnl_memory_set_data_handle": [_P, _P],
+        "dnnl_memory_destroy": [_P],
+        "dnnl_primitive_attr_create": [ctypes.POINTER(_P)],
+        "dnnl_primitive_attr_destroy": [_P],
+        "dnnl_primitive_attr_set_post_ops": [_P, _P],
+        "dnnl_primitive_attr_set_fpmath_mode": [_P, ctypes.c_int],
+        "dnnl_post_ops_create": [ctypes.POINTER(_P)],
+        "dnnl_post_ops_destroy": [_P],
+        "dnnl_reorder_primitive_desc_create": [ctypes.POINTER(_P), md, _P, md, _P, _P],
+        "dnnl_primitive_desc_destroy": [_P],
+        "dnnl_primitive_desc_query": [_P, ctypes.c_int, ctypes.c_int, _P],
+        "dnnl_primitive_create": [ctypes.POINTER(_P), _P],
+        "dnnl_primitive_execute": [_P, _P, ctypes.c_int, ctypes.POINTER(ExecArg)],
+        "dnnl_primitive_destroy": [_P],
+    }
+
+
+def _restypes(md) -> dict:
+    return {
+        "dnnl_version": (ctypes.POINTER(Version), []),
+        "dnnl_memory_desc_equal": (ctypes.c_int, [md, md]),
+        "dnnl_memory_desc_get_size": (ctypes.c_size_t, [md]),
+        "dnnl_status2str": (ctypes.c_char_p, [ctypes.c_uint]),
+        "dnnl_runtime2str": (ctypes.c_char_p, [ctypes.c_uint]),
+        "dnnl_get_effective_cpu_isa": (ctypes.c_int, []),
+        "dnnl_cpu_isa2str": (ctypes.c_char_p, [ctypes.c_int]),
+    }
 
 
 @functools.lru_cache(maxsize=None)
-def lib() -> ctypes.CDLL:
-    """libdnnl.so.2 with its functions' signatures set; raises OSError when it cannot be loaded."""
-    dll = ctypes.CDLL(SONAME)
-    if ctypes.sizeof(MemoryDesc) != 696:
-        raise OSError(f"dnnl_memory_desc_t layout mismatch ({ctypes.sizeof(MemoryDesc)} bytes): not oneDNN 2.x")
-    for name, argtypes in _SIGNATURES.items():
+def _load() -> tuple[ctypes.CDLL, str, object]:
+    """(the library, its soname, the module of its C API generation); raises OSError when none loads."""
+    try:
+        soname = SONAME_2
+        dll = ctypes.CDLL(soname)
+    except OSError as no_2:
+        soname = ctypes.util.find_library("dnnl")  # the soname of the libdnnl.so the linker knows
+        if soname is None:
+            raise OSError(f"no oneDNN library: {no_2}; no other libdnnl.so.* known to the linker") from no_2
+        dll = ctypes.CDLL(soname)
+    dll.dnnl_version.restype = ctypes.POINTER(Version)
+    major = dll.dnnl_version().contents.major
+    if major not in (2, 3):
+        raise OSError(f"{soname} reports oneDNN {major}.x: this binding is for 2.x and 3.x")
+    api = importlib.import_module(f"kselect.plugins.onednn.dnnl{major}")
+    api.check_layout()
+    for name, argtypes in {**_signatures(api.MD_ARG), **api.SIGNATURES}.items():
         fn = getattr(dll, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
-    dll.dnnl_version.restype = ctypes.POINTER(Version)
-    dll.dnnl_version.argtypes = []
-    dll.dnnl_primitive_desc_iterator_fetch.restype = _P
-    dll.dnnl_primitive_desc_iterator_fetch.argtypes = [_P]
-    dll.dnnl_primitive_desc_query_md.restype = _MD
-    dll.dnnl_primitive_desc_query_md.argtypes = [_P, ctypes.c_int, ctypes.c_int]
-    dll.dnnl_memory_desc_equal.restype = ctypes.c_int
-    dll.dnnl_memory_desc_equal.argtypes = [_MD, _MD]
-    dll.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
-    dll.dnnl_memory_desc_get_size.argtypes = [_MD]
-    for name in ("dnnl_status2str", "dnnl_runtime2str"):
-        getattr(dll, name).restype = ctypes.c_char_p
-        getattr(dll, name).argtypes = [ctypes.c_uint]
-    dll.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
-    dll.dnnl_get_effective_cpu_isa.argtypes = []
-    dll.dnnl_cpu_isa2str.restype = ctypes.c_char_p
-    dll.dnnl_cpu_isa2str.argtypes = [ctypes.c_int]
-    version = dll.dnnl_version().contents
-    if version.major != 2:
-        raise OSError(f"{SONAME} reports oneDNN {version.major}.{version.minor}: this binding is for 2.x")
-    return dll
+    for name, (restype, argtypes) in {**_restypes(api.MD_ARG), **api.RESTYPES}.items():
+        fn = getattr(dll, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return dll, soname, api
+
+
+def lib() -> ctypes.CDLL:
+    """libdnnl with its functions' signatures set; raises OSError when it cannot be loaded."""
+    return _load()[0]
+
+
+def api():
+    """dnnl2 or dnnl3: the module of the loaded library's C API generation."""
+    return _load()[2]
+
+
+def soname() -> str:
+    return _load()[1]
+
+
+def debian_package() -> str:
+    """Debian's name for the package of the loaded soname: libdnnl.so.2 is libdnnl2, libdnnl.so.3.6 libdnnl3.6."""
+    return "libdnnl" + soname().split(".so.", 1)[1]
 
 
 def availability() -> tuple[bool, str]:
@@ -193,7 +170,7 @@ def availability() -> tuple[bool, str]:
         lib()
         engine()
     except (OSError, DnnlError) as exc:
-        return False, f"{exc} (apt-get install libdnnl-dev)"
+        return False, f"{exc} ({INSTALL_HINT})"
     return True, ""
 
 
@@ -222,10 +199,35 @@ def cpu_runtime() -> str:
     return lib().dnnl_runtime2str(lib().dnnl_version().contents.cpu_runtime).decode()
 
 
+def on_arm() -> bool:
+    return platform.machine() in ("aarch64", "arm64")
+
+
+@functools.lru_cache(maxsize=None)
 def effective_isa() -> str:
-    """The instruction set oneDNN's JIT kernels use here, e.g. ``avx512_core_bf16``."""
+    """The instruction set oneDNN's JIT kernels use here, e.g. ``avx512_core_bf16``. On aarch64
+    ``dnnl_get_effective_cpu_isa`` names x86 ones only (Debian's 3.7.2 says ``sse41`` there), so the
+    ISA is named as oneDNN's aarch64 kernels are: ``asimd`` without SVE, else ``sve_<vector bits>``."""
+    if on_arm():
+        from kselect.core.measuring.device import this_device
+
+        if "sve" not in this_device().features:
+            return "asimd"
+        vector_bytes = ctypes.CDLL(None).prctl(51, 0, 0, 0, 0)  # PR_SVE_GET_VL: the length in its low 16 bits
+        return f"sve_{(vector_bytes & 0xFFFF) * 8}" if vector_bytes > 0 else "sve"
     dll = lib()
     return dll.dnnl_cpu_isa2str(dll.dnnl_get_effective_cpu_isa()).decode().removeprefix("cpu_isa_")
+
+
+def bf16_instructions_missing() -> str | None:
+    """Why this CPU has no bf16 instructions for oneDNN's kernels, or None when it has them."""
+    isa = effective_isa()
+    if on_arm():
+        from kselect.core.measuring.device import this_device
+
+        return None if "bf16" in this_device().features else \
+            f"oneDNN runs {isa} here (bf16 needs the BF16 extension, Armv8.6-A: no bf16 in /proc/cpuinfo Features)"
+    return None if "bf16" in isa or "amx" in isa else f"oneDNN runs {isa} here (bf16 needs AVX512_BF16 or AMX)"
 
 
 # -- engine, stream, threads -------------------------------------------------------------------
@@ -286,72 +288,7 @@ def max_threads() -> int:
     return runtime.omp_get_max_threads() if runtime is not None else 1
 
 
-# -- memory descriptors and memories ----------------------------------------------------------
-def _dims(values: Sequence[int]) -> Dims:
-    dims = Dims()
-    for i, v in enumerate(values):
-        dims[i] = int(v)
-    return dims
-
-
-def desc(shape: Sequence[int], tag: str = "any", data_type: int = F32) -> MemoryDesc:
-    """A memory descriptor of ``shape`` in format ``tag`` (a name of ``TAGS``), f32 unless told."""
-    md = MemoryDesc()
-    call("dnnl_memory_desc_init_by_tag", ctypes.byref(md), len(shape), _dims(shape), data_type, TAGS[tag])
-    return md
-
-
-def as_data_type(md: MemoryDesc, data_type: int) -> MemoryDesc:
-    """``md``'s layout (blocking, padding: counted in elements) holding ``data_type``."""
-    other = md.copy()
-    other.data_type = data_type
-    return other
-
-
-def plain_desc(shape: Sequence[int]) -> MemoryDesc:
-    """Row-major (ONNX / numpy order) f32 descriptor of any rank."""
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.insert(0, step)
-        step *= int(d)
-    md = MemoryDesc()
-    call("dnnl_memory_desc_init_by_strides", ctypes.byref(md), len(shape), _dims(shape), F32, _dims(strides))
-    return md
-
-
-def reshape(md: MemoryDesc, shape: Sequence[int]) -> MemoryDesc:
-    out = MemoryDesc()
-    call("dnnl_memory_desc_reshape", ctypes.byref(out), ctypes.byref(md), len(shape), _dims(shape))
-    return out
-
-
-def equal(a: MemoryDesc, b: MemoryDesc) -> bool:
-    return bool(lib().dnnl_memory_desc_equal(ctypes.byref(a), ctypes.byref(b)))
-
-
-def size_of(md: MemoryDesc) -> int:
-    return int(lib().dnnl_memory_desc_get_size(ctypes.byref(md)))
-
-
-def format_name(md: MemoryDesc, names: Iterable[str]) -> str | None:
-    """Which of the format ``names`` ``md`` is (same shape), or None."""
-    for name in names:
-        try:
-            if equal(md, desc(md.shape, name, md.data_type)):
-                return name
-        except DnnlError:  # a format of another rank
-            continue
-    return None
-
-
-def aligned_buffer(floats: int) -> np.ndarray:
-    """A float32 array of ``floats`` elements, 64-byte aligned."""
-    raw = np.empty(max(int(floats), 1) + 16, np.float32)
-    start = (-raw.ctypes.data % 64) // 4
-    return raw[start:start + max(int(floats), 1)]
-
-
-class _Owned:
+class Owned:
     """Owns a oneDNN handle, destroyed by ``_destroy`` on ``close()`` or garbage collection."""
 
     _destroy = ""
@@ -369,42 +306,95 @@ class _Owned:
             pass
 
 
-class Memory(_Owned):
+# -- memory descriptors and memories ----------------------------------------------------------
+# A memory descriptor is the generation's ``MemoryDesc``: ``shape``, ``data_type``, ``copy()``;
+# a C function declared to take one takes it as it is.
+def dims(values: Sequence[int]) -> Dims:
+    array = Dims()
+    for i, v in enumerate(values):
+        array[i] = int(v)
+    return array
+
+
+def desc(shape: Sequence[int], tag: str = "any", data_type: int = F32):
+    """A memory descriptor of ``shape`` in format ``tag`` (a name of the generation's ``TAGS``), f32 unless told."""
+    return api().desc(shape, tag, data_type)
+
+
+def as_data_type(md, data_type: int):
+    """``md``'s layout (blocking, padding: counted in elements) holding ``data_type``."""
+    return api().as_data_type(md, data_type)
+
+
+def plain_desc(shape: Sequence[int]):
+    """Row-major (ONNX / numpy order) f32 descriptor of any rank."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.insert(0, step)
+        step *= int(d)
+    return api().strided_desc(shape, strides, F32)
+
+
+def equal(a, b) -> bool:
+    return bool(lib().dnnl_memory_desc_equal(a, b))
+
+
+def size_of(md) -> int:
+    return int(lib().dnnl_memory_desc_get_size(md))
+
+
+def md_key(md) -> bytes:
+    """Bytes equal for equal descriptors, to key a dict by a descriptor."""
+    return api().md_key(md)
+
+
+def format_name(md, names: Iterable[str]) -> str | None:
+    """Which of the format ``names`` ``md`` is (same shape), or None."""
+    shape, data_type = md.shape, md.data_type
+    for name in names:
+        try:
+            if equal(md, desc(shape, name, data_type)):
+                return name
+        except DnnlError:  # a format of another rank
+            continue
+    return None
+
+
+def aligned_buffer(floats: int) -> np.ndarray:
+    """A float32 array of ``floats`` elements, 64-byte aligned."""
+    raw = np.empty(max(int(floats), 1) + 16, np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    return raw[start:start + max(int(floats), 1)]
+
+
+class Memory(Owned):
     """A oneDNN memory over a numpy buffer it owns (``buffer``: flat float32 holding the
     descriptor's size, padding included; a bf16 memory's elements are 2 bytes of it each)."""
 
     _destroy = "dnnl_memory_destroy"
 
-    def __init__(self, md: MemoryDesc, buffer: np.ndarray | None = None):
+    def __init__(self, md, buffer: np.ndarray | None = None):
         self.md = md.copy()
         self.nbytes = size_of(self.md)
+        self.shape = self.md.shape
         if buffer is None:
             buffer = aligned_buffer(-(-self.nbytes // 4))
-            if self.nbytes > ITEM_SIZE[self.md.data_type] * np.prod(md.shape):
+            if self.nbytes > ITEM_SIZE[self.md.data_type] * np.prod(self.shape):
                 buffer[:] = 0  # blocked formats pad channels: the padding must read as zeros
         elif buffer.nbytes < self.nbytes:
             raise ValueError(f"buffer of {buffer.nbytes} bytes for a memory of {self.nbytes}")
         self.buffer = buffer
         handle = _P()
-        call("dnnl_memory_create", ctypes.byref(handle), ctypes.byref(self.md), engine(), self.buffer.ctypes.data)
+        call("dnnl_memory_create", ctypes.byref(handle), self.md, engine(), self.buffer.ctypes.data)
         self.handle = handle.value
-
-    @property
-    def shape(self) -> list[int]:
-        return self.md.shape
 
     def plain_view(self) -> np.ndarray:
         """The buffer as an array of the descriptor's shape (only meaningful in a plain format)."""
         return self.buffer[:int(np.prod(self.shape))].reshape(self.shape)
 
 
-
 # -- attributes ----------------------------------------------------------------------------
-# dnnl_fpmath_mode_t: how far an f32 primitive may round its operands down to compute faster
-FPMATH_MODES = {"strict": 0, "bf16": 1}
-
-
-class Attr(_Owned):
+class Attr(Owned):
     """Primitive attributes holding eltwise post-ops: ``[(algorithm name, alpha, beta), ...]``, and
     the fp-math mode, ``strict`` unless told (set explicitly, whatever ONEDNN_DEFAULT_FPMATH_MODE says)."""
 
@@ -420,75 +410,50 @@ class Attr(_Owned):
             call("dnnl_post_ops_create", ctypes.byref(ops))
             try:
                 for algorithm, alpha, beta in post_ops:
-                    call("dnnl_post_ops_append_eltwise", ops, 1.0, ELTWISE[algorithm], float(alpha), float(beta))
+                    api().append_eltwise(ops, *api().eltwise_kind(algorithm, float(alpha), float(beta)))
                 call("dnnl_primitive_attr_set_post_ops", self.handle, ops)
             finally:
                 lib().dnnl_post_ops_destroy(ops)
 
 
-
-# -- operation descriptors -------------------------------------------------------------------
-def _ref(md: MemoryDesc | None):
-    return None if md is None else ctypes.byref(md)
-
-
-def convolution(src: MemoryDesc, weights: MemoryDesc, bias: MemoryDesc | None, dst: MemoryDesc, strides,
-                dilations, pads_begin, pads_end, algorithm: str = "direct") -> OpDesc:
-    """``dilations`` as ONNX has them (1 = dense); oneDNN counts the gaps (0 = dense)."""
-    op = OpDesc()
-    call("dnnl_dilated_convolution_forward_desc_init", op, FORWARD_INFERENCE, CONVOLUTION[algorithm], ctypes.byref(src),
-         ctypes.byref(weights), _ref(bias), ctypes.byref(dst), _dims(strides), _dims([d - 1 for d in dilations]),
-         _dims(pads_begin), _dims(pads_end))
-    return op
+# -- operations: the generation's own objects, for ``implementations`` / ``primitive_desc`` ------
+def convolution(src, weights, bias, dst, strides, dilations, pads_begin, pads_end, algorithm: str = "direct"):
+    """``dilations`` as ONNX has them (1 = dense); oneDNN counts the gaps (0 = dense). ``bias`` may be None."""
+    return api().convolution(src, weights, bias, dst, dims(strides), dims([d - 1 for d in dilations]),
+                             dims(pads_begin), dims(pads_end), CONVOLUTION[algorithm])
 
 
-def deconvolution(src: MemoryDesc, weights: MemoryDesc, bias: MemoryDesc | None, dst: MemoryDesc, strides,
-                  dilations, pads_begin, pads_end) -> OpDesc:
-    op = OpDesc()
-    call("dnnl_dilated_deconvolution_forward_desc_init", op, FORWARD_INFERENCE, DECONVOLUTION_DIRECT,
-         ctypes.byref(src), ctypes.byref(weights), _ref(bias), ctypes.byref(dst), _dims(strides),
-         _dims([d - 1 for d in dilations]), _dims(pads_begin), _dims(pads_end))
-    return op
+def deconvolution(src, weights, bias, dst, strides, dilations, pads_begin, pads_end):
+    return api().deconvolution(src, weights, bias, dst, dims(strides), dims([d - 1 for d in dilations]),
+                               dims(pads_begin), dims(pads_end))
 
 
-def inner_product(src: MemoryDesc, weights: MemoryDesc, bias: MemoryDesc | None, dst: MemoryDesc) -> OpDesc:
-    op = OpDesc()
-    call("dnnl_inner_product_forward_desc_init", op, FORWARD_INFERENCE, ctypes.byref(src), ctypes.byref(weights),
-         _ref(bias), ctypes.byref(dst))
-    return op
+def inner_product(src, weights, bias, dst):
+    return api().inner_product(src, weights, bias, dst)
 
 
-def pooling(algorithm: str, src: MemoryDesc, dst: MemoryDesc, strides, kernel, dilations, pads_begin,
-            pads_end) -> OpDesc:
-    op = OpDesc()
-    call("dnnl_pooling_v2_forward_desc_init", op, FORWARD_INFERENCE, POOLING[algorithm], ctypes.byref(src),
-         ctypes.byref(dst), _dims(strides), _dims(kernel), _dims([d - 1 for d in dilations]), _dims(pads_begin),
-         _dims(pads_end))
-    return op
+def pooling(algorithm: str, src, dst, strides, kernel, dilations, pads_begin, pads_end):
+    return api().pooling(POOLING[algorithm], src, dst, dims(strides), dims(kernel), dims([d - 1 for d in dilations]),
+                         dims(pads_begin), dims(pads_end))
 
 
-def eltwise(algorithm: str, data: MemoryDesc, alpha: float = 0.0, beta: float = 0.0) -> OpDesc:
-    op = OpDesc()
-    call("dnnl_eltwise_forward_desc_init", op, FORWARD_INFERENCE, ELTWISE[algorithm], ctypes.byref(data),
-         float(alpha), float(beta))
-    return op
+def eltwise(algorithm: str, data, alpha: float = 0.0, beta: float = 0.0):
+    kind, alpha, beta = api().eltwise_kind(algorithm, float(alpha), float(beta))
+    return api().eltwise(kind, data, alpha, beta)
 
 
-def binary(algorithm: str, src0: MemoryDesc, src1: MemoryDesc, dst: MemoryDesc) -> OpDesc:
-    op = OpDesc()
-    call("dnnl_binary_desc_init", op, BINARY[algorithm], ctypes.byref(src0), ctypes.byref(src1), ctypes.byref(dst))
-    return op
+def binary(algorithm: str, src0, src1, dst):
+    return api().binary(BINARY[algorithm], src0, src1, dst)
 
 
-def softmax(data: MemoryDesc, axis: int) -> OpDesc:
-    op = OpDesc()
-    call("dnnl_softmax_forward_desc_init", op, FORWARD_INFERENCE, ctypes.byref(data), int(axis))
-    return op
+def softmax(data, axis: int):
+    return api().softmax(data, int(axis))
 
 
 # -- primitive descriptors and primitives ------------------------------------------------------
-class PrimitiveDesc(_Owned):
+class PrimitiveDesc(Owned):
     _destroy = "dnnl_primitive_desc_destroy"
+
     def __init__(self, handle: int):
         self.handle = handle
 
@@ -498,72 +463,50 @@ class PrimitiveDesc(_Owned):
         call("dnnl_primitive_desc_query", self.handle, QUERY_IMPL_INFO_STR, 0, ctypes.byref(name))
         return name.value.decode()
 
-    def md(self, what: int, index: int = 0) -> MemoryDesc:
-        found = lib().dnnl_primitive_desc_query_md(self.handle, what, index)
-        if not found:
+    def md(self, what: int, index: int = 0):
+        found = api().query_md(self.handle, what, index)
+        if found is None:
             raise DnnlError(2, f"dnnl_primitive_desc_query_md({what}, {index})")
-        return found.contents.copy()
+        return found
 
     @property
-    def src(self) -> MemoryDesc:
+    def src(self):
         return self.md(QUERY_SRC_MD)
 
     @property
-    def weights(self) -> MemoryDesc:
+    def weights(self):
         return self.md(QUERY_WEIGHTS_MD)
 
     @property
-    def dst(self) -> MemoryDesc:
+    def dst(self):
         return self.md(QUERY_DST_MD)
 
 
+def _attr_handle(attr: Attr | None) -> int | None:
+    return attr.handle if attr else None
 
-def implementations(op: OpDesc, attr: Attr | None = None) -> list[PrimitiveDesc]:
+
+def implementations(op, attr: Attr | None = None) -> list[PrimitiveDesc]:
     """A primitive descriptor per implementation oneDNN has for ``op`` here, in its own order of
     preference (the first is what ``primitive_desc`` picks). Empty when none applies."""
-    iterator = _P()
-    status = lib().dnnl_primitive_desc_iterator_create(ctypes.byref(iterator), op, attr.handle if attr else None,
-                                                        engine(), None)
-    if status == 3:  # dnnl_unimplemented: no implementation for these descriptors
-        return []
-    check(status, "dnnl_primitive_desc_iterator_create")
-    found = []
-    try:
-        while True:
-            handle = lib().dnnl_primitive_desc_iterator_fetch(iterator)
-            if not handle:
-                raise DnnlError(5, "dnnl_primitive_desc_iterator_fetch")
-            found.append(PrimitiveDesc(handle))
-            status = lib().dnnl_primitive_desc_iterator_next(iterator)
-            if status == ITERATOR_ENDS:
-                return found
-            check(status, "dnnl_primitive_desc_iterator_next")
-    finally:
-        lib().dnnl_primitive_desc_iterator_destroy(iterator)
+    return [PrimitiveDesc(handle) for handle in api().implementations(op, _attr_handle(attr))]
 
 
-def primitive_desc(op: OpDesc, attr: Attr | None = None) -> PrimitiveDesc:
+def primitive_desc(op, attr: Attr | None = None) -> PrimitiveDesc:
+    return PrimitiveDesc(api().primitive_desc(op, _attr_handle(attr)))
+
+
+def concat_desc(dst, axis: int, sources: Sequence) -> PrimitiveDesc:
+    return PrimitiveDesc(api().concat_desc(dst, int(axis), sources))
+
+
+def reorder_desc(src, dst) -> PrimitiveDesc:
     handle = _P()
-    call("dnnl_primitive_desc_create", ctypes.byref(handle), op, attr.handle if attr else None, engine(), None)
+    call("dnnl_reorder_primitive_desc_create", ctypes.byref(handle), src, engine(), dst, engine(), None)
     return PrimitiveDesc(handle.value)
 
 
-def concat_desc(dst: MemoryDesc | None, axis: int, sources: Sequence[MemoryDesc]) -> PrimitiveDesc:
-    array = (MemoryDesc * len(sources))(*sources)
-    handle = _P()
-    call("dnnl_concat_primitive_desc_create", ctypes.byref(handle), _ref(dst), len(sources), int(axis), array, None,
-         engine())
-    return PrimitiveDesc(handle.value)
-
-
-def reorder_desc(src: MemoryDesc, dst: MemoryDesc) -> PrimitiveDesc:
-    handle = _P()
-    call("dnnl_reorder_primitive_desc_create", ctypes.byref(handle), ctypes.byref(src), engine(), ctypes.byref(dst),
-         engine(), None)
-    return PrimitiveDesc(handle.value)
-
-
-class Primitive(_Owned):
+class Primitive(Owned):
     """A created primitive bound to its arguments (``{DNNL_ARG_*: Memory}``): ``step`` is the
     (function, *arguments) of one ``dnnl_primitive_execute`` call, ready for a tight loop."""
 

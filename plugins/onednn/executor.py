@@ -21,7 +21,6 @@ default); every other op on that of the op producing its first input.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import statistics
 import time
@@ -50,10 +49,6 @@ def _attr(node, name, default=None):
             value = onnx.helper.get_attribute_value(a)
             return value.decode() if isinstance(value, bytes) else value
     return default
-
-
-def _md_bytes(md: dnnl.MemoryDesc) -> bytes:
-    return ctypes.string_at(ctypes.addressof(md), ctypes.sizeof(md))
 
 
 class _Tensor:
@@ -106,7 +101,7 @@ class Executor:
             raise
 
     # -- building ---------------------------------------------------------------------------
-    def _memory(self, md: dnnl.MemoryDesc, buffer: np.ndarray | None = None) -> dnnl.Memory:
+    def _memory(self, md, buffer: np.ndarray | None = None) -> dnnl.Memory:
         memory = dnnl.Memory(md, buffer)
         self._memories.append(memory)
         return memory
@@ -231,12 +226,12 @@ class Executor:
                                 "this executor computed", node.name)
         return self.tensors[name]
 
-    def _feed(self, node_name: str, memory: dnnl.Memory, md: dnnl.MemoryDesc, threads: int) -> dnnl.Memory:
+    def _feed(self, node_name: str, memory: dnnl.Memory, md, threads: int) -> dnnl.Memory:
         """``memory``'s data in the format ``md``: itself, or a copy a reorder step writes (one per
         tensor and format, whichever consumers read it)."""
         if dnnl.equal(memory.md, md):
             return memory
-        key = (id(memory), _md_bytes(md))
+        key = (id(memory), dnnl.md_key(md))
         if key not in self._fed:
             copy = self._memory(md)
             dnnl.set_threads(threads)
@@ -437,7 +432,7 @@ class Executor:
         self._create(node.name, pd, {dnnl.ARG_SRC: a.memory, dnnl.ARG_SRC_1: second, dnnl.ARG_DST: y}, threads)
         self._set(out_name, y_shape, y, threads)
 
-    def _constant_like(self, value: np.ndarray, tensor_md: dnnl.MemoryDesc) -> dnnl.Memory:
+    def _constant_like(self, value: np.ndarray, tensor_md) -> dnnl.Memory:
         """A constant operand (a per-channel bias broadcast over a 4-D tensor) in the format of the
         tensor it meets: oneDNN 2.6 runs a binary op whose tensor is blocked (nChw16c) and whose
         constant is plain on its reference implementation, some 300 times slower (286 ms against

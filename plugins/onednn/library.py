@@ -128,8 +128,8 @@ class OnednnLibrary(Library):
 
     def version(self) -> str:
         major, minor, patch = dnnl.version()
-        package = _debian_version()
-        built = f"{DEBIAN_NAME} {package}" if package else f"oneDNN {major}.{minor}.{patch}"
+        package = _debian_version(dnnl.debian_package())
+        built = f"{dnnl.debian_package()} {package}" if package else f"oneDNN {major}.{minor}.{patch}"
         return f"{built} ({dnnl.effective_isa()})"
 
     def supports(self, task: Task) -> bool:
@@ -311,13 +311,10 @@ def fpmath_bf16_change(kind: str) -> str | None:
     return None
 
 
-DEBIAN_NAME = "libdnnl2"
-
-
 @functools.lru_cache(maxsize=None)
-def _debian_version() -> str | None:
+def _debian_version(package: str) -> str | None:
     try:
-        proc = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", DEBIAN_NAME], capture_output=True, text=True,
+        proc = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True,
                               timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None

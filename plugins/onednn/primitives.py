@@ -161,8 +161,8 @@ def algorithms(task: Task) -> tuple[str, ...]:
     return ("direct", "winograd") if task.kind == "conv" else ("direct",)
 
 
-def operation(task: Task, layout: str | None, src_format: str = "any", algorithm: str = "direct") -> dnnl.OpDesc:
-    """The task's descriptor with its output in ``layout`` (None for fc: 2-D, plain)."""
+def operation(task: Task, layout: str | None, src_format: str = "any", algorithm: str = "direct") :
+    """The task's operation (dnnl.convolution, ...) with its output in ``layout`` (None for fc: 2-D, plain)."""
     compute = COMPUTE_TYPES[task.precision]
     weights = dnnl.desc(weight_dims(task)[0], "any", compute)
     bias = dnnl.desc([task.output_shape[1]], "x") if task.has_bias else None
@@ -273,15 +273,16 @@ def bf16_missing() -> str | None:
     """Why oneDNN offers no bf16 kernels here, or None when it does: a bf16 convolution and inner
     product must each have an implementation that is not oneDNN's reference one (which runs
     anywhere, slowly), on an ISA with bf16 instructions (AVX512_BF16 or AMX; oneDNN emulates bf16
-    on plain AVX-512, at no gain over f32)."""
+    on plain AVX-512, at no gain over f32; on aarch64 the BF16 extension)."""
     isa = dnnl.effective_isa()
-    if "bf16" not in isa and "amx" not in isa:
-        return f"no bf16 kernels: oneDNN runs {isa} here (bf16 needs AVX512_BF16 or AMX)"
+    no_instructions = dnnl.bf16_instructions_missing()
+    if no_instructions is not None:
+        return f"no bf16 kernels: {no_instructions}"
     for probe in (probe_task("conv", "bf16"), probe_task("fc", "bf16")):
         names = [name for layout in ((None,) if probe.kind == "fc" else LAYOUTS) for name in _names(probe, layout)]
         if not any(not name.startswith("ref:") for name in names):
             return (f"no bf16 {KIND_NAMES[probe.kind]} kernel in this oneDNN build for {isa} "
-                    f"(only {', '.join(names) or 'none'})")
+                    f"(only {', '.join(dict.fromkeys(names)) or 'none'})")
     return None
 
 
@@ -356,12 +357,12 @@ class Built:
             for _, pd in pds:
                 pd.close()
 
-    def _memory(self, md: dnnl.MemoryDesc) -> dnnl.Memory:
+    def _memory(self, md) -> dnnl.Memory:
         memory = dnnl.Memory(md)
         self._owned.append(memory)
         return memory
 
-    def _weights(self, w: np.ndarray, packed_md: dnnl.MemoryDesc) -> dnnl.Memory:
+    def _weights(self, w: np.ndarray, packed_md) -> dnnl.Memory:
         """The ONNX weights reordered once into the implementation's format (as a deployed runner
         does outside the timed inference)."""
         dims, tag = weight_dims(self.task)
