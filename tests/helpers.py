@@ -62,3 +62,20 @@ def truncated_weights(inputs: dict) -> dict:
     drops bits where it should round): the real kernels then run and compute the wrong thing."""
     w = inputs["w"]
     return {**inputs, "w": (np.ascontiguousarray(w, np.float32).view(np.uint32) & np.uint32(0xFFF00000)).view(np.float32)}
+
+
+def conv_reference(x_nchw, w_oihw, bias, stride, pads, groups):
+    """Direct convolution in float64 (NCHW in, OIHW weights, NCHW out); pads (top, left, bottom, right)."""
+    n, c, h, w = x_nchw.shape
+    o, ig, kh, kw = w_oihw.shape
+    t, l, b, r = pads
+    xp = np.pad(x_nchw.astype(np.float64), ((0, 0), (0, 0), (t, b), (l, r)))
+    oh, ow = (h + t + b - kh) // stride + 1, (w + l + r - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, g * ig:(g + 1) * ig, i:i + stride * oh:stride, j:j + stride * ow:stride]
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w_oihw[g * og:(g + 1) * og, :, i, j])
+    return out + bias.reshape(1, -1, 1, 1)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import kselect_json, run_kselect
+from helpers import conv_reference, kselect_json, run_kselect
 from test_onednn import _ops_model, _ort, _relative
 
 from kselect.core.contract import plugins
@@ -37,22 +37,6 @@ def onednn():
 def _rand(*shape) -> np.ndarray:
     return RNG.standard_normal(shape, dtype=np.float32)
 
-
-def _conv_reference(x, w, bias, stride, pads, groups):
-    """Direct convolution in float64 (NCHW, OIHW); pads (top, left, bottom, right)."""
-    n, c, h, wd = x.shape
-    o, ig, kh, kw = w.shape
-    t, l, b, r = pads
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, b), (l, r)))
-    oh, ow = (h + t + b - kh) // stride + 1, (wd + l + r - kw) // stride + 1
-    out = np.zeros((n, o, oh, ow))
-    og = o // groups
-    for g in range(groups):
-        for i in range(kh):
-            for j in range(kw):
-                patch = xp[:, g * ig:(g + 1) * ig, i:i + stride * oh:stride, j:j + stride * ow:stride]
-                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[g * og:(g + 1) * og, :, i, j])
-    return out + bias.reshape(1, -1, 1, 1)
 
 
 def _every_implementation(onednn, task: Task, inputs: dict, expected: np.ndarray) -> list[str]:
@@ -109,7 +93,7 @@ ACTIVATIONS = {"Relu": lambda y: np.maximum(y, 0), "HardSwish": lambda y: y * np
 def test_every_conv_implementation_matches_numpy(onednn, groups, stride, pads, activation):
     """Each with its activation fused as a post-op (HardSwish's parameters differ between the APIs)."""
     x, w, b = _rand(1, 8, 9, 7), _rand(16 if groups == 1 else 8, 8 // groups, 3, 3), _rand(16 if groups == 1 else 8)
-    expected = ACTIVATIONS[activation](_conv_reference(x, w, b, stride, pads, groups))
+    expected = ACTIVATIONS[activation](conv_reference(x, w, b, stride, pads, groups))
     attrs = {"kernel": [3, 3], "strides": [stride, stride], "pads": list(pads), "dilations": [1, 1], "group": groups}
     task = Task("conv", "0123456789abcdef", "conv", list(x.shape), list(w.shape), list(expected.shape), attrs, True,
                 ["conv"], [[activation, ["x"], {}]])
@@ -124,7 +108,7 @@ def test_every_deconv_and_fc_implementation_matches_numpy(onednn):
     stuffed = np.zeros((1, 4, 9, 11), np.float32)
     stuffed[:, :, ::2, ::2] = x
     flipped = np.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-    expected = _conv_reference(stuffed, flipped, b, 1, (1, 1, 1, 1), 1)  # ONNX pads 1: crop 1 of the full 2
+    expected = conv_reference(stuffed, flipped, b, 1, (1, 1, 1, 1), 1)  # ONNX pads 1: crop 1 of the full 2
     attrs = {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1,
              "output_padding": [0, 0]}
     deconv = Task("deconv", "0123456789abcdef", "deconv", list(x.shape), list(w.shape), list(expected.shape), attrs,

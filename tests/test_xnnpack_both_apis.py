@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import kselect_json, run_kselect, twin_conv, twin_task
+from helpers import conv_reference, kselect_json, run_kselect, twin_conv, twin_task
 
 import kselect
 from kselect.core.measuring import device
@@ -38,22 +38,6 @@ RNG = np.random.default_rng(0)
 def _rand(*shape) -> np.ndarray:
     return RNG.standard_normal(shape, dtype=np.float32)
 
-
-def _conv_reference(x_nchw, w_oihw, bias, stride, pads, groups):
-    """Direct convolution in float64 (NCHW in, NCHW out); pads (top, left, bottom, right)."""
-    n, c, h, w = x_nchw.shape
-    o, ig, kh, kw = w_oihw.shape
-    t, l, b, r = pads
-    xp = np.pad(x_nchw.astype(np.float64), ((0, 0), (0, 0), (t, b), (l, r)))
-    oh, ow = (h + t + b - kh) // stride + 1, (w + l + r - kw) // stride + 1
-    out = np.zeros((n, o, oh, ow))
-    og = o // groups
-    for g in range(groups):
-        for i in range(kh):
-            for j in range(kw):
-                patch = xp[:, g * ig:(g + 1) * ig, i:i + stride * oh:stride, j:j + stride * ow:stride]
-                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w_oihw[g * og:(g + 1) * og, :, i, j])
-    return out + bias.reshape(1, -1, 1, 1)
 
 
 def _close(actual, expected, tolerance=1e-4):
@@ -79,7 +63,7 @@ def test_the_api_follows_the_loaded_build():
 @pytest.mark.parametrize("groups, stride, pads", [(1, 1, (1, 1, 1, 1)), (1, 2, (0, 1, 1, 0)), (8, 1, (1, 1, 1, 1))])
 def test_convolution_nhwc(groups, stride, pads):
     x, w, bias = _rand(2, 8, 9, 7), _rand(16 if groups == 1 else 8, 8 // groups, 3, 3), _rand(16 if groups == 1 else 8)
-    expected = np.maximum(_conv_reference(x, w, bias, stride, pads, groups), 0)
+    expected = np.maximum(conv_reference(x, w, bias, stride, pads, groups), 0)
     with xa.Convolution2DNHWC(w, bias, stride=stride, padding=pads, groups=groups, depthwise_flag=groups > 1,
                               output_min=0.0) as conv:
         out = conv.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
@@ -91,7 +75,7 @@ def test_convolution_nhwc(groups, stride, pads):
 def test_convolution_nchw_depthwise():
     x, w, bias = _rand(1, 8, 10, 10), _rand(8, 1, 3, 3), _rand(8)
     with xa.Convolution2DNCHW(w, bias, padding=1, groups=8, depthwise_flag=True) as conv:
-        _close(conv.run(x), _conv_reference(x, w, bias, 1, (1, 1, 1, 1), 8))
+        _close(conv.run(x), conv_reference(x, w, bias, 1, (1, 1, 1, 1), 8))
 
 
 def test_deconvolution():
@@ -100,7 +84,7 @@ def test_deconvolution():
     stuffed = np.zeros((1, 4, 9, 11), np.float32)
     stuffed[:, :, ::2, ::2] = x
     flipped = np.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-    expected = _conv_reference(stuffed, flipped, bias, 1, (1, 1, 1, 1), 1)  # ONNX pads 1: crop 1 of the full 2
+    expected = conv_reference(stuffed, flipped, bias, 1, (1, 1, 1, 1), 1)  # ONNX pads 1: crop 1 of the full 2
     with xa.Deconvolution2DNHWC(w, bias, stride=2, padding=1) as deconv:
         out = deconv.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
     _close(out.transpose(0, 3, 1, 2), expected)
