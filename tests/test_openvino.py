@@ -201,6 +201,10 @@ def test_kselect_space_lists_each_precision_exactly_where_openvino_runs_it_and_n
     flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
     if "avx512f" in flags:  # x86 with AVX-512: bf16 exactly where the CPU has bf16 arithmetic
         assert runs["bf16"] == bool({"avx512_bf16", "amx_bf16"} & flags)
+    # the plan-level properties not chosen are named with why: one stream (latency), one core type here
+    assert space["missing_dims"]["streams"].startswith("NUM_STREAMS is 1")
+    if len(this_device().clusters) == 1:
+        assert space["missing_dims"]["core_type"].startswith("SCHEDULING_CORE_TYPE has nothing to choose")
 
 
 needs_int8 = pytest.mark.skipif("int8" not in plugins.get_library("openvino").precisions,

@@ -19,7 +19,7 @@ from kselect.core.contract.labels import Label
 from kselect.core.contract.library import CallCandidate, Candidate, Library
 from kselect.core.contract.space import Categorical, Integer, Space
 from kselect.core.errors import KselectError
-from kselect.core.measuring.device import Device
+from kselect.core.measuring.device import Device, this_device
 from kselect.core.measuring.measure import reference_output, task_inputs, task_model
 from kselect.core.models.tasks import Task, task_key
 from kselect.core.plans.plan import int8_nodes
@@ -222,6 +222,17 @@ class OpenvinoLibrary(Library):
         """A plan's one reduced precision is the model's inference precision, its f32 ops marked
         ``precise`` (plan_compilation): the same as ``precisions``."""
         return self.precisions
+
+    def missing_dims(self) -> dict[str, str]:
+        """The CPU plugin's plan-level properties kselect does not choose, and why."""
+        clusters = len(this_device().clusters)
+        return {
+            "streams": f"NUM_STREAMS is {ir.STREAMS}: one inference at a time on every core (latency); more "
+                       "streams run each inference on a share of the cores, which `threads` already chooses",
+            "core_type": ("SCHEDULING_CORE_TYPE has nothing to choose: one kind of core here" if clusters <= 1 else
+                          f"SCHEDULING_CORE_TYPE (big or little cores) is not chosen yet: {clusters} clusters of "
+                          "cores here, and no hybrid CPU was available to check it on"),
+        }
 
     def missing_precisions(self) -> dict[str, str]:
         """Each precision kselect knows that this plugin does not measure here, and why."""
