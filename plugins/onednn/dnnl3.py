@@ -31,6 +31,8 @@ def eltwise_kind(algorithm: str, alpha: float, beta: float) -> tuple[int, float,
     if algorithm == "hardswish":
         return ELTWISE[algorithm], 1 / 6, 0.5
     return ELTWISE[algorithm], alpha, beta
+
+
 SOFTMAX_ACCURATE = 0x30000
 QUERY_NDIMS, QUERY_DIMS, QUERY_DATA_TYPE = 256, 257, 258  # dnnl_query_t, on a memory descriptor
 
