@@ -49,9 +49,12 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
     if not verify:
         return
     fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
-    # every plan of the race, and its reference, predicted through figures in context, or none of them
+    # the race's reference and each library's plan get figures in context from the runs the planner
+    # made, or none of them does; a library's mixed plan (reduced precisions) keeps the figure its
+    # front gave it, in context of its fp32 plan's run. A plan without one is predicted from sums.
     in_context = plan.extra["cross_library"].get("in_context")
-    if reduced is not None or not attach_in_context({name: t.plan for name, t in tunings.items()}, fallback, in_context):
+    own_plans = {} if reduced is not None else {name: t.plan for name, t in tunings.items()}
+    if not attach_in_context(own_plans, fallback, in_context):
         isolated_figure(plan)
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if reduced is not None:

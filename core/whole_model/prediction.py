@@ -28,15 +28,23 @@ def summed_us(plan) -> tuple[float, str]:
     return plan.estimated_us(), "ops"
 
 
+def isolated_us(plan) -> float:
+    """A plan's summed isolated time, us: the sum a figure in context was corrected from, else its
+    figure."""
+    plan_us, basis = summed_us(plan)
+    return float(plan.extra[ISOLATED_US]) if basis == IN_CONTEXT and ISOLATED_US in plan.extra else plan_us
+
+
 def predicted_ms(plan, reference_plan, reference_ms: float) -> float:
     """The whole-model time predicted for ``plan`` from ``reference_plan``'s measured time: scaled
     by the ratio of their figures where both are whole-model times corrected in context (a run
     timed per node and the race's fresh processes differ by a factor), else plus the difference
-    of their summed times (a sum leaves the untuned ops out)."""
+    of their isolated sums (a sum leaves the untuned ops out, so a whole-model figure is never
+    set against a sum)."""
     (plan_us, plan_basis), (reference_us, reference_basis) = summed_us(plan), summed_us(reference_plan)
     if plan_basis == reference_basis == IN_CONTEXT and reference_us > 0:
         return reference_ms * plan_us / reference_us
-    return reference_ms + (plan_us - reference_us) / 1000
+    return reference_ms + (isolated_us(plan) - isolated_us(reference_plan)) / 1000
 
 
 def prediction(plan, reference: str, reference_plan, reference_ms: float, measured_ms: float) -> dict:
