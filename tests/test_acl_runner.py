@@ -132,6 +132,22 @@ def test_info(runner):
 
 
 @_emulated
+def test_f16_support_is_what_acl_validates(runner):
+    """info's ``f16_support``: ACL's own validate() of an F16 conv, depthwise conv, fc and the
+    F32 -> F16 cast. Debian's builds are compiled for plain Armv8-a: 20.08 then has no F16 CPU
+    kernels at all; 24.11 compiles them apart and enables them where the CPU has FP16 arithmetic."""
+    info = runner.info()
+    support = info["f16_support"]
+    assert set(support) == {"conv", "depthwise", "fc", "cast"}
+    if info["acl_version"] == "v20.08":
+        assert "arm64-v8a" in info["build_information"]
+        for op in ("conv", "depthwise", "fc"):
+            assert "does not support F16" in support[op], (op, support[op])
+    elif info["has_fp16"]:
+        assert support == {"conv": "ok", "depthwise": "ok", "fc": "ok", "cast": "ok"}
+
+
+@_emulated
 def test_validate_lists_methods(validated):
     assert validated["ok"] and validated["output"] == [1, 16, 14, 14]
     cands = validated["candidates"]

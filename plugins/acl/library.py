@@ -377,6 +377,29 @@ class AclLibrary(Library):
                                     "releases read the model off the CPU only)")
         return missing
 
+    def missing_precisions(self) -> dict[str, str]:
+        """bf16 (no bf16 candidates in the plugin), and fp16 with what ACL itself says about F16 here
+        (the runner's ``f16_support``: validate() of a small F16 conv, depthwise conv, fc and the
+        F32 -> F16 cast): a build compiled for plain Armv8-a (Debian's 20.08) refuses F16 whatever
+        the CPU; where ACL accepts F16 the plugin still has no fp16 candidates."""
+        missing = super().missing_precisions()
+        if "fp16" in missing:
+            missing["fp16"] = self._fp16_reason()
+        return missing
+
+    def _fp16_reason(self) -> str:
+        info = self._runner_info()
+        version = info.get("acl_version", "?")
+        support = info.get("f16_support", {})
+        refused = {op: why for op, why in support.items() if why != "ok"}
+        if refused:
+            op, why = next(iter(refused.items()))
+            return f"ACL {version} refuses F16 here ({op}: {why})"
+        if not info.get("has_fp16", False):
+            return f"this CPU has no FP16 arithmetic (ACL {version}: CPUInfo::has_fp16 is false)"
+        return (f"ACL {version} validates F16 conv, depthwise and fc here, but kselect's ACL runner "
+                "has no F16 candidates yet")
+
     def _cpu_model_hint(self) -> bool:
         return bool(self._runner_info().get("extensions", {}).get("cpu_model_hint", True))
 
