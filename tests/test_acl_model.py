@@ -266,3 +266,23 @@ def test_applied_bundle_runs_in_the_runner(acl, tmp_path):
         assert runner.request({"action": "model_free", "model_id": "b"})["freed"]
     output = np.fromfile(tmp_path / "y.f32", dtype=np.float32).reshape(ran["outputs"]["output"])
     assert compare_outputs(ort_outputs(model, feeds), [output]) < 1e-3
+
+
+def test_kselect_space_names_why_acl_offers_no_fp16(tmp_path):
+    """``kselect space --json`` for ACL: fp32 and int8, and fp16 left out with ACL's own answer
+    (the runner's F16 validate(): Debian's 20.08 and 24.11 builds have no F16 kernels)."""
+    model_path = graphs.saved(small_cnn(), tmp_path / "small.onnx")
+    space = kselect_json("space", str(model_path), "--library", "acl", "--task", "T01")
+    assert space["precisions"] == ["fp32", "int8"]
+    assert set(space["missing_precisions"]) == {"bf16", "fp16"}
+    acl = plugins.get_library("acl")
+    try:
+        info = acl._runner_info()
+    finally:
+        acl.close()
+    why = space["missing_precisions"]["fp16"]
+    assert why.startswith(f"ACL {info['acl_version']} ")
+    if "'arch': 'arm64-v8a'" in info["build_information"]:
+        assert "refuses F16 here" in why and "does not support F16" in why
+        if info["has_fp16"]:
+            assert "although the CPU has FP16 arithmetic" in why and "arch=arm64-v8a" in why

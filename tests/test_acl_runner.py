@@ -132,6 +132,21 @@ def test_info(runner):
 
 
 @_emulated
+def test_f16_support_is_what_acl_validates(runner):
+    """info's ``f16_support``: ACL's own validate() of an F16 conv, depthwise conv, fc and the
+    F32 -> F16 cast. Debian's builds (20.08 and 24.11) are compiled for plain Armv8-a with no F16
+    kernels: both refuse all four, on x86_64 under qemu and in the arm64 root's emulated
+    Neoverse-N1 alike, although CPUInfo::has_fp16 is true on both."""
+    info = runner.info()
+    support = info["f16_support"]
+    assert set(support) == {"conv", "depthwise", "fc", "cast"}
+    assert all(isinstance(answer, str) and answer for answer in support.values())
+    if "'arch': 'arm64-v8a'" in info["build_information"] and "'multi_isa': '1'" not in info["build_information"]:
+        for op, answer in support.items():
+            assert "does not support F16" in answer, (op, answer)
+
+
+@_emulated
 def test_validate_lists_methods(validated):
     assert validated["ok"] and validated["output"] == [1, 16, 14, 14]
     cands = validated["candidates"]

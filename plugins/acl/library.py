@@ -3,6 +3,8 @@ measuring through a persistent runner process, and whole models through the runn
 
 INT8 twins of conv and fc tasks (``Task.precision == "int8"``) run in ACL's quantized forms
 (int8.py, README.md "int8"), alone and, as a plan's int8 entries, in the whole-model engine.
+No fp16 twins: the ACL builds kselect runs with refuse F16 in validate(); ``missing_precisions``
+names ACL's reason (README.md "fp16").
 
 Everything is executed by the aarch64 runner (``runner/*.cpp``, PROTOCOL.md). On
 an x86_64 host it runs under qemu user-mode emulation: ``emulated`` is then true and every time
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -99,6 +102,12 @@ def _intersection(lists: list[list[str]]) -> list[str]:
     return sorted(common, key=_kernel_rank)
 
 
+def _build_arch(info: dict) -> str:
+    """"arch=arm64-v8a" from the runner's build information (ACL's build options), or "?"."""
+    match = re.search(r"'arch': '([^']+)'", info.get("build_information", ""))
+    return f"arch={match.group(1) if match else '?'}"
+
+
 class AclLibrary(Library):
     name = "acl"
     fresh_instances = 1  # every run request configures a fresh ACL function
@@ -109,7 +118,8 @@ class AclLibrary(Library):
     # as files (engine.AclModelRunner): measured per tensor shape as the "acl:boundary" sides.
     boundary_cost = True
     # int8 twins of conv and fc tasks: ACL's quantized functions (int8.py, README.md "int8"); the
-    # engine runs a plan's int8 entries quantized, converting tensors between float and int8 ops
+    # engine runs a plan's int8 entries quantized, converting tensors between float and int8 ops.
+    # No fp16: Debian's ACL builds refuse F16 (missing_precisions gives ACL's reason, README.md "fp16")
     precisions = ("fp32", "int8")
     plan_precisions = ("fp32", "int8")
 
@@ -376,6 +386,34 @@ class AclLibrary(Library):
             missing["cpu_model"] = ("no CPU model hint in this ACL (CPUInfo::set_cpu_model is 20.08's; later "
                                     "releases read the model off the CPU only)")
         return missing
+
+    def missing_precisions(self) -> dict[str, str]:
+        """bf16 (no bf16 candidates in the plugin), and fp16 with what ACL itself says about F16 here
+        (the runner's ``f16_support``: validate() of a small F16 conv, depthwise conv, fc and the
+        F32 -> F16 cast): a build compiled for plain Armv8-a (Debian's 20.08) refuses F16 whatever
+        the CPU; where ACL accepts F16 the plugin still has no fp16 candidates."""
+        missing = super().missing_precisions()
+        if "fp16" in missing:
+            missing["fp16"] = self._fp16_reason()
+        return missing
+
+    def _fp16_reason(self) -> str:
+        info = self._runner_info()
+        version = info.get("acl_version", "?")
+        support = info.get("f16_support", {})
+        refused = {op: why for op, why in support.items() if why != "ok"}
+        if refused:
+            op, why = next(iter(refused.items()))
+            if info.get("has_fp16", False):
+                # the CPU has FP16 arithmetic: ACL was compiled without its F16 kernels (ACL's
+                # message still says "you need v8.2 or above")
+                return (f"ACL {version} refuses F16 here although the CPU has FP16 arithmetic (CPUInfo::has_fp16): "
+                        f"this build ({_build_arch(info)}) has no F16 kernels; validate() of an F16 {op}: {why}")
+            return f"ACL {version} refuses F16 here ({op}: {why})"
+        if not info.get("has_fp16", False):
+            return f"this CPU has no FP16 arithmetic (ACL {version}: CPUInfo::has_fp16 is false)"
+        return (f"ACL {version} validates F16 conv, depthwise and fc here, but kselect's ACL runner "
+                "has no F16 candidates yet")
 
     def _cpu_model_hint(self) -> bool:
         return bool(self._runner_info().get("extensions", {}).get("cpu_model_hint", True))

@@ -12,11 +12,17 @@
 
 #include "arm_compute/core/CPP/CPPTypes.h"
 #include "arm_compute/core/Version.h"
+#include "arm_compute/core/TensorInfo.h"
+#include "arm_compute/runtime/NEON/functions/NECast.h"
+#include "arm_compute/runtime/NEON/functions/NEDepthwiseConvolutionLayer.h"
+#include "arm_compute/runtime/NEON/functions/NEFullyConnectedLayer.h"
+#include "arm_compute/runtime/NEON/functions/NEGEMMConvolutionLayer.h"
 #include "arm_compute/runtime/Scheduler.h"
 
 #include <cstddef>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -62,6 +68,42 @@ std::string info_json()
 }
 } // namespace ext
 
+// Whether this ACL build computes in F16 here, asked of ACL itself: validate() of a small F16 conv
+// (GEMM method), depthwise conv and fc, and of the F32 -> F16 cast around them. Each is "ok" or
+// ACL's reason. A build compiled for plain Armv8-a (Debian's 20.08: arch=arm64-v8a) refuses F16
+// ("This CPU architecture does not support F16 data type, you need v8.2 or above") even where
+// CPUInfo::has_fp16() is true; 24.11 compiles its F16 kernels apart and enables them on CPUs with
+// FP16 arithmetic.
+std::string f16_support_json()
+{
+    const DataType F16 = DataType::F16;
+    auto           answer = [](const std::function<Status()> &validate) -> std::string {
+        try
+        {
+            const Status st = validate();
+            return st.error_code() == ErrorCode::OK ? "ok" : st.error_description();
+        }
+        catch(const std::exception &e)
+        {
+            return e.what();
+        }
+    };
+    // NCHW shapes in ACL's order (W, H, C, N): 8x8x4 input, 3x3 kernels, no padding
+    TensorInfo conv_in(TensorShape(8U, 8U, 4U, 1U), 1, F16), conv_w(TensorShape(3U, 3U, 4U, 8U), 1, F16), conv_b(TensorShape(8U), 1, F16),
+        conv_out(TensorShape(6U, 6U, 8U, 1U), 1, F16);
+    TensorInfo dw_w(TensorShape(3U, 3U, 4U), 1, F16), dw_b(TensorShape(4U), 1, F16), dw_out(TensorShape(6U, 6U, 4U, 1U), 1, F16);
+    // fc: input (K=16, N=1), weights (K, M=8)
+    TensorInfo fc_in(TensorShape(16U, 1U), 1, F16), fc_w(TensorShape(16U, 8U), 1, F16), fc_b(TensorShape(8U), 1, F16), fc_out(TensorShape(8U, 1U), 1, F16);
+    TensorInfo cast_in(TensorShape(8U, 8U, 4U, 1U), 1, DataType::F32), cast_out(TensorShape(8U, 8U, 4U, 1U), 1, F16);
+    const PadStrideInfo no_pad(1, 1, 0, 0);
+    Obj                 o;
+    o.str("conv", answer([&] { return NEGEMMConvolutionLayer::validate(&conv_in, &conv_w, &conv_b, &conv_out, no_pad); }))
+        .str("depthwise", answer([&] { return NEDepthwiseConvolutionLayer::validate(&conv_in, &dw_w, &dw_b, &dw_out, no_pad); }))
+        .str("fc", answer([&] { return NEFullyConnectedLayer::validate(&fc_in, &fc_w, &fc_b, &fc_out); }))
+        .str("cast", answer([&] { return NECast::validate(&cast_in, &cast_out, ConvertPolicy::SATURATE); }));
+    return o.done();
+}
+
 std::string info()
 {
     CPUInfo    &ci = Scheduler::get().cpu_info();
@@ -88,6 +130,7 @@ std::string info()
         .raw("cpu_models", models)
         .boolean("has_fp16", ci.has_fp16())
         .boolean("has_dotprod", ci.has_dotprod())
+        .raw("f16_support", f16_support_json())
         .integer("default_threads", Scheduler::get().num_threads())
         .raw("methods", methods)
         .raw("ops", "[\"conv\",\"fc\",\"deconv\",\"permute\",\"quantize\",\"dequantize\"]")
