@@ -4,6 +4,7 @@ only with a plan shown faster round by round (core/whole_model/alone.py)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 
@@ -268,6 +269,8 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
         chosen, best_plan = best["variant"], next(p for r, p in pool if r["variant"] == best["variant"])
     else:
         chosen, best_plan = BASELINE, fallback
+    # a copy: a library's own plan kept here keeps its own record (its variants' check) for its tuning
+    best_plan = copy.deepcopy(best_plan)
     best_plan.extra["verified"] = {"chosen": chosen, "baseline": BASELINE, "min_speedup": min_speedup,
                                    "fastest": fastest["variant"], "shown_faster": [r["variant"] for r, _ in shown_faster],
                                    "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT, "confidence": confidence,
