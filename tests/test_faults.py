@@ -814,6 +814,8 @@ def test_case_14_an_optuna_storage_in_a_missing_folder_is_one_line_before_measur
 
 
 def test_case_09_a_database_another_process_holds_locked_is_said_to_be_locked_not_corrupt(tmp_path, small_model_path):
+    """Past the busy time-out ($KSELECT_DB_BUSY_TIMEOUT, 2 s here; 30 by default) the tune stops
+    with one line saying the database is locked, and how long it waited."""
     from kselect.core.records.store import RecordDB
 
     db = tmp_path / "records.db"
@@ -821,12 +823,20 @@ def test_case_09_a_database_another_process_holds_locked_is_said_to_be_locked_no
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
-        result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--db", db, timeout=120)
+        result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--db", db,
+                             env={"KSELECT_DB_BUSY_TIMEOUT": "2"}, timeout=120)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    line = _one_line_error(result, f"the record database {db} is locked by another process")
+    line = _one_line_error(result, f"the record database {db} is locked by another process (held for over 2 s")
     assert "corrupt" not in line
+
+
+def test_a_busy_time_out_that_is_not_a_number_of_seconds_is_one_line(tmp_path, small_model_path):
+    result = run_kselect("tune", small_model_path, "--library", "mlas", "--budget", "1", "--db", tmp_path / "r.db",
+                         env={"KSELECT_DB_BUSY_TIMEOUT": "soon"})
+    assert not (tmp_path / "r.db").exists()
+    _one_line_error(result, "KSELECT_DB_BUSY_TIMEOUT='soon': give a number of seconds above 0")
 
 
 def _fill(mount):

@@ -208,3 +208,14 @@ def test_resnet101_convs():
         for n in convs
     }
     assert len(groups) == 23
+
+
+@pytest.mark.parametrize("name", ["resnet18", "googlenet", "mobilenetv2"])
+def test_a_model_without_its_weights_values_counts_what_the_full_model_counts(name):
+    """`kselect models` counts parameters and MACs on the graph built without weight values."""
+    from kselect.core.models.model import load_model, model_from_proto
+    from kselect.core.models.tasks import model_stats
+
+    skeleton = build_model(name, weights=False)
+    assert all(not t.raw_data and not t.float_data for t in skeleton.graph.initializer if t.dims)
+    assert model_stats(model_from_proto(name, skeleton, "builtin")) == model_stats(load_model(name))

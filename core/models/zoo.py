@@ -66,8 +66,9 @@ def _same_pads(size: int, k: int, stride: int) -> tuple[int, int]:
 class _Builder:
     """Accumulates nodes and initializers; tracks (C, H, W) of every tensor."""
 
-    def __init__(self, name: str, seed: int):
+    def __init__(self, name: str, seed: int, weights: bool = True):
         self.name = name
+        self.weights = weights
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
@@ -85,16 +86,23 @@ class _Builder:
         return out
 
     def _init(self, name: str, array: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=np.float32), name))
+        if self.weights or array.ndim == 0:
+            self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=np.float32), name))
+        else:  # a weight's dims without its values: enough to count parameters and MACs
+            self.inits.append(TensorProto(name=name, data_type=TensorProto.FLOAT, dims=array.shape))
         return name
 
     def _he(self, shape: Sequence[int], fan_in: int, scale: float = 1.0) -> np.ndarray:
+        if not self.weights:
+            return np.empty(tuple(shape), np.float32)  # never filled: only its shape is read
         std = np.float32(scale * math.sqrt(2.0 / fan_in))
         w = self.rng.standard_normal(tuple(shape), dtype=np.float32)
         w *= std
         return w
 
     def _bias(self, n: int) -> np.ndarray:
+        if not self.weights:
+            return np.empty(n, np.float32)
         b = self.rng.standard_normal(n, dtype=np.float32)
         b *= np.float32(0.01)
         return b
@@ -439,13 +447,15 @@ _BUILDERS: dict[str, Callable[[_Builder], None]] = {
 assert list(_BUILDERS) == list(BUILTIN_MODELS)
 
 
-def build_model(name: str, seed: int = 0) -> onnx.ModelProto:
-    """Build built-in model ``name`` with weights drawn from ``numpy.random.default_rng(seed)``.
+def build_model(name: str, seed: int = 0, weights: bool = True) -> onnx.ModelProto:
+    """Build built-in model ``name`` with weights drawn from ``numpy.random.default_rng(seed)``;
+    ``weights=False``: the graph with its weights' dims and no values (vgg16 in milliseconds
+    instead of seconds), to count parameters and MACs, not to run.
 
     Raises ``KeyError`` for a name not in :data:`BUILTIN_MODELS`.
     """
     if name not in _BUILDERS:
         raise KeyError(f"unknown built-in model {name!r}; choose from {', '.join(BUILTIN_MODELS)}")
-    b = _Builder(name, seed)
+    b = _Builder(name, seed, weights)
     _BUILDERS[name](b)
     return b.model(f"kselect built-in {name} (seed {seed}): {BUILTIN_MODELS[name]}")

@@ -10,6 +10,7 @@ Everything else is the SQL both run.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
@@ -77,9 +78,22 @@ class Connection:
         raise NotImplementedError
 
 
+def busy_timeout_s() -> float:
+    """How long a write waits for another process's lock on an SQLite record database:
+    ``$KSELECT_DB_BUSY_TIMEOUT`` seconds, 30 by default (longer on a network filesystem)."""
+    text = os.environ.get("KSELECT_DB_BUSY_TIMEOUT", "30")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise KselectError(f"KSELECT_DB_BUSY_TIMEOUT={text!r}: give a number of seconds above 0")
+    return seconds
+
+
 class SqliteConnection(Connection):
     """SQLite, its operational failures told in one line: a database another process holds
-    locked past the 30 s busy time-out is said to be locked (not corrupt); a full disk names the
+    locked past the busy time-out is said to be locked (not corrupt); a full disk names the
     file."""
 
     words = {"now": "((julianday('now') - 2440587.5) * 86400.0)", "skip_locked": "", "id": "INTEGER PRIMARY KEY"}
@@ -93,7 +107,7 @@ class SqliteConnection(Connection):
             text = str(exc)
             if "locked" in text or "busy" in text:
                 raise KselectError(f"the record database {self.location} is locked by another process (held for "
-                                   "over 30 s, e.g. an open sqlite3 shell or a tune on a network filesystem): wait "
+                                   f"over {busy_timeout_s():g} s, e.g. an open sqlite3 shell or a tune on a network filesystem): wait "
                                    "for it to finish or pass another --db") from None
             if "full" in text or "disk I/O" in text:
                 raise KselectError(f"cannot write the record database {self.location}: {text} (free space on its "
@@ -109,8 +123,9 @@ class SqliteConnection(Connection):
             self.raw.commit()
 
     def __init__(self, path: Path, read_only: bool = False):
-        raw = (sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) if read_only
-               else sqlite3.connect(path, timeout=30))
+        timeout = busy_timeout_s()
+        raw = (sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout) if read_only
+               else sqlite3.connect(path, timeout=timeout))
         super().__init__(raw, str(path))
         self.path, self.read_only = path, read_only
 
