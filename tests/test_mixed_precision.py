@@ -320,6 +320,8 @@ def assert_predictions_reported(result) -> None:
         fp32 = front["fp32"]
         if not any(p.within_budget and p.precisions for p in front.values()):
             continue  # nothing to race the fp32 plan
+        if "skipped" in tuning.plan.extra["precision"].get("check", {}):
+            continue  # every point within the budget predicted a certain loss: nothing raced
         assert fp32.measured_ms is not None and fp32.prediction is None  # the reference is not predicted
         timed = [p for p in front.values() if p.measured_ms is not None and p is not fp32]
         assert timed  # the points within the budget raced the fp32 plan
@@ -510,6 +512,7 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     differing from ONNX Runtime's fp32 outputs."""
     import kselect
     from kselect.core.plans.plan import int8_nodes
+    from kselect.core.whole_model.context import IN_CONTEXT
     from kselect.core.whole_model.selection import verified_across
 
     folder = feeds_folder(tmp_path / "calibration", 16)
@@ -523,6 +526,15 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
     tried = {check["variant"]: check for check in result.checks}
     assert {"mlas plan", "xnnpack plan"} <= set(tried) and not any("failed" in c for c in tried.values())
     assert_predictions_reported(result)
+    # each library's mixed plan is predicted on the scale of the runs the plan across libraries was
+    # predicted from: its library's fp32 run there, times its front's figure over its fp32 plan's
+    whole_us = result.cross_plan.extra["cross_library"]["in_context"]["whole_us"]
+    for name in ("mlas", "xnnpack"):
+        plan, front = result.tunings[name].plan, {point.name: point for point in result.tunings[name].precision.front}
+        kept = front[plan.extra["precision"]["chosen"]]
+        assert plan.extra["predicted_us"] == pytest.approx(whole_us[name] * kept.predicted_us / front["fp32"].predicted_us,
+                                                           rel=1e-3)
+        assert plan.extra["predicted_basis"] == IN_CONTEXT and plan.extra["isolated_us"] > 0
     if int8_nodes(result.plan):  # kept a mixed plan: one of the libraries', within its budget
         precision = result.plan.extra["precision"]
         assert next(p for p in precision["front"] if p["name"] == precision["chosen"])["drop"] <= 0.02

@@ -13,7 +13,7 @@ from kselect.core.cross_library.plan import attach_in_context, isolated_figure, 
 from kselect.core.errors import one_line
 from kselect.core.models.model import Model
 from kselect.core.plans.library_plan import onnxruntime_default_plan
-from kselect.core.plans.plan import Plan, reduced_nodes
+from kselect.core.plans.plan import PREDICTED_US, Plan, reduced_nodes
 from kselect.core.plans.spinning import spinning_variants
 from kselect.core.precision.mixed import score_plan, with_reduced_ops
 from kselect.core.precision.quant import PRECISIONS
@@ -50,11 +50,12 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
         return
     fallback = onnxruntime_default_plan(model, device, db) if plugins.baseline_library().name in tunings else None
     # the race's reference and each library's plan get figures in context from the runs the planner
-    # made, or none of them does; a library's mixed plan (reduced precisions) keeps the figure its
-    # front gave it, in context of its fp32 plan's run. A plan without one is predicted from sums.
+    # made, or none of them does; a library's mixed plan (reduced precisions) at its fp32 plan's
+    # run times what its front predicts it over its fp32 plan. A plan without one is predicted
+    # from sums.
     in_context = plan.extra["cross_library"].get("in_context")
-    own_plans = {} if reduced is not None else {name: t.plan for name, t in tunings.items()}
-    if not attach_in_context(own_plans, fallback, in_context):
+    own_plans = {name: t.plan for name, t in tunings.items()}
+    if not attach_in_context(own_plans, fallback, in_context, relative=over_fp32_plan(tunings)):
         isolated_figure(plan)
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if reduced is not None:
@@ -83,6 +84,21 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,
                                                      max_rounds=max(check_rounds, check_max_rounds))
     events.cross_checked(result.plan, result.checks)
+
+
+def over_fp32_plan(tunings: dict) -> dict[str, float]:
+    """Library -> its kept plan's predicted time over its fp32 plan's, both figures from its
+    precision front (one scale: core/precision/mixed.py); libraries without a front are left out."""
+    found = {}
+    for name, tuning in tunings.items():
+        search = tuning.precision
+        if search is None or tuning.plan is search.plans.get("fp32"):
+            continue
+        kept_us = tuning.plan.extra.get(PREDICTED_US)
+        fp32_us = search.plans["fp32"].extra.get(PREDICTED_US) if "fp32" in search.plans else None
+        if kept_us and fp32_us:
+            found[name] = kept_us / fp32_us
+    return found
 
 
 def cross_with_reduced_ops(model: Model, cross: Plan, tunings: dict, request: "PrecisionRequest", events,

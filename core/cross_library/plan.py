@@ -198,19 +198,26 @@ def in_context_figures(plan: Plan, ratios: dict[str, dict[str, float]], runs: di
     return evidence
 
 
-def attach_in_context(plans: dict[str, Plan], reference: Plan | None, evidence: dict | None) -> bool:
+def attach_in_context(plans: dict[str, Plan], reference: Plan | None, evidence: dict | None,
+                      relative: dict[str, float] | None = None) -> bool:
     """Gives each library's own plan (``plans``: library -> plan) and the race's reference (ONNX
     Runtime's default, None when not raced) their whole-model figures in context from the runs
     ``in_context_figures`` recorded, so that every plan of the race is predicted through the
-    same kind of figure; only when all of them have one (False: nothing changed)."""
+    same kind of figure; only when all of them have one (False: nothing changed).
+    ``relative``: library -> the plan's figure over its library's fp32 plan's, both from one
+    precision front (a mixed plan): the plan is predicted at the fp32 plan's run times that, so
+    that figures taken in another set of runs, at another speed of the machine, do not meet in
+    one race."""
     if not evidence:
         return False
     whole = evidence["whole_us"]
     if any(name not in whole for name in plans) or (reference is not None and BASELINE_DEFAULT not in whole):
         return False
+    relative = relative or {}
     for name, plan in [*plans.items(), *([(BASELINE_DEFAULT, reference)] if reference is not None else [])]:
-        plan.extra[ISOLATED_US] = round(plan.extra.get(PREDICTED_US, plan.estimated_us()), 3)
-        plan.extra[PREDICTED_US] = whole[name]
+        if not (plan.extra.get(PREDICTED_BASIS) == IN_CONTEXT and ISOLATED_US in plan.extra):
+            plan.extra[ISOLATED_US] = round(plan.extra.get(PREDICTED_US, plan.estimated_us()), 3)
+        plan.extra[PREDICTED_US] = round(whole[name] * relative.get(name, 1.0), 3)
         plan.extra[PREDICTED_BASIS] = IN_CONTEXT
     return True
 
