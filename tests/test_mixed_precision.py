@@ -535,6 +535,9 @@ def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_ac
         assert plan.extra["predicted_us"] == pytest.approx(whole_us[name] * kept.predicted_us / front["fp32"].predicted_us,
                                                            rel=1e-3)
         assert plan.extra["predicted_basis"] == IN_CONTEXT and plan.extra["isolated_us"] > 0
+    # and every plan raced beside them, combined ones too (by difference from a plan run whole)
+    for variant, check in tried.items():
+        assert "skipped" in check or check["prediction"]["summed_covers"] == IN_CONTEXT, variant
     if int8_nodes(result.plan):  # kept a mixed plan: one of the libraries', within its budget
         precision = result.plan.extra["precision"]
         assert next(p for p in precision["front"] if p["name"] == precision["chosen"])["drop"] <= 0.02

@@ -5,19 +5,22 @@ alone in fresh processes; what is shown faster than the default is kept."""
 from __future__ import annotations
 
 import copy
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kselect.core.contract import plugins
 from kselect.core.contract.space import config_key
+from kselect.core.cross_library.by_difference import NodeCosts, figure_by_difference
 from kselect.core.cross_library.plan import attach_in_context, isolated_figure, plan_across
 from kselect.core.errors import one_line
 from kselect.core.models.model import Model
 from kselect.core.plans.library_plan import onnxruntime_default_plan
-from kselect.core.plans.plan import PREDICTED_US, Plan, reduced_nodes
+from kselect.core.plans.plan import PREDICTED_BASIS, PREDICTED_US, Plan, reduced_nodes
 from kselect.core.plans.spinning import spinning_variants
 from kselect.core.precision.mixed import score_plan, with_reduced_ops
 from kselect.core.precision.quant import PRECISIONS
 from kselect.core.records.store import RecordDB
+from kselect.core.whole_model.context import IN_CONTEXT
 from kselect.core.whole_model.selection import verified_across
 
 if TYPE_CHECKING:
@@ -55,8 +58,15 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
     # from sums.
     in_context = plan.extra["cross_library"].get("in_context")
     own_plans = {name: t.plan for name, t in tunings.items()}
+    figure_of_combined = None
     if not attach_in_context(own_plans, fallback, in_context, relative=over_fp32_plan(tunings)):
         isolated_figure(plan)
+    elif reduced is not None:
+        # the combined plans of a reduced race: by difference from the plan across libraries or a
+        # library's fp32 plan, the plans whose whole runs the planner timed
+        bases = [plan] + [_with_figure(fp32_plans[name], us) for name, us in in_context["whole_us"].items()
+                          if name in fp32_plans]
+        figure_of_combined = partial(figure_by_difference, bases=bases, costs=NodeCosts.of_race(in_context, tunings))
     candidates = [(f"{name} plan", t.plan) for name, t in tunings.items()] + spinning_variants(plan)
     if reduced is not None:
         # each library in its mixed plans' session-wide settings (which hold its fp32 ones): the
@@ -79,7 +89,7 @@ def plan_and_keep_across(result, db: RecordDB, config: "TuneConfig", events,
             planned.extra["precision"] = {**copy.deepcopy(precision_of), "reduced_from": "per op"}
             return planned
 
-        candidates += cross_with_reduced_ops(model, plan, tunings, reduced, events, plan_per_op)
+        candidates += cross_with_reduced_ops(model, plan, tunings, reduced, events, plan_per_op, figure_of_combined)
     with events.working("checking the plans end to end against ONNX Runtime's default session"):
         result.plan, result.checks = verified_across(model, candidates, rounds=check_rounds, fallback=fallback,
                                                      max_rounds=max(check_rounds, check_max_rounds))
@@ -101,15 +111,23 @@ def over_fp32_plan(tunings: dict) -> dict[str, float]:
     return found
 
 
+def _with_figure(plan: Plan, whole_us: float) -> Plan:
+    """A copy of a library's fp32 plan with its whole run in the planner's runs as its figure."""
+    copied = copy.deepcopy(plan)
+    copied.extra.update({PREDICTED_US: whole_us, PREDICTED_BASIS: IN_CONTEXT})
+    return copied
+
+
 def cross_with_reduced_ops(model: Model, cross: Plan, tunings: dict, request: "PrecisionRequest", events,
-                           plan_per_op=None) -> list:
+                           plan_per_op=None, figure=None) -> list:
     """Race candidates with reduced-precision ops across libraries, those whose metric on the
     held-out feeds stays within the budget: per library that chose such ops, the plan across
     libraries with them put in on that library (core/precision/mixed.py, ``with_reduced_ops``);
     and, with ``plan_per_op`` ((precision -> nodes, a mixed plan's precision record) -> plan), the
     plan across libraries made with every library's chosen ops free to run in their precision on
     any library that measured it, or in fp32, per op (core/cross_library/plan.py): where one
-    library chose int8 ops and another bf16 ops, a plan of all three precisions."""
+    library chose int8 ops and another bf16 ops, a plan of all three precisions. ``figure(plan)``
+    makes a raced plan's predicted figure (core/cross_library/by_difference.py)."""
     options = []
     chosen: dict[str, set] = {}
     precision_of = None
@@ -154,6 +172,8 @@ def cross_with_reduced_ops(model: Model, cross: Plan, tunings: dict, request: "P
         events.cross_int8_scored(variant, score, drop, request.max_drop)
         combined.extra["precision"]["cross_score"] = {"score": round(score, 6), "drop": round(drop, 6)}
         if drop <= request.max_drop:
+            if figure is not None:
+                figure(combined)
             candidates.append((variant, combined))
     return candidates
 

@@ -122,6 +122,7 @@ class PrecisionSearch:
     plans: dict[str, Plan] = field(default_factory=dict)  # front point name -> its plan
     metric_name: str = ""
     context: list[dict] = field(default_factory=list)  # per front, its costs in context (core/whole_model/context.py)
+    correction: ContextCorrection | None = None  # the first front's, the one of the fp32 point's scale
     # node -> precision -> why a measured rung is not on its ladder (slower than fp32, or failed in the model)
     left_out: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -481,6 +482,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         fp32_points = [p for p in front if p.name == "fp32"]
         if not fp32_points:  # a second front: on the first front's scale (_Predictor.scale)
             predict.scale = plans["fp32"].extra[PREDICTED_US] / predict({})
+        corrections.append(correction)
         context.append({"front": suffix.strip(" ()") or "default", **correction.to_json(),
                         "scale": round(predict.scale, 4)})
         for fp32_point in fp32_points:
@@ -488,6 +490,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             predict.stamp(plans["fp32"], {}, fp32_point.predicted_us)
 
     context: list[dict] = []
+    corrections: list[ContextCorrection] = []
     int8_tasks = [t for t in twin_tasks if t.precision == "int8"]
     half = {}  # half-precision entries and settings do not depend on the int8 arithmetic settings
     half_settings: dict = {}
@@ -513,7 +516,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         front += search_front({**half_settings, **int8_settings} or dict(fp32_plan.plan_level), entries, suffix)
     chosen = fastest_within_budget(front)
     return PrecisionSearch(front, chosen, plans[chosen.name], sensitivity, plans, metric_name, context=context,
-                           left_out=left_out)
+                           correction=corrections[0] if corrections else None, left_out=left_out)
 
 
 def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], float],
