@@ -75,3 +75,19 @@ def test_the_corrections_reproduce_the_two_runs_they_were_learned_from():
     mixed = correction.predicted_us({"a": ("int8", 80.0), "b": ("fp32", 200.0)}, 10.0)
     assert mixed == pytest.approx(120 + 250 + 2.0 * 10 + (100 + 70) / 2)
     assert correction.ratio("c", "bf16") == pytest.approx(np.median([0.9, 1.25]))  # unseen: the median fp32 ratio
+
+
+def test_a_plan_is_never_predicted_below_zero_when_a_default_timing_inflated_the_reference_sum():
+    """The difference rule (reference measured + difference of isolated sums) gives way to the ratio
+    of the sums when the sums lie further apart than the reference's whole run (a mobilenetv2
+    oneDNN variant had been predicted at -14.8 ms against a library default whose sum a noisy
+    timing had inflated)."""
+    from kselect.core.plans.plan import Plan
+    from kselect.core.whole_model.prediction import predicted_ms
+
+    def plan(us: float) -> Plan:
+        return Plan({}, {}, {"onednn": "x"}, False, {}, [{"id": "T0", "nodes": ["Conv_0"], "time_us": us}],
+                    {"Conv_0": {"task": "T0", "library": "onednn", "config": {}}})
+
+    assert predicted_ms(plan(1_000), plan(2_000), 7.0) == pytest.approx(6.0)  # the difference, as before
+    assert predicted_ms(plan(1_000), plan(23_000), 7.0) == pytest.approx(7.0 * 1_000 / 23_000)
