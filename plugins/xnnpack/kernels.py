@@ -290,7 +290,7 @@ def int8_override_status() -> tuple[bool, str]:
     if not ok:
         return False, why
     if on_2024_build():
-        return False, "the 8-bit micro-kernel override is described for the 2022 amd64 build only"
+        return False, "described for the 2022 amd64 build only"
     try:
         ukernel_table.check_int8_table()
         cat = int8_catalog()
