@@ -273,8 +273,9 @@ def _probe_in_this_process(probe: str) -> dict:
     cpuinfo.cpuinfo_get_core.restype = ctypes.c_void_p
     cpuinfo.cpuinfo_get_core.argtypes = [ctypes.c_uint32]
     core = CpuinfoCore.from_address(cpuinfo.cpuinfo_get_core(0))
-    if core.vendor == 0 or (core.uarch >> 24) != 0:
-        raise OverrideRefused(f"cpuinfo_core layout check failed (vendor={core.vendor:#x}, uarch={core.uarch:#x})")
+    if core.processor_start != 0 or core.core_id != 0 or core.processor_count < 1 or (core.uarch >> 24) != 0:
+        raise OverrideRefused(f"cpuinfo_core layout check failed (processor_start={core.processor_start}, "
+                              f"core_id={core.core_id}, uarch={core.uarch:#x})")
     core.uarch = uarch
     snap = snapshot(verify_build())  # the first f32 operator (in verify_build) runs init_f32_gemm_config
     snap["probe"] = probe
