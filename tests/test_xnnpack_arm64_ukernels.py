@@ -3,13 +3,13 @@
 its f32 GEMM config located, the kernels' names are the code Debian's ``libmicrokernels-prod.a``
 holds under those names, every catalog candidate computes a conv or fc within tolerance through
 the plugin's measuring child (holding the configured kernel), the table is XNNPack's own after an
-override, ``kselect space resnet18 --library xnnpack`` offers ``ukernel``, and a changed copy of
+override, a resnet18 plan of other kernels runs in the whole model with ONNX Runtime's output,
+``kselect space resnet18 --library xnnpack`` offers ``ukernel``, and a changed copy of
 the library is refused in one line (public API only). Skipped where another build is loaded
 (x86_64's 2022 one). Part of ``make test-arm64``."""
 
 from __future__ import annotations
 
-import json
 import platform
 import struct
 from pathlib import Path
@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 from helpers import kselect_json, run_kselect
 
+import kselect
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.measuring.worker import MeasureWorker
-from kselect.core.models.tasks import Task, task_key
+from kselect.core.models.model import load_model
+from kselect.core.models.tasks import Task, extract_tasks, task_key
+from kselect.core.plans.plan import Plan, plan_node, plan_task
 from kselect.plugins.xnnpack import configured, kernels, ukernel_arm64
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.library import XnnpackLibrary
@@ -84,7 +87,8 @@ def _archive_functions() -> dict[str, bytes]:
                 continue
             strtab = sections[sec[6]][4]
             for i in range(sec[5] // 24):
-                st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", member, sec[4] + 24 * i)
+                entry = struct.unpack_from("<IBBHQQ", member, sec[4] + 24 * i)
+                st_name, st_info, _, st_shndx, st_value, st_size = entry
                 if st_info & 0xF == 2 and st_size:  # STT_FUNC
                     name = member[strtab + st_name:member.index(b"\0", strtab + st_name)].decode()
                     code_at = sections[st_shndx][4] + st_value
@@ -117,7 +121,8 @@ def test_every_candidate_computes_a_conv_and_an_fc_within_tolerance():
     gemm_task = conv_task(24, 40, 1)  # 1x1 unpadded: 195 rows
     fc_task_ = fc_task(11, 64, 40)
     jobs = [(igemm_task, {"ukernel": kernels.short(c.name), "threads": 1}) for c in cat["igemm"]]
-    jobs += [(task, {"ukernel": kernels.short(c.name), "threads": 2}) for c in cat["gemm"] for task in (gemm_task, fc_task_)]
+    jobs += [(task, {"ukernel": kernels.short(c.name), "threads": 2})
+             for c in cat["gemm"] for task in (gemm_task, fc_task_)]
     failures = []
     with MeasureWorker("xnnpack", TINY) as worker:
         for task, config in jobs:
@@ -148,12 +153,43 @@ def test_defaults_name_what_xnnpack_runs_and_an_override_is_undone():
     configured.check_table_pristine()  # raises if any byte of the config differs from XNNPack's own
 
 
+def test_a_resnet18_plan_of_other_kernels_runs_in_the_whole_model():
+    """Every conv and the fc of resnet18 (1x3x32x32) given another kernel than XNNPack's own: the
+    plan runs through kselect.load_plan (each operator created with its kernel and checked to hold
+    it) and its output is ONNX Runtime's."""
+    import onnxruntime as ort
+
+    model = load_model("resnet18", ["input=1,3,32,32"])
+    lib, here = XnnpackLibrary(), this_device()
+    tasks, nodes, chosen = [], {}, set()
+    for task in extract_tasks(model):
+        default = lib.default_config(task, here)
+        options = {d.name: d for d in lib.space(task, here).dims}["ukernel"].choices
+        config = {"ukernel": options[-1], "threads": 1}
+        assert config["ukernel"] != default["ukernel"]
+        chosen.add(config["ukernel"])
+        tasks.append(plan_task(task, task.nodes, "xnnpack", config, 1.0, default, 1.0, 1, False))
+        nodes.update({node: plan_node(task, "xnnpack", config) for node in task.nodes})
+    plan = Plan(model={}, device={}, libraries={"xnnpack": lib.version()}, emulated=lib.emulated,
+                plan_level={"spinning": 1}, tasks=tasks, nodes=nodes)
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32)
+    runner = kselect.load_plan(plan, model)
+    try:
+        output = runner.run({"input": x})[0]
+    finally:
+        runner.close()
+    reference = ort.InferenceSession(model.proto.SerializeToString(),
+                                     providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    assert len(chosen) >= 2
+    assert float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference))) < 1e-4
+
+
 def test_space_of_resnet18_offers_micro_kernels():
     space = kselect_json("space", "resnet18", "--library", "xnnpack")
+    names = {kernels.short(c.name) for c in kernels.catalog()["gemm"] + kernels.catalog()["igemm"]}
     for task in space["tasks"]:
-        assert "ukernel" in task["dimensions"], task
-        assert "tile_n" not in task["dimensions"]
-        assert task["default"]["ukernel"] in {kernels.short(c.name) for c in kernels.catalog()["gemm"] + kernels.catalog()["igemm"]}
+        assert "ukernel" in task["dimensions"] and "tile_n" not in task["dimensions"], task
+        assert task["default"]["ukernel"] in names
 
 
 def test_a_changed_copy_of_the_library_is_refused_in_one_line(tmp_path):

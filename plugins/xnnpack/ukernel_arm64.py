@@ -40,7 +40,7 @@ from kselect.core.paths import cache_root
 from kselect.plugins.xnnpack import xnnpack_api as xa
 from kselect.plugins.xnnpack.ukernel_catalog import GemmChoice
 from kselect.plugins.xnnpack.ukernel_probes import CHILD_ENV, CpuinfoCore, run_child
-from kselect.plugins.xnnpack.ukernel_table import OverrideRefused, parse_gemm_name, sections_and_dynsym
+from kselect.plugins.xnnpack.ukernel_table import OverrideRefused, sections_and_dynsym
 
 _THIS_MODULE = "kselect.plugins.xnnpack.ukernel_arm64"
 
@@ -93,7 +93,8 @@ def _both(cases: dict[int, str]) -> dict[str, dict[int, str]]:
 
 
 PROBES = {
-    "cortex_a72": (0x00300372, _both({1: "1x8" + _A64 + "cortex_a75_prfm", 4: "4x8" + _A64 + "cortex_a75_prfm"}), 4, 8, 0),
+    "cortex_a72": (0x00300372, _both({1: "1x8" + _A64 + "cortex_a75_prfm",
+                                      4: "4x8" + _A64 + "cortex_a75_prfm"}), 4, 8, 0),
     "neoverse_n1": (0x00300400, _both({1: "1x8" + _A64 + "cortex_a75_prfm", 4: "4x8" + _A64 + "cortex_a75_prfm",
                                        6: "6x8" + _A64 + "cortex_a75_prfm"}), 6, 8, 0),
     "exynos_m1": (0x00600100, _both({1: "1x8s4__neonfma", 4: "4x8s4__neonfma", 6: "6x8s4__neonfma"}), 6, 8, 2),
@@ -481,7 +482,8 @@ def catalog() -> dict[str, list]:
     for kind in ("gemm", "igemm"):
         for offset in own["cases"][kind].values():
             if offset not in names:
-                raise OverrideRefused(f"this process's {kind} kernel at base+{offset:#x} is not one of the probed branches'")
+                raise OverrideRefused(f"this process's {kind} kernel at base+{offset:#x} is not one of the "
+                                      "probed branches'")
     choices = _choices(snaps, names)
     results = _verify_in_child(choices["gemm"] + choices["igemm"])
     failed = {cid: r for cid, r in results.items() if not r.get("ok")}
