@@ -57,7 +57,7 @@ def override_status() -> tuple[bool, str]:
         return False, str(exc)
     except Exception as exc:  # the override is optional: say why and keep the public API
         return False, f"catalog failed ({type(exc).__name__}: {exc})"
-    counts = ", ".join(f"{len(v)} {k}" for k, v in cat.items())
+    counts = ", ".join(f"{len(v)} {k}" for k, v in cat.items() if v)
     build = _description().verify_build().info["debian_version"]
     return True, f"micro-kernel override on ({counts} choices; build {build})"
 
