@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 
 import numpy as np
 import pytest
@@ -147,8 +148,9 @@ def test_resize_and_concatenate():
 
 
 def test_micro_kernel_choice_only_on_the_known_build_and_precisions_as_bound():
-    """The micro-kernel choice is offered on the one described build; any other build keeps the
-    public API (threads, the NCHW path) with its one-line notice."""
+    """The micro-kernel choice is offered on the described builds (Debian 12's amd64 one, f32 GEMM /
+    IGEMM on Debian 13's arm64 one); any other build keeps the public API (threads, the NCHW path)
+    with its one-line notice."""
     lib = XnnpackLibrary()
     ok, status = lib.availability()
     assert ok and "\n" not in status
@@ -161,7 +163,10 @@ def test_micro_kernel_choice_only_on_the_known_build_and_precisions_as_bound():
         assert "public API only" in status and "ukernel" not in dims
     assert "int8" in lib.precisions and ("fp16" in lib.precisions) == xa.f16_availability()[0]
     if xa.api() == xa.API_2024:  # its 8-bit operators between float ones; the add and pooling ops in float
-        assert "override off" in status and "int8: qc8 / qs8 / qu8 operators" in status
+        assert "int8: qc8 / qs8 / qu8 operators" in status
+        if "override off" not in status:  # the arm64 build: f32 GEMM / IGEMM kernels only
+            assert platform.machine() == "aarch64" and "ukernel" in dims
+            assert "no 8-bit micro-kernel override (described for the 2022 amd64 build only)" in status
         assert lib.int8_passes == frozenset({"Flatten"})
 
 

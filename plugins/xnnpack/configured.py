@@ -28,7 +28,15 @@ import sys
 
 import numpy as np
 
-from kselect.plugins.xnnpack import kernels, tileshim, ukernel_catalog, ukernel_forcing, ukernel_probes, ukernel_table
+from kselect.plugins.xnnpack import (
+    kernels,
+    tileshim,
+    ukernel_arm64,
+    ukernel_catalog,
+    ukernel_forcing,
+    ukernel_probes,
+    ukernel_table,
+)
 from kselect.plugins.xnnpack import xnnpack_api as xa
 
 SLACK_BYTES = 64  # XNNPack may read XNN_EXTRA_BYTES (16) past an input's end; 64 bytes kept free
@@ -76,6 +84,8 @@ _PRISTINE: list[tuple[int, bytes]] | None = None
 
 
 def _table_regions() -> list[tuple[int, int]]:
+    if kernels.on_2024_build():
+        return ukernel_arm64.table_regions()
     b = ukernel_table.verify_build()
     t = b.table
     regions = []
@@ -109,7 +119,11 @@ def _forced(choice):
     gemm = choice if isinstance(choice, ukernel_catalog.GemmChoice) else None
     dwconv = choice if isinstance(choice, ukernel_catalog.DwconvChoice) else None
     try:
-        with ukernel_forcing.forced_kernels(gemm, dwconv, allow_in_process=True):
+        if isinstance(choice, ukernel_arm64.ConfigChoice):
+            forcing = ukernel_arm64.forced_config(choice, allow_in_process=True)
+        else:
+            forcing = ukernel_forcing.forced_kernels(gemm, dwconv, allow_in_process=True)
+        with forcing:
             yield
     finally:
         check_table_pristine()
@@ -165,7 +179,7 @@ def default_tile_n(spec: OpSpec, threads: int, mr: int, nr: int) -> int:
 def effective_kernel(spec: OpSpec, config: dict) -> tuple[str | None, int | None]:
     """(kernel name, mr) the NHWC operator will run with this config (None for families without
     a choice)."""
-    if spec.cls not in ("gemm", "igemm", "dwconv"):
+    if spec.cls not in ("gemm", "igemm", "dwconv") or (kernels.override_status()[0] and not kernels.offers(spec)):
         return None, None
     if "ukernel" in config:
         name = config["ukernel"]
@@ -186,6 +200,10 @@ def choice_for(spec: OpSpec, config: dict, unsafe: bool = False):
     ok, why = kernels.override_status()
     if not ok:
         raise ConfigError(f"micro-kernel override unavailable: {why}")
+    if spec.cls in ("gemm", "igemm", "dwconv") and not kernels.offers(spec):
+        raise ConfigError(f"no micro-kernel choice for this {spec.cls} op on this build"
+                          + (" (one depthwise kernel per tap count)" if spec.cls == "dwconv" else
+                             " (fewer output channels than the kernels' nr: XNNPack runs its nr=2 config)"))
     name, mr = effective_kernel(spec, config)
     default = kernels.default_kernel(spec.cls, spec.rows, spec.taps)
     if default and (name, mr) == tuple(default):
@@ -282,7 +300,7 @@ def build(spec: OpSpec, config: dict, w: np.ndarray, b: np.ndarray | None, x: np
     try:
         name, mr = effective_kernel(spec, config)
         if check_kernels and name is not None and kernels.override_status()[0]:
-            held = [kernels.short(k) for k in ukernel_table.kernels_in_operator(op)]
+            held = [kernels.short(k) for k in kernels.kernels_in_operator(op)]
             notes["kernels"] = held
             if name not in held:
                 raise RuntimeError(f"the operator holds {held}, not the configured {name}")

@@ -4,6 +4,8 @@ config's kernel name back into the override ``ukernel_forcing.forced_kernels`` a
 Names are XNNPack's own without the ``xnn_`` prefix (``f32_igemm_minmax_ukernel_7x16__avx512f_broadcast``).
 The catalog (``ukernel_catalog.catalog``: probes of each ISA tier in child processes, ~3 s) is
 cached on disk per library file (sha256), CPU flags and the source of the modules it comes from.
+On Debian 13's arm64 build (the 2024 API) the f32 GEMM / IGEMM choice is ukernel_arm64.py's: the
+functions below ask it instead of the 2022 table (``on_2024_build``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import re
 from pathlib import Path
 
 from kselect.core.paths import cache_root
-from kselect.plugins.xnnpack import ukernel_catalog, ukernel_probes, ukernel_table
+from kselect.plugins.xnnpack import ukernel_arm64, ukernel_catalog, ukernel_probes, ukernel_table
+from kselect.plugins.xnnpack import xnnpack_api as xa
 
 PREFIX = "xnn_"
 DWCONV_TAPS = (3, 4, 9, 25)  # primary tiles of this build's f32 dwconv table (unipass only)
@@ -32,11 +35,20 @@ def full(name: str) -> str:
 
 
 # -- override availability ----------------------------------------------------------------
+def on_2024_build() -> bool:
+    """Whether the loaded library is a 2024-API build (its override: ukernel_arm64.py)."""
+    return xa.availability()[0] and xa.api() == xa.API_2024
+
+
+def _description():
+    return ukernel_arm64 if on_2024_build() else ukernel_table
+
+
 @functools.lru_cache(maxsize=None)
 def override_status() -> tuple[bool, str]:
     """(True, description) when the installed build is the one the override understands and the
     catalog of kernels could be read; else (False, why)."""
-    ok, why = ukernel_table.availability()
+    ok, why = _description().availability()
     if not ok:
         return False, why
     try:
@@ -45,9 +57,38 @@ def override_status() -> tuple[bool, str]:
         return False, str(exc)
     except Exception as exc:  # the override is optional: say why and keep the public API
         return False, f"catalog failed ({type(exc).__name__}: {exc})"
-    counts = ", ".join(f"{len(v)} {k}" for k, v in cat.items())
-    build = ukernel_table.verify_build().info["debian_version"]
+    counts = ", ".join(f"{len(v)} {k}" for k, v in cat.items() if v)
+    build = _description().verify_build().info["debian_version"]
     return True, f"micro-kernel override on ({counts} choices; build {build})"
+
+
+def kernels_in_operator(op: xa.Operator) -> list[str]:
+    """Names of the micro-kernels an f32 operator holds."""
+    return _description().kernels_in_operator(op)
+
+
+def offers(spec) -> bool:
+    """Whether this op (a configured.OpSpec) has a micro-kernel choice on this build: GEMM, IGEMM
+    and depthwise on the 2022 one; GEMM and IGEMM on the arm64 2024 one (one depthwise kernel per
+    tap count there), except a fully connected op with fewer output channels than the config's nr,
+    which XNNPack runs with its nr=2 config."""
+    if spec.cls not in ("gemm", "igemm", "dwconv"):
+        return False
+    if not on_2024_build():
+        return True
+    if spec.cls == "dwconv":
+        return False
+    return not (spec.kind == "fc" and spec.output_channels < ukernel_arm64.table_defaults()["gemm"]["nr"])
+
+
+def runs_as_named(cls: str, name: str, rows: int) -> bool:
+    """Whether an operator given kernel ``name`` runs it (not its mr=1 sibling) for ``rows`` rows."""
+    if on_2024_build():
+        choice = resolve(cls, name, None)
+        return ukernel_arm64.runs(choice, rows) == choice.name
+    if cls == "igemm" and rows == 1:
+        return native_mr(name) == 1 or resolve("igemm", name, None).fn1 is None
+    return True
 
 
 def _cache_file(build: ukernel_table.Build) -> Path:
@@ -60,7 +101,10 @@ def _cache_file(build: ukernel_table.Build) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def catalog() -> dict[str, list]:
-    """``ukernel_catalog.catalog()`` through a disk cache (raises ``OverrideRefused``)."""
+    """``ukernel_catalog.catalog()`` through a disk cache, or on the 2024 build
+    ``ukernel_arm64.catalog()`` (raises ``OverrideRefused``)."""
+    if on_2024_build():
+        return ukernel_arm64.catalog()
     build = ukernel_table.verify_build()
     path = _cache_file(build)
     try:
@@ -149,6 +193,12 @@ def kernel_names(cls: str, taps: int | None = None) -> list[str]:
 
 def default_kernel(cls: str, rows: int, taps: int | None = None) -> tuple[str, int] | None:
     """(kernel name, mr) XNNPack itself runs for this family, or None (no choice here)."""
+    if on_2024_build():
+        if cls not in ("gemm", "igemm"):
+            return None
+        own = ukernel_arm64.table_defaults()[cls]
+        mr = ukernel_arm64.heuristic_mr(rows, own["mr"], own["nr"], set(own["cases"]))
+        return short(own["cases"][mr]), mr
     t = table_defaults()
     if cls == "dwconv":
         return t["dwconv"].get(taps), None
@@ -239,6 +289,8 @@ def int8_override_status() -> tuple[bool, str]:
     ok, why = override_status()
     if not ok:
         return False, why
+    if on_2024_build():
+        return False, "described for the 2022 amd64 build only"
     try:
         ukernel_table.check_int8_table()
         cat = int8_catalog()

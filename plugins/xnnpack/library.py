@@ -166,6 +166,9 @@ class XnnpackLibrary(Library):
             parts.append(f"no work split or spinning ({shim_why})")
         elif not override_ok:
             parts.append("spinning on through the pthreadpool shim; no work split (it needs the override's nr)")
+        elif kernels.on_2024_build():
+            parts.append("spinning on through the pthreadpool shim; no work split (its tile rules follow the 2022 "
+                         "build's parallel loops)")
         else:
             parts.append("work split (tile_n, loop) and spinning on through the pthreadpool shim")
         int8_ok, int8_why = xa.int8_availability()
@@ -219,11 +222,9 @@ class XnnpackLibrary(Library):
         if spec.cls == "dwconv":
             names = kernels.kernel_names("dwconv", spec.taps)
         else:
-            names = kernels.kernel_names(spec.cls)
-            if spec.cls == "igemm" and spec.rows == 1:
-                # one output row runs the kernel's mr=1 sibling: offer only kernels that run as named
-                names = [n for n in names
-                         if kernels.native_mr(n) == 1 or kernels.resolve("igemm", n, None).fn1 is None]
+            # where XNNPack runs a kernel's mr=1 sibling instead (one output row), offer only
+            # kernels that run as named
+            names = [n for n in kernels.kernel_names(spec.cls) if kernels.runs_as_named(spec.cls, n, spec.rows)]
         default = kernels.default_kernel(spec.cls, spec.rows, spec.taps)[0]
         return sorted(names, key=lambda n: (n != default, *kernels.promise(n)))
 
@@ -239,7 +240,7 @@ class XnnpackLibrary(Library):
         if nchw_ok:
             space.add(Categorical("path", ("nchw", "nhwc"), role="layout"))  # nchw: one kernel, few configs
             nhwc_only = {"path": ["nhwc"]}
-        kernel_dims = self._override_on() and spec.cls in ("gemm", "igemm", "dwconv")
+        kernel_dims = self._override_on() and kernels.offers(spec)
         if kernel_dims:
             space.add(Categorical("ukernel", tuple(self.kernel_options(spec)), role="micro-kernel", when=nhwc_only))
         space.add(Integer("threads", 1, device.cores))
@@ -268,7 +269,8 @@ class XnnpackLibrary(Library):
         return space
 
     def _split_dims(self, spec) -> bool:
-        return self._override_on() and spec.cls in ("gemm", "igemm") and self._shim_on()
+        # the shim's tile rules follow the 2022 build's parallel loops
+        return self._override_on() and spec.cls in ("gemm", "igemm") and self._shim_on() and not kernels.on_2024_build()
 
     def default_config(self, task: Task, device: Device) -> dict:
         """XNNPack's own choice: the NHWC operator, the kernel its initialisation put in the table
@@ -283,7 +285,7 @@ class XnnpackLibrary(Library):
         config: dict = {}
         if spec.nchw_path()[0]:
             config["path"] = "nhwc"
-        if self._override_on() and spec.cls in ("gemm", "igemm", "dwconv"):
+        if self._override_on() and kernels.offers(spec):
             config["ukernel"] = kernels.default_kernel(spec.cls, spec.rows, spec.taps)[0]
         config["threads"] = device.cores
         if device.cores > 1 and self._shim_on():

@@ -201,6 +201,14 @@ def _read_elf(path: str) -> ElfInfo:
     data = open(path, "rb").read()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1 or struct.unpack_from("<H", data, 18)[0] != 62:
         raise OverrideRefused(f"{path} is not an x86-64 little-endian ELF64")
+    secs, dynsym = sections_and_dynsym(data)
+    names = _assert_names(data, secs)
+    return ElfInfo(path, hashlib.sha256(data).hexdigest(), secs, dynsym, names)
+
+
+def sections_and_dynsym(data: bytes) -> tuple[dict[str, tuple[int, int, int]], dict[str, int]]:
+    """An ELF64 little-endian file's sections (name -> (vaddr, file offset, size)) and its defined
+    dynamic symbols (name -> st_value)."""
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
@@ -210,18 +218,15 @@ def _read_elf(path: str) -> ElfInfo:
         return data[off:data.index(b"\0", off)].decode()
 
     secs = {cstr(stroff + s[0]): (s[3], s[4], s[5]) for s in raw}
-    by_index = raw
-    # .dynsym
     dynsym: dict[str, int] = {}
-    for s in by_index:
+    for s in raw:
         if s[1] == 11:  # SHT_DYNSYM
-            strtab = by_index[s[6]][4]
+            strtab = raw[s[6]][4]
             for i in range(s[5] // 24):
                 st_name, st_info, _, st_shndx, st_value, _ = struct.unpack_from("<IBBHQQ", data, s[4] + 24 * i)
                 if st_shndx != 0 and st_value:
                     dynsym[cstr(strtab + st_name)] = st_value
-    names = _assert_names(data, secs)
-    return ElfInfo(path, hashlib.sha256(data).hexdigest(), secs, dynsym, names)
+    return secs, dynsym
 
 
 def _assert_names(data: bytes, secs) -> dict[int, str]:
