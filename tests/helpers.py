@@ -79,3 +79,20 @@ def conv_reference(x_nchw, w_oihw, bias, stride, pads, groups):
                 patch = xp[:, g * ig:(g + 1) * ig, i:i + stride * oh:stride, j:j + stride * ow:stride]
                 out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w_oihw[g * og:(g + 1) * og, :, i, j])
     return out + bias.reshape(1, -1, 1, 1)
+
+
+def plan_and_onnxruntime_outputs(plan, model, feeds: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The first output of ``plan`` (a Plan or a plan file) run through ``kselect.load_plan`` on
+    ``feeds``, and of ONNX Runtime's default session on the same model."""
+    import onnxruntime as ort
+
+    import kselect
+
+    runner = kselect.load_plan(plan, model)
+    try:
+        output = runner.run(feeds)[0]
+    finally:
+        runner.close()
+    reference = ort.InferenceSession(model.proto.SerializeToString(),
+                                     providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return output, reference

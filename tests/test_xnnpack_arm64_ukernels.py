@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import kselect_json, run_kselect
+from helpers import kselect_json, plan_and_onnxruntime_outputs, run_kselect
 
-import kselect
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.measuring.worker import MeasureWorker
@@ -157,8 +156,6 @@ def test_a_resnet18_plan_of_other_kernels_runs_in_the_whole_model():
     """Every conv and the fc of resnet18 (1x3x32x32) given another kernel than XNNPack's own: the
     plan runs through kselect.load_plan (each operator created with its kernel and checked to hold
     it) and its output is ONNX Runtime's."""
-    import onnxruntime as ort
-
     model = load_model("resnet18", ["input=1,3,32,32"])
     lib, here = XnnpackLibrary(), this_device()
     tasks, nodes, chosen = [], {}, set()
@@ -173,13 +170,7 @@ def test_a_resnet18_plan_of_other_kernels_runs_in_the_whole_model():
     plan = Plan(model={}, device={}, libraries={"xnnpack": lib.version()}, emulated=lib.emulated,
                 plan_level={"spinning": 1}, tasks=tasks, nodes=nodes)
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32)
-    runner = kselect.load_plan(plan, model)
-    try:
-        output = runner.run({"input": x})[0]
-    finally:
-        runner.close()
-    reference = ort.InferenceSession(model.proto.SerializeToString(),
-                                     providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    output, reference = plan_and_onnxruntime_outputs(plan, model, {"input": x})
     assert len(chosen) >= 2
     assert float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference))) < 1e-4
 

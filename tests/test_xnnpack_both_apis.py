@@ -15,7 +15,7 @@ import platform
 
 import numpy as np
 import pytest
-from helpers import conv_reference, kselect_json, run_kselect, twin_conv, twin_task
+from helpers import conv_reference, kselect_json, plan_and_onnxruntime_outputs, run_kselect, twin_conv, twin_task
 
 import kselect
 from kselect.core.measuring import device
@@ -292,8 +292,6 @@ def test_resnet18_tunes_every_precision_and_its_plan_runs(tmp_path):
     chooses a point within the budget; the plan stores each op's precision and runs through
     kselect.load_plan, its output within the budget of ONNX Runtime's fp32 one. Slow (minutes
     emulated): in the arm64 subset and `make test-all`."""
-    import onnxruntime as ort
-
     out = tmp_path / "resnet18.plan.json"
     tuned = kselect_json("tune", "resnet18", "--input-shape", "input=1,3,32,32", "--library", "xnnpack",
                          "--precision", "all", "--metric", "cosine", "--max-accuracy-drop", "0.01", "--budget", "1",
@@ -317,11 +315,5 @@ def test_resnet18_tunes_every_precision_and_its_plan_runs(tmp_path):
 
     model = load_model("resnet18", ["input=1,3,32,32"])
     x = RNG.standard_normal((1, 3, 32, 32), dtype=np.float32)
-    runner = kselect.load_plan(out, model)
-    try:
-        output = runner.run({"input": x})[0]
-    finally:
-        runner.close()
-    reference = ort.InferenceSession(model.proto.SerializeToString(),
-                                     providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    output, reference = plan_and_onnxruntime_outputs(out, model, {"input": x})
     assert _cosine(output, reference) >= 1 - 0.01

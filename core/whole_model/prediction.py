@@ -44,11 +44,12 @@ def predicted_ms(plan, reference_plan, reference_ms: float) -> float:
     (plan_us, plan_basis), (reference_us, reference_basis) = summed_us(plan), summed_us(reference_plan)
     if plan_basis == reference_basis == IN_CONTEXT and reference_us > 0:
         return reference_ms * plan_us / reference_us
-    by_difference = reference_ms + (isolated_us(plan) - isolated_us(reference_plan)) / 1000
-    if by_difference > 0 or isolated_us(reference_plan) <= 0:
+    plan_sum_us, reference_sum_us = isolated_us(plan), isolated_us(reference_plan)
+    by_difference = reference_ms + (plan_sum_us - reference_sum_us) / 1000
+    if by_difference > 0 or reference_sum_us <= 0:
         return by_difference
     # sums further apart than the reference's whole run (a noisy default timing among them): their ratio
-    return reference_ms * isolated_us(plan) / isolated_us(reference_plan)
+    return reference_ms * plan_sum_us / reference_sum_us
 
 
 def prediction(plan, reference: str, reference_plan, reference_ms: float, measured_ms: float) -> dict:

@@ -115,13 +115,7 @@ def catalog() -> dict[str, list]:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     cat = ukernel_catalog.catalog()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({k: [dataclasses.asdict(c) for c in v] for k, v in cat.items()}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    ukernel_catalog.save_catalog(path, cat)
     return cat
 
 

@@ -86,7 +86,7 @@ class ExecutorCandidate(Candidate):
 @functools.lru_cache(maxsize=None)
 def _loaded_file_sha256() -> str:
     try:
-        path, _ = uk._loaded_path_and_base()
+        path, _ = uk.loaded_path_and_base()
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except Exception:
         return "unknown"

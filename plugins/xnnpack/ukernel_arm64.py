@@ -38,9 +38,9 @@ import numpy as np
 
 from kselect.core.paths import cache_root
 from kselect.plugins.xnnpack import xnnpack_api as xa
-from kselect.plugins.xnnpack.ukernel_catalog import GemmChoice
-from kselect.plugins.xnnpack.ukernel_probes import CHILD_ENV, CpuinfoCore, run_child
-from kselect.plugins.xnnpack.ukernel_table import OverrideRefused, sections_and_dynsym
+from kselect.plugins.xnnpack.ukernel_catalog import GemmChoice, save_catalog
+from kselect.plugins.xnnpack.ukernel_probes import CHILD_ENV, CpuinfoCore, checked_child, run_child
+from kselect.plugins.xnnpack.ukernel_table import OverrideRefused, loaded_path_and_base, sections_and_dynsym
 
 _THIS_MODULE = "kselect.plugins.xnnpack.ukernel_arm64"
 
@@ -144,17 +144,6 @@ class Build:
 _BUILD: Build | None = None
 
 
-def _loaded_path() -> tuple[str, int]:
-    fn = ctypes.cast(xa.lib().xnn.xnn_initialize, ctypes.c_void_p).value
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            lo, hi = (int(v, 16) for v in parts[0].split("-"))
-            if lo <= fn < hi and len(parts) >= 6:
-                return parts[5], fn
-    raise OverrideRefused("cannot find the mapping of libXNNPACK in /proc/self/maps")
-
-
 def verify_build() -> Build:
     """Identify the loaded library and locate ``f32_gemm_config``; raise :class:`OverrideRefused`."""
     global _BUILD
@@ -167,7 +156,7 @@ def verify_build() -> Build:
         raise OverrideRefused("not the 2024 API")
     if platform.machine() != "aarch64":
         raise OverrideRefused(f"only the aarch64 build of the 2024 API is described (this is {platform.machine()})")
-    path, fn = _loaded_path()
+    path, fn = loaded_path_and_base()
     data = Path(path).read_bytes()
     sha = hashlib.sha256(data).hexdigest()
     info = KNOWN_BUILDS.get(sha)
@@ -285,13 +274,8 @@ def _probe_in_this_process(probe: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def probe(name: str) -> dict:
-    verify_build()
-    res, err = run_child(_THIS_MODULE, ["--probe", name], timeout=300)
-    if res is None:
-        raise OverrideRefused(f"probe {name}: {err}")
-    if "error" in res:
-        raise OverrideRefused(f"probe {name}: {res['error']}")
-    return res
+    verify_build()  # refuse here before starting children on an unknown build
+    return checked_child(_THIS_MODULE, ["--probe", name], f"probe {name}", timeout=300)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,13 +475,7 @@ def catalog() -> dict[str, list]:
         raise OverrideRefused(f"{len(failed)} candidate(s) failed the check against numpy: "
                               + "; ".join(f"{cid}: {r}" for cid, r in list(failed.items())[:3]))
     cat = {"gemm": choices["gemm"], "igemm": choices["igemm"], "dwconv": []}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({k: [dataclasses.asdict(c) for c in v] for k, v in cat.items() if k != "dwconv"}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    save_catalog(path, cat)
     return cat
 
 

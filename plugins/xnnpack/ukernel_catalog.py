@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
+from pathlib import Path
 
 from kselect.plugins.xnnpack.ukernel_probes import INT8_TIERS, PROC_FLAG, TIERS, cpu_flags, probe_tier, probe_tier_int8
 from kselect.plugins.xnnpack.ukernel_table import INT8_FAMILIES, OverrideRefused, parse_gemm_name
@@ -83,6 +86,19 @@ class DwconvChoice:
 
 
 @functools.lru_cache(maxsize=None)
+def save_catalog(path: Path, catalog: dict[str, list]) -> None:
+    """Writes a catalog of choices (dataclasses) as JSON, whole or not at all; a cache that cannot
+    be written is left out, not an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({kind: [dataclasses.asdict(c) for c in choices]
+                                       for kind, choices in catalog.items()}))
+        os.replace(partial, path)
+    except OSError:
+        pass
+
+
 def catalog(tiers: tuple[str, ...] = tuple(TIERS)) -> dict[str, list]:
     """All f32 GEMM / IGEMM / DWCONV configurations this build can run on this CPU.
 

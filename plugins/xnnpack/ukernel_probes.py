@@ -145,7 +145,12 @@ def probe_tier(tier: str) -> dict:
 
 def _probe_in_child(flag: str, what: str, tier: str) -> dict:
     verify_build()  # refuse here before starting children on an unknown build
-    res, err = run_child(_THIS_MODULE, [flag, tier], timeout=120)
+    return checked_child(_THIS_MODULE, [flag, tier], what, timeout=120)
+
+
+def checked_child(module: str, args: list[str], what: str, timeout: float) -> dict:
+    """``run_child``'s result; ``OverrideRefused`` naming ``what`` when the child failed or said why not."""
+    res, err = run_child(module, args, timeout)
     if res is None:
         raise OverrideRefused(f"{what}: {err}")
     if "error" in res:

@@ -279,7 +279,8 @@ def _assert_names(data: bytes, secs) -> dict[int, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _loaded_path_and_base() -> tuple[str, int]:
+def loaded_path_and_base() -> tuple[str, int]:
+    """(path of the loaded libXNNPACK file, address of its xnn_initialize)."""
     fn = ctypes.cast(xa.lib().xnn.xnn_initialize, ctypes.c_void_p).value
     with open("/proc/self/maps") as f:
         for line in f:
@@ -326,7 +327,7 @@ def verify_build(known_offset_ok: bool = False) -> Build:
     ok, why = xa.availability()
     if not ok:
         raise OverrideRefused(why)
-    path, fn = _loaded_path_and_base()
+    path, fn = loaded_path_and_base()
     elf = _read_elf(path)
     info = KNOWN_BUILDS.get(elf.sha256)
     if info is None:
