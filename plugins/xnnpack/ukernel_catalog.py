@@ -85,7 +85,6 @@ class DwconvChoice:
         return self.name
 
 
-@functools.lru_cache(maxsize=None)
 def save_catalog(path: Path, catalog: dict[str, list]) -> None:
     """Writes a catalog of choices (dataclasses) as JSON, whole or not at all; a cache that cannot
     be written is left out, not an error."""
@@ -99,6 +98,7 @@ def save_catalog(path: Path, catalog: dict[str, list]) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=None)
 def catalog(tiers: tuple[str, ...] = tuple(TIERS)) -> dict[str, list]:
     """All f32 GEMM / IGEMM / DWCONV configurations this build can run on this CPU.
 
