@@ -44,6 +44,7 @@ from kselect.core.models.model import load_model
 from kselect.core.precision.accuracy import default_metric, get_metric, run_outputs
 from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
 from kselect.core.whole_model.alone import side_figures, timed_alone
+from model_names import tunable_model_names  # benchmarks/model_names.py: the script's folder is on sys.path
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 ORT_DROP = "ort"  # a budget: ONNX Runtime's static INT8's own drop on the model
@@ -174,6 +175,7 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/mixed_precision.json")
     parser.add_argument("--markdown", default="docs/mixed-precision-benchmark.md")
     args = parser.parse_args()
+    tunable_model_names(args.models)  # one line and exit 2 before measuring, not a traceback later
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
     budgets = [ORT_DROP if b == ORT_DROP else float(b) for b in args.budgets.split(",")]
     device = this_device()

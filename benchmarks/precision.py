@@ -48,6 +48,7 @@ from kselect.core.models.model import load_model
 from kselect.core.precision.accuracy import default_metric, get_metric, run_outputs
 from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
 from kselect.core.whole_model.alone import median_bounds, paired_speedups, side_figures, timed_alone
+from model_names import tunable_model_names  # benchmarks/model_names.py: the script's folder is on sys.path
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 OPENVINO = "kselect.plugins.openvino.baselines:runner"
@@ -346,6 +347,7 @@ def main(defaults: dict | None = None, title: str = TITLE, description: str = __
     parser.add_argument("--markdown", default="docs/precision-benchmark.md")
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args()
+    tunable_model_names(args.models)  # one line and exit 2 before measuring, not a traceback later
     args.budgets = [float(b) for b in args.budgets.split(",")]
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
     device = this_device()

@@ -43,6 +43,7 @@ from kselect.core.plans.plan import build_plan
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
 from kselect.search.predict import predicted_records, training_rows
+from model_names import tunable_model_names  # benchmarks/model_names.py: the script's folder is on sys.path
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -198,6 +199,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
+    tunable_model_names(args.models)  # one line and exit 2 before measuring, not a traceback later
 
     library, device = plugins.get_library(args.library), this_device()
     db = RecordDB(args.db)

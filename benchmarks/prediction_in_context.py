@@ -31,6 +31,7 @@ from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings
 from kselect.core.models.model import load_model
 from kselect.core.precision.calibration import Calibration, calibration_for, synthetic_feeds
+from model_names import tunable_model_names  # benchmarks/model_names.py: the script's folder is on sys.path
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 WITHIN = 0.10
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--db", default="benchmarks/results/prediction_in_context.db")
     parser.add_argument("--json", default="benchmarks/results/prediction_in_context.json")
     args = parser.parse_args()
+    tunable_model_names(args.models)  # one line and exit 2 before measuring, not a traceback later
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
     rows = []
     for name in args.models.split(","):

@@ -35,6 +35,7 @@ from kselect.core.plans.plan import load_plan_file
 from kselect.core.whole_model.alone import median_bounds, paired_speedups, timed_alone
 from kselect.core.whole_model.bench import compare_outputs
 from kselect.core.whole_model.selection import BASELINE
+from model_names import tunable_model_names  # benchmarks/model_names.py: the script's folder is on sys.path
 
 console = Console(width=220)
 TUNES = ("mlas", "xnnpack", "all")
@@ -142,6 +143,7 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/real_models.json")
     parser.add_argument("--markdown", default="docs/real-models.md")
     args = parser.parse_args()
+    tunable_model_names(args.models)  # one line and exit 2 before measuring, not a traceback later
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     device = this_device()
