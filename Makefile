@@ -5,8 +5,8 @@
 # make test  - install what is missing, run the test suite
 # make setup - the shared, idempotent install step
 # make test-arm64 - the arm64 subset, every program an aarch64 one: in a Debian 13 arm64 root under qemu
-#              user-mode emulation (scripts/arm64-root.sh, needs root; built once: 12.5 min, 312 MB), `make setup`
-#              there (27 min the first time, 2.7 GB), then ARM64_TESTS. Its timings are emulated:
+#              user-mode emulation (scripts/arm64-root.sh, needs root; built once: 6-12.5 min, 312 MB), `make setup`
+#              there (7-27 min the first time, 2.8 GB), then ARM64_TESTS. Its timings are emulated:
 #              correctness and installability only
 
 VENV := .venv

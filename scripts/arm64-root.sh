@@ -105,6 +105,19 @@ write_cpuinfo_stand_in() {
     done
 }
 
+# One run at a time: every run writes the stand-in cpuinfo and shares the root's one aarch64 .venv
+# (a second `make setup` there while the first one's tests import from it breaks both). The lock
+# is held by this script until its command ends; a second run says whose run it waits for.
+hold_the_root() {
+    local lock=$root.run.lock
+    exec 8>>"$lock"
+    if ! flock -n 8; then
+        echo "arm64-root: waiting for the run that holds $root ($(head -n1 "$lock" 2>/dev/null || echo unknown))" >&2
+        flock 8
+    fi
+    printf 'pid %s since %s: %s\n' "$$" "$(date -u +%FT%TZ)" "$*" > "$lock"
+}
+
 # qemu emulates a Neoverse-N1 by default, as the stand-in cpuinfo says: with qemu 7.2's "max" CPU (SVE
 # at 512 bits), ACL 24.11's fully connected layer returned wrong values in the last output columns
 # (N = 10), right with the Neoverse-N1. KSELECT_ARM64_QEMU_CPU=max runs the other one (it has BF16, I8MM
@@ -113,6 +126,7 @@ write_cpuinfo_stand_in() {
 run_in_root() {
     build_root
     register_aarch64_interpreter
+    hold_the_root "$@"
     cp /etc/resolv.conf "$root/etc/resolv.conf"
     # the host's CA bundle (it may hold a proxy's authority); apt in the root never rewrites this copy
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca-certificates.crt"
