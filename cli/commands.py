@@ -550,7 +550,10 @@ def _check_table(chosen, results) -> None:
                   f"the other); bounds: {verified['confidence']:.1%} distribution-free bounds of that median. A plan "
                   f"is shown faster at a median >= {1 + verified['margin']:.2f}x and a lower bound >= "
                   f"{verified['slower_limit']:.2f}x; undecided plans ran more rounds.")
-    if verified["chosen"] == BASELINE:
+    if verified["rounds"] == 0:
+        console.print("no plan was left to race against ONNX Runtime's default session: keeping its own configuration "
+                      "(the MLAS plan with every op at the library default), untimed")
+    elif verified["chosen"] == BASELINE:
         console.print("no plan was shown faster than ONNX Runtime's default session: keeping its own configuration "
                       "(the MLAS plan with every op at the library default)")
     else:

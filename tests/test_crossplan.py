@@ -130,6 +130,48 @@ def test_a_check_that_nothing_passes_keeps_onnxruntimes_own_configuration(tuned)
     assert_kept_by_the_race(kept.extra["verified"], results, min_speedup=0.0)
 
 
+def test_a_plan_that_runs_as_the_baseline_does_is_not_raced(tuned):
+    """A library's plan that is ONNX Runtime's default session itself (MLAS kept its library
+    default) is the race's baseline run again: reported as skipped, never timed; with nothing
+    else left, the baseline is kept without a race."""
+    import copy
+
+    from kselect.core.whole_model.selection import BASELINE, verified_across
+
+    model, device = tuned["model"], tuned["device"]
+    fallback = onnxruntime_default_plan(model, device, tuned["db"])
+    twin = copy.deepcopy(fallback)
+    candidates = [("mlas plan", twin), ("cross-library plan", tuned["plan"])]
+    kept, results = verified_across(model, candidates, rounds=2, runs_per_process=2, fallback=fallback, max_rounds=2)
+    by_name = {result["variant"]: result for result in results}
+    assert by_name["mlas plan"]["skipped"].startswith("runs as ONNX Runtime's default session")
+    assert by_name["cross-library plan"]["processes"] == 2
+    kept, results = verified_across(model, [("mlas plan", twin)], rounds=2, runs_per_process=2, fallback=fallback)
+    verified = kept.extra["verified"]
+    assert [result["variant"] for result in results] == ["mlas plan"] and "skipped" in results[0]
+    assert verified["chosen"] == BASELINE and verified["rounds"] == 0 and kept.nodes == fallback.nodes
+
+
+def test_a_library_kept_at_its_default_runs_its_part_of_the_plan_across_so(tuned):
+    """When a library's race kept its own default run (MLAS: the original model in ONNX Runtime's
+    transformer), the plan across libraries runs that library's part marked so: where its ops keep
+    their default configs, MLAS runs the original model, as its race measured, not kselect's rewrite."""
+    from kselect.core.plans.plan import LIBRARY_DEFAULT, LIBRARY_DEFAULT_PARTS
+    from kselect.plugins.mlas.apply import keeps_original_model
+
+    model, device, db = tuned["model"], tuned["device"], tuned["db"]
+    single = {**tuned["single"], "mlas": onnxruntime_default_plan(model, device, db)}
+    plan = plan_across(model, device, db, tuned["libraries"], single, FAST)
+    assert ("mlas" in plan.extra.get(LIBRARY_DEFAULT_PARTS, [])) == ("mlas" in plan.libraries)
+    assert "mlas" not in tuned["plan"].extra.get(LIBRARY_DEFAULT_PARTS, [])  # its MLAS plan was the tuned one
+    if "mlas" in plan.libraries:
+        assert plan.for_library("mlas").extra.get(LIBRARY_DEFAULT)
+    only_mlas = onnxruntime_default_plan(model, device, db)  # every op on MLAS at its default, unmarked
+    del only_mlas.extra[LIBRARY_DEFAULT]
+    only_mlas.extra[LIBRARY_DEFAULT_PARTS] = ["mlas"]
+    assert keeps_original_model(model, only_mlas.for_library("mlas"))
+
+
 def test_a_plan_whose_loss_the_predictions_make_certain_is_not_raced(tuned):
     """Every plan of the race with a whole-model figure in context (as core/cross_library/plan.py
     gives them when each library's plan ran whole): a candidate predicted more than the bound

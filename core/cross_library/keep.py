@@ -9,13 +9,12 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from kselect.core.contract import plugins
-from kselect.core.contract.space import config_key
 from kselect.core.cross_library.by_difference import NodeCosts, figure_by_difference
 from kselect.core.cross_library.plan import attach_in_context, isolated_figure, plan_across
 from kselect.core.errors import one_line
 from kselect.core.models.model import Model
 from kselect.core.plans.library_plan import onnxruntime_default_plan
-from kselect.core.plans.plan import PREDICTED_BASIS, PREDICTED_US, Plan, reduced_nodes
+from kselect.core.plans.plan import PREDICTED_BASIS, PREDICTED_US, Plan, reduced_nodes, same_ops
 from kselect.core.plans.spinning import spinning_variants
 from kselect.core.precision.mixed import score_plan, with_reduced_ops
 from kselect.core.precision.quant import PRECISIONS
@@ -183,9 +182,3 @@ def _precisions(plan: Plan) -> str:
     found = set(reduced_nodes(plan).values())
     return "/".join(p for p in PRECISIONS if p in found)
 
-
-def same_ops(a: Plan, b: Plan) -> bool:
-    """Whether two plans run every node on the same library, task and config."""
-    def ops(plan):
-        return {node: (e["library"], e["task"], config_key(e["config"])) for node, e in plan.nodes.items()}
-    return ops(a) == ops(b)

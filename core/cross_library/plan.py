@@ -24,7 +24,14 @@ from kselect.core.measuring.tuning_loop import library_defaults, library_tasks, 
 from kselect.core.measuring.tuning_loop import remeasure as remeasure_configs
 from kselect.core.models.model import Model
 from kselect.core.models.tasks import Task, extract_tasks
-from kselect.core.plans.plan import ISOLATED_US, PREDICTED_BASIS, PREDICTED_US, Plan
+from kselect.core.plans.plan import (
+    ISOLATED_US,
+    LIBRARY_DEFAULT,
+    LIBRARY_DEFAULT_PARTS,
+    PREDICTED_BASIS,
+    PREDICTED_US,
+    Plan,
+)
 from kselect.core.precision.quant import TWIN_KINDS
 from kselect.core.whole_model.alone import node_times_alone
 from kselect.core.whole_model.context import CONTEXT_RUNS, IN_CONTEXT, InContext, in_context, op_ratios
@@ -87,6 +94,12 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
     if missing:  # reentries of tensors no edge could convert
         table.times_us.update(measure_conversions(missing, libraries, device, db, settings, on_measured).times_us)
         plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
+    # A library whose race kept its own default run (MLAS: ONNX Runtime's transformer, not kselect's
+    # NCHWc rewrite, which ran pplcnet 0.58x) runs its part of this plan so too where its ops keep
+    # their default configs: that run is also the one its ratios in context come from.
+    parts = sorted(name for name in plan.libraries if single_plans[name].extra.get(LIBRARY_DEFAULT))
+    if parts:
+        plan.extra[LIBRARY_DEFAULT_PARTS] = parts
     summary = plan.extra["cross_library"]
     if ratios:
         summary["in_context"] = in_context_figures(plan, ratios, runs)

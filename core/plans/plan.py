@@ -158,6 +158,21 @@ def reduced_nodes(plan: "Plan") -> dict[str, str]:
             for node in task.get("nodes", []) if node in plan.nodes}
 
 
+def same_ops(a: "Plan", b: "Plan") -> bool:
+    """Whether two plans run every node on the same library, task and config."""
+    def ops(plan):
+        return {node: (e["library"], e["task"], config_key(e["config"])) for node, e in plan.nodes.items()}
+    return ops(a) == ops(b)
+
+
+def runs_as(plan: "Plan", reference: "Plan") -> bool:
+    """Whether ``plan`` runs exactly as ``reference``, a ``LIBRARY_DEFAULT`` plan, does: that
+    library's default run, the same ops and plan-level settings."""
+    return (bool(plan.extra.get(LIBRARY_DEFAULT)) and bool(reference.extra.get(LIBRARY_DEFAULT))
+            and plan.libraries == reference.libraries and plan.plan_level == reference.plan_level
+            and same_ops(plan, reference))
+
+
 def int8_nodes(plan: "Plan") -> set[str]:
     """The nodes a plan runs in int8."""
     return {node for node, precision in reduced_nodes(plan).items() if precision == "int8"}
@@ -204,10 +219,12 @@ class Plan:
     def for_library(self, name: str) -> "Plan":
         """The part of this plan one library runs: its nodes and its plan-level settings, as a
         single-library plan (what ``Library.model_runner`` and ``Library.apply`` take)."""
+        extra = {key: self.extra[key] for key in ("precision", LIBRARY_DEFAULT) if key in self.extra}
+        if name in self.extra.get(LIBRARY_DEFAULT_PARTS, ()):
+            extra[LIBRARY_DEFAULT] = True
         return Plan(self.model, self.device, {name: self.libraries[name]}, self.emulated,
                     dict(self.library_settings.get(name, {})), [t for t in self.tasks if t["library"] == name],
-                    {node: entry for node, entry in self.nodes.items() if entry["library"] == name},
-                    extra={key: self.extra[key] for key in ("precision", LIBRARY_DEFAULT) if key in self.extra})
+                    {node: entry for node, entry in self.nodes.items() if entry["library"] == name}, extra=extra)
 
     def save(self, path: str | Path) -> None:
         """Written whole or not at all: to a file beside it, then renamed over it."""
@@ -242,6 +259,9 @@ def op_level(config: dict, plan_level_dims) -> dict:
 
 
 LIBRARY_DEFAULT = "library_default"  # a plan's extra key: run it as the library runs the model by itself
+# a plan across libraries' extra key: the libraries whose own plan was their LIBRARY_DEFAULT one;
+# their part runs marked so (``Plan.for_library``), as the library by itself ran in its race
+LIBRARY_DEFAULT_PARTS = "library_default_parts"
 # a plan's extra key: the summed isolated time, us, of its ops and the conversions its planner
 # counted (core/whole_model/prediction.py)
 PREDICTED_US = "predicted_us"

@@ -11,7 +11,7 @@ import statistics
 from kselect.core.contract import plugins
 from kselect.core.errors import KselectError
 from kselect.core.models.model import Model
-from kselect.core.plans.plan import LIBRARY_DEFAULT, PREDICTED_BASIS, PREDICTED_US, reduced_nodes
+from kselect.core.plans.plan import LIBRARY_DEFAULT, PREDICTED_BASIS, PREDICTED_US, reduced_nodes, runs_as
 from kselect.core.plans.spinning import spin_dims
 from kselect.core.whole_model.alone import family_confidence, median_bounds, paired_speedups, timed_alone
 from kselect.core.whole_model.bench import bench_in_process, compare_outputs, fresh_runners, relative_iqr
@@ -198,11 +198,19 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     predictions in context (``certain_losses``) is reported as skipped and not timed."""
 
     skipped = certain_losses(candidates, fallback) if min_speedup is None else {}
+    # a library's plan that is ONNX Runtime's default session itself (MLAS kept its library default)
+    # is the baseline run again: racing it only spends rounds
+    skipped.update({name: "runs as ONNX Runtime's default session, the race's baseline, does: not raced"
+                    for name, plan in candidates if fallback is not None and runs_as(plan, fallback)})
     skipped_results = [{"variant": name, "skipped": why} for name, why in skipped.items()]
     candidates = [(name, plan) for name, plan in candidates if name not in skipped]
     plans = dict(candidates)
     comparisons = len(candidates)
     confidence = family_confidence(comparisons)
+    if not candidates and fallback is not None:  # nothing left that could beat the baseline: it is kept, untimed
+        kept = copy.deepcopy(fallback)
+        kept.extra["verified"] = _verified(BASELINE, BASELINE, [], 0, min_speedup, confidence, 0, skipped_results)
+        return kept, skipped_results
 
     def acceptable(error: float, plan) -> bool:
         # a plan with reduced-precision ops was held to its accuracy budget on held-out feeds
@@ -271,11 +279,17 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
         chosen, best_plan = BASELINE, fallback
     # a copy: a library's own plan kept here keeps its own record (its variants' check) for its tuning
     best_plan = copy.deepcopy(best_plan)
-    best_plan.extra["verified"] = {"chosen": chosen, "baseline": BASELINE, "min_speedup": min_speedup,
-                                   "fastest": fastest["variant"], "shown_faster": [r["variant"] for r, _ in shown_faster],
-                                   "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT, "confidence": confidence,
-                                   "comparisons": comparisons,
-                                   "rounds": len(baseline["process_ms"]),
-                                   "protocol": "each alone in a fresh process, taking turns; per-round speedups, "
-                                               "more rounds while undecided", "tried": results + skipped_results}
+    best_plan.extra["verified"] = _verified(chosen, fastest["variant"], [r["variant"] for r, _ in shown_faster],
+                                            len(baseline["process_ms"]), min_speedup, confidence, comparisons,
+                                            results + skipped_results)
     return best_plan, results + skipped_results
+
+
+def _verified(chosen: str, fastest: str, shown_faster: list[str], rounds: int, min_speedup: float | None,
+              confidence: float, comparisons: int, tried: list[dict]) -> dict:
+    """The kept plan's record of the race (``extra.verified``)."""
+    return {"chosen": chosen, "baseline": BASELINE, "min_speedup": min_speedup, "fastest": fastest,
+            "shown_faster": shown_faster, "margin": MIXED_MARGIN, "slower_limit": SLOWER_LIMIT,
+            "confidence": confidence, "comparisons": comparisons, "rounds": rounds,
+            "protocol": "each alone in a fresh process, taking turns; per-round speedups, more rounds while undecided",
+            "tried": tried}
