@@ -95,8 +95,8 @@ def plan_across(model: Model, device, db, libraries: dict, single_plans: dict, s
         table.times_us.update(measure_conversions(missing, libraries, device, db, settings, on_measured).times_us)
         plan = build_cross_plan(model, device, libraries, problem, table, plan_level, defaults)
     # A library whose race kept its own default run (MLAS: ONNX Runtime's transformer, not kselect's
-    # NCHWc rewrite, which ran pplcnet 0.58x) runs its part of this plan so too where its ops keep
-    # their default configs: that run is also the one its ratios in context come from.
+    # NCHWc rewrite, which ran pplcnet 0.77x in a plan of MLAS ops alone) runs its part of this plan
+    # so too where its ops keep their default configs: its ratios in context come from that run.
     parts = sorted(name for name in plan.libraries if single_plans[name].extra.get(LIBRARY_DEFAULT))
     if parts:
         plan.extra[LIBRARY_DEFAULT_PARTS] = parts

@@ -36,6 +36,7 @@ PROCESS_WARMUP_S = 0.3
 # A run timed per node (core/whole_model/context.py) times the whole plan as long as a race's process does
 CONTEXT_MIN_TIME_S = 0.5
 CONTEXT_MAX_RUNS = 400  # profiled runs, each node an event in the profile: a 2 ms model's 0.5 s
+CONTEXT_PROCESSES = 3  # fresh processes the whole run is timed in (the nodes in the first)
 
 
 def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_process: int = 8,
@@ -124,22 +125,32 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
     return {"failed": f"exit code {process.returncode}: {last}"}
 
 
-def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0):
+def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0,
+                     processes: int = CONTEXT_PROCESSES):
     """``Library.node_times`` of ``plan`` (one library's; None: the library's defaults) in a fresh
     process of its own, as the rounds protocol runs a plan: no other runner's threads in it, and a
-    plan that crashes or hangs takes only that process down. (whole-run us, node -> us), or None
-    when the library's runner cannot time its nodes; raises KselectError when the process fails."""
+    plan that crashes or hangs takes only that process down; the whole run also timed in
+    ``processes - 1`` more fresh processes, its figure the median (one process's time can be off
+    by a quarter on a busy machine). (whole-run us, node -> us), or None when the library's
+    runner cannot time its nodes; raises KselectError when a process fails."""
     with tempfile.TemporaryDirectory(prefix="kselect-alone-") as work:
         plan_path, model_path = Path(work) / "plan.json", Path(work) / "model.onnx"
         if plan is not None:
             plan.save(plan_path)
         model_path.write_bytes(model.proto.SerializeToString())
-        done = _run_alone({"model": str(model_path), "inputs": model.input_shapes, "result": str(Path(work) / "result.json"),
-                           "node_times": {"library": library_name, "plan": None if plan is None else str(plan_path),
-                                          "runs": runs}}, timeout_s)
+        job = {"model": str(model_path), "inputs": model.input_shapes, "result": str(Path(work) / "result.json"),
+               "node_times": {"library": library_name, "plan": None if plan is None else str(plan_path), "runs": runs}}
+        done = _run_alone(job, timeout_s)
+        wholes = [done.get("whole_us")]
+        for _ in range(processes - 1 if done.get("nodes") is not None else 0):
+            again = _run_alone({**job, "node_times": {**job["node_times"], "whole_only": True}}, timeout_s)
+            if "failed" in again:
+                done = again
+                break
+            wholes.append(again["whole_us"])
     if "failed" in done:
         raise KselectError(f"timing {library_name}'s plan per node failed: {done['failed']}")
-    return None if done["nodes"] is None else (done["whole_us"], done["nodes"])
+    return None if done["nodes"] is None else (statistics.median(wholes), done["nodes"])
 
 
 def segmented_node_times(library, model: Model, plan, feeds: list[dict], runs: int):
@@ -190,6 +201,8 @@ def _node_times_main(job: dict, model: Model) -> dict:
         times = warm_then_time(runner, feeds, spec["runs"], CONTEXT_MIN_TIME_S)
     finally:
         runner.close()
+    if spec.get("whole_only"):
+        return {"whole_us": statistics.median(times) * 1000.0, "nodes": {}}
     runs = min(max(spec["runs"], len(times)), CONTEXT_MAX_RUNS)
     timed = segmented_node_times(library, model, plan, [feeds], runs)
     return {"whole_us": None, "nodes": None} if timed is None else {"whole_us": statistics.median(times) * 1000.0,
