@@ -33,10 +33,6 @@ from kselect.core.whole_model.context import timed_runs
 # A plan that crashes or hangs end to end is then set aside with its reason, and no runner is
 # billed for another's spinning threads (measured cases: docs/tuning-protocol.md).
 PROCESS_WARMUP_S = 0.3
-# A run timed per node (core/whole_model/context.py) times the whole plan as long as a race's process does
-CONTEXT_MIN_TIME_S = 0.5
-CONTEXT_MAX_RUNS = 400  # profiled runs, each node an event in the profile: a 2 ms model's 0.5 s
-CONTEXT_PROCESSES = 3  # fresh processes the whole run is timed in (the nodes in the first)
 
 
 def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_process: int = 8,
@@ -73,7 +69,7 @@ def timed_alone(model: Model, candidates: dict, rounds: int = 4, runs_per_proces
                 runner = {"plan": str(work / f"plan{index}.json")}
                 candidate.save(runner["plan"])
             jobs[name] = {"model": model_path, "inputs": model.input_shapes, "runner": runner,
-                          "runs": runs_per_process, "min_time_s": min_time_s,
+                          "runs": runs_per_process, "min_time_s": min_time_s, "warmup_s": PROCESS_WARMUP_S,
                           "result": str(work / f"result{index}.json"), "outputs": str(work / f"outputs{index}.npz")}
         results = {name: {"times": [], "process_times": [], "process_ms": [], "segments": 1, "outputs": None,
                           "failed": None} for name in candidates}
@@ -125,32 +121,22 @@ def _run_alone(job: dict, timeout_s: float) -> dict:
     return {"failed": f"exit code {process.returncode}: {last}"}
 
 
-def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0,
-                     processes: int = CONTEXT_PROCESSES):
+def node_times_alone(model: Model, library_name: str, plan, runs: int, timeout_s: float = 600.0):
     """``Library.node_times`` of ``plan`` (one library's; None: the library's defaults) in a fresh
     process of its own, as the rounds protocol runs a plan: no other runner's threads in it, and a
-    plan that crashes or hangs takes only that process down; the whole run also timed in
-    ``processes - 1`` more fresh processes, its figure the median (one process's time can be off
-    by a quarter on a busy machine). (whole-run us, node -> us), or None when the library's
-    runner cannot time its nodes; raises KselectError when a process fails."""
+    plan that crashes or hangs takes only that process down. (whole-run us, node -> us), or None
+    when the library's runner cannot time its nodes; raises KselectError when the process fails."""
     with tempfile.TemporaryDirectory(prefix="kselect-alone-") as work:
         plan_path, model_path = Path(work) / "plan.json", Path(work) / "model.onnx"
         if plan is not None:
             plan.save(plan_path)
         model_path.write_bytes(model.proto.SerializeToString())
-        job = {"model": str(model_path), "inputs": model.input_shapes, "result": str(Path(work) / "result.json"),
-               "node_times": {"library": library_name, "plan": None if plan is None else str(plan_path), "runs": runs}}
-        done = _run_alone(job, timeout_s)
-        wholes = [done.get("whole_us")]
-        for _ in range(processes - 1 if done.get("nodes") is not None else 0):
-            again = _run_alone({**job, "node_times": {**job["node_times"], "whole_only": True}}, timeout_s)
-            if "failed" in again:
-                done = again
-                break
-            wholes.append(again["whole_us"])
+        done = _run_alone({"model": str(model_path), "inputs": model.input_shapes, "result": str(Path(work) / "result.json"),
+                           "node_times": {"library": library_name, "plan": None if plan is None else str(plan_path),
+                                          "runs": runs}}, timeout_s)
     if "failed" in done:
         raise KselectError(f"timing {library_name}'s plan per node failed: {done['failed']}")
-    return None if done["nodes"] is None else (statistics.median(wholes), done["nodes"])
+    return None if done["nodes"] is None else (done["whole_us"], done["nodes"])
 
 
 def segmented_node_times(library, model: Model, plan, feeds: list[dict], runs: int):
@@ -188,36 +174,11 @@ def segmented_node_times(library, model: Model, plan, feeds: list[dict], runs: i
 
 
 def _node_times_main(job: dict, model: Model) -> dict:
-    """The whole run timed as a race's process times it (``warm_then_time``: the figure a
-    prediction in context is set against), then the nodes over as many profiled runs, at least
-    ``runs``: a few dozen runs of a 2 ms model in a fresh process read 1.9 to 3.2 ms from one
-    process to the next on pplcnet, a race's process of it 2.0."""
     spec = job["node_times"]
     library = plugins.get_library(spec["library"])
     plan = None if spec["plan"] is None else load_plan_file(spec["plan"])
-    feeds = random_feeds(model)
-    runner = load_plan(plan, model) if plan is not None else library_runner(library, model)
-    try:
-        times = warm_then_time(runner, feeds, spec["runs"], CONTEXT_MIN_TIME_S)
-    finally:
-        runner.close()
-    if spec.get("whole_only"):
-        return {"whole_us": statistics.median(times) * 1000.0, "nodes": {}}
-    runs = min(max(spec["runs"], len(times)), CONTEXT_MAX_RUNS)
-    timed = segmented_node_times(library, model, plan, [feeds], runs)
-    return {"whole_us": None, "nodes": None} if timed is None else {"whole_us": statistics.median(times) * 1000.0,
-                                                                    "nodes": timed[1]}
-
-
-def warm_then_time(runner, feeds: dict, runs: int, min_time_s: float) -> list[float]:
-    """ms of each timed run of ``runner`` on ``feeds``: after ``PROCESS_WARMUP_S`` of warm-up (two
-    runs at least), at least ``runs`` runs and ``min_time_s``."""
-    start, warmups = time.perf_counter(), 0
-    while warmups < 2 or time.perf_counter() - start < PROCESS_WARMUP_S:
-        runner(feeds)
-        warmups += 1
-    settings = MeasureSettings(warmup=0, min_repeats=runs, min_time_s=min_time_s, max_time_s=2 * min_time_s)
-    return [us / 1000.0 for us in time_candidate(lambda: runner(feeds), settings)]
+    timed = segmented_node_times(library, model, plan, [random_feeds(model)], spec["runs"])
+    return {"whole_us": None, "nodes": None} if timed is None else {"whole_us": timed[0], "nodes": timed[1]}
 
 
 def _alone_main(job: dict) -> None:
@@ -239,7 +200,13 @@ def _alone_main(job: dict) -> None:
             runner = library_runner(plugins.get_library(spec["library"]), model)
         feeds = random_feeds(model)
         outputs = runner(feeds)
-        times = warm_then_time(runner, feeds, job["runs"], job["min_time_s"])
+        start, warmups = time.perf_counter(), 0
+        while warmups < 2 or time.perf_counter() - start < job["warmup_s"]:
+            runner(feeds)
+            warmups += 1
+        settings = MeasureSettings(warmup=0, min_repeats=job["runs"], min_time_s=job["min_time_s"],
+                                   max_time_s=2 * job["min_time_s"])
+        times = [us / 1000.0 for us in time_candidate(lambda: runner(feeds), settings)]
         if job["outputs"]:
             np.savez(job["outputs"], *[np.asarray(o) for o in outputs])
         result = {"times": times, "segments": len(getattr(runner, "segments", [None]))}
