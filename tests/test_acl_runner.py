@@ -267,6 +267,21 @@ def test_errors_are_reported_not_fatal(runner):
 
 # -- phase 2: arm_gemm micro-kernel forcing, per-kernel scheduling ------------------------------
 
+# arm_gemm's fp32 kernels by role, as each release names them: an interleaved and a hybrid kernel
+# eligible for any GEMM, the kernel the split scheduler test forces (20.08: the 2-D interleaved one;
+# 24.11 has none), a kernel only for one-row GEMMs (20.08: M == 1; 24.11: M == 1 over several
+# batches), one for a one-row fc besides the hybrid one, and one a conv's GEMM (K = 144) is not
+# eligible for.
+KERNELS = {
+    "v20.08": dict(interleaved="sgemm_12x8_1d", for_split="sgemm_12x8_2d", hybrid="hybrid_fp32_mla_16x4",
+                   one_row="sgemv_pretransposed", one_row_batches=1, fc_one_row="sgemv_pretransposed",
+                   not_for_conv="sgemv_pretransposed"),
+    "v24.11": dict(interleaved="a64_sgemm_8x12", for_split="a64_sgemm_8x12", hybrid="a64_hybrid_fp32_mla_6x16",
+                   one_row="gemv_batched", one_row_batches=2, fc_one_row="a64_hybrid_fp32_mla_8x4",
+                   not_for_conv="a64_smallK_hybrid_fp32_mla_8x4"),
+}
+
+
 @pytest.fixture(scope="module")
 def gemm_forcing(runner):
     ext = runner.info()["extensions"]
@@ -275,15 +290,20 @@ def gemm_forcing(runner):
     return ext
 
 
+@pytest.fixture(scope="module")
+def kernels(runner):
+    return KERNELS[runner.info()["acl_version"]]
+
+
 @_emulated
-def test_gemm_kernels_lists_candidates(runner, gemm_forcing):
+def test_gemm_kernels_lists_candidates(runner, gemm_forcing, kernels):
     res = runner.request({"action": "gemm_kernels", "M": 196, "N": 16, "K": 144})
     assert res["ok"], res
     names = {k["name"] for k in res["kernels"]}
-    assert {"sgemm_12x8_1d", "sgemm_12x8_2d", "hybrid_fp32_mla_16x4"} <= names
-    assert res["default"] in names
-    one_row = runner.request({"action": "gemm_kernels", "M": 1, "N": 10, "K": 64})
-    assert "sgemv_pretransposed" in {k["name"] for k in one_row["kernels"]}
+    assert {kernels["interleaved"], kernels["for_split"], kernels["hybrid"]} <= names
+    assert res["default"] in names and kernels["one_row"] not in names
+    one_row = runner.request({"action": "gemm_kernels", "M": 1, "N": 10, "K": 64, "batches": kernels["one_row_batches"]})
+    assert kernels["one_row"] in {k["name"] for k in one_row["kernels"]}
 
 
 @_emulated
@@ -302,15 +322,15 @@ def test_every_compatible_gemm_kernel_can_be_forced_and_is_correct(runner, gemm_
 
 
 @_emulated
-def test_forcing_reaches_winograd_and_fc_gemms(runner, gemm_forcing):
+def test_forcing_reaches_winograd_and_fc_gemms(runner, gemm_forcing, kernels):
     arrays = make_arrays(CONV, seed=7)
-    res, out = run_conv(runner, CONV, arrays, method="WINOGRAD", layout="NHWC", gemm_kernel="sgemm_12x8_1d")
-    assert res["gemm"]["gemms"][0]["multis"] > 1 and res["gemm"]["gemms"][0]["used"] == "sgemm_12x8_1d"
+    res, out = run_conv(runner, CONV, arrays, method="WINOGRAD", layout="NHWC", gemm_kernel=kernels["interleaved"])
+    assert res["gemm"]["gemms"][0]["multis"] > 1 and res["gemm"]["gemms"][0]["used"] == kernels["interleaved"]
     assert np.abs(out - reference(CONV, arrays)).max() < 1e-3
     rng = np.random.default_rng(8)
     x = rng.uniform(-1, 1, (1, 64)).astype(np.float32)
     w = rng.uniform(-1, 1, (10, 64)).astype(np.float32)
-    for name in ("sgemv_pretransposed", "hybrid_fp32_mla_16x4"):
+    for name in (kernels["fc_one_row"], kernels["hybrid"]):
         res, out = runner.run_op("fc", dict(input=[1, 64], weights=[10, 64], bias=False), dict(threads=1, gemm_kernel=name),
                                  dict(input=x, weights=w), want_output=True, min_repeats=2)
         assert res["ok"] and res["gemm"]["gemms"][0]["used"] == name, res
@@ -318,21 +338,22 @@ def test_forcing_reaches_winograd_and_fc_gemms(runner, gemm_forcing):
 
 
 @_emulated
-def test_ineligible_or_absent_gemm_kernel_is_refused(runner, gemm_forcing):
+def test_ineligible_or_absent_gemm_kernel_is_refused(runner, gemm_forcing, kernels):
     spec = dict(CONV)
-    r1 = runner.request({"action": "run", "op": "conv", **spec, "config": {"method": "GEMM", "gemm_kernel": "sgemv_pretransposed"}})
+    r1 = runner.request({"action": "run", "op": "conv", **spec, "config": {"method": "GEMM", "gemm_kernel": kernels["not_for_conv"]}})
     assert not r1["ok"] and r1["error_kind"] == "unsupported" and r1["gemm"]["gemms"]
-    r2 = runner.request({"action": "run", "op": "conv", **spec, "config": {"method": "DIRECT", "gemm_kernel": "sgemm_12x8_1d"}})
+    r2 = runner.request({"action": "run", "op": "conv", **spec, "config": {"method": "DIRECT", "gemm_kernel": kernels["interleaved"]}})
     assert not r2["ok"] and r2["error_kind"] == "unsupported"
     assert runner.info()["ok"]
 
 
 @_emulated
-@pytest.mark.parametrize("method,layout,kernel", [("GEMM", "NCHW", ""), ("GEMM", "NHWC", "sgemm_12x8_2d"),
+@pytest.mark.parametrize("method,layout,kernel", [("GEMM", "NCHW", ""), ("GEMM", "NHWC", "for_split"),
                                                   ("DIRECT", "NCHW", ""), ("WINOGRAD", "NHWC", "")])
 def test_split_scheduler_uneven_ratios_are_correct(runner, method, layout, kernel):
     if kernel and not runner.info()["extensions"]["gemm_forcing"]:
         pytest.skip(f"arm_gemm forcing unavailable: {runner.info()['extensions']['gemm_forcing_reason']}")
+    kernel = KERNELS[runner.info()["acl_version"]][kernel] if kernel else ""
     if method == "WINOGRAD" and runner.info()["acl_version"] == "v24.11":
         pytest.xfail("with ACL 24.11 a Winograd conv split (0.8, 0.2) over 2 threads leaves part of the output "
                      "zero (not diagnosed yet; output verification marks such a config invalid)")

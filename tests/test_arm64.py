@@ -62,6 +62,40 @@ def test_library_without_a_release_string_is_refused(tmp_path):
     assert "\n" not in str(refused.value) and "no ACL release" in str(refused.value)
 
 
+# arm_gemm's plain interleaved fp32 kernel as each release names it, and a phrase of what each
+# release's runner says of the two 24.11 knobs the plugin does not offer
+ACL_RELEASE_FACTS = {
+    "v20.08": dict(kernel="sgemm_12x8_1d", fixed_format="ACL 20.08 has no fixed-format weights",
+                   gemm_fast_math="ACL 20.08's GEMM convolution takes no fast-math flag"),
+    "v24.11": dict(kernel="a64_sgemm_8x12", fixed_format="fixed-format kernels", gemm_fast_math="bf16"),
+}
+
+
+def test_acl_space_lists_its_releases_gemm_kernels_and_names_the_knobs_it_lacks():
+    """20.08 and 24.11 pick an fp32 GEMM's arm_gemm kernel through different functions, and the
+    runner forces the kernel through the one its release has: a 3x3 conv's space offers the
+    installed release's kernel names (none of the other's), gemm_kernel is not missing, and
+    24.11's fixed-format weights and GEMM fast math are named missing with what ACL says here."""
+    from kselect.core.measuring.device import this_device
+    from kselect.plugins.acl.library import AclLibrary
+
+    from test_acl_library import conv_task
+
+    library = AclLibrary()
+    available, why = library.availability()
+    if not available:
+        pytest.skip(why)
+    facts = ACL_RELEASE_FACTS[library._runner_info()["acl_version"]]
+    kernels = set(library.space(conv_task(16, 16, 14, 3), this_device()).dim("gemm_kernel").choices)
+    assert facts["kernel"] in kernels
+    assert not kernels & {other["kernel"] for other in ACL_RELEASE_FACTS.values() if other is not facts}
+    missing = library.missing_dims()
+    assert "gemm_kernel" not in missing
+    for knob in ("fixed_format", "gemm_fast_math"):
+        assert facts[knob] in missing[knob] and "\n" not in missing[knob], missing[knob]
+    library.close()
+
+
 # -- user-mode emulation ----------------------------------------------------------------------------
 
 def test_program_machine_against_kernel_machine():

@@ -43,6 +43,8 @@ CXXFLAGS = ["-O2", "-std=c++14", "-Wall"]
 LIBS = ["-larm_compute", "-larm_compute_core", "-lpthread", "-ldl"]
 # newer releases (24.11) ship one library: no libarm_compute_core
 LIBS_SINGLE = ["-larm_compute", "-lpthread", "-ldl"]
+GEMM_SYMBOL_24 = ("_ZN8arm_gemm4gemmIfffNS_7NothingEEESt10unique_ptrINS_10GemmCommonIT_T0_T1_EESt14default_deleteIS7_EERKNS_8"
+                  "GemmArgsERKT2_")
 _PROBE_HEADER = Path("arm_compute") / "runtime" / "NEON" / "functions" / "NEConvolutionLayer.h"
 
 
@@ -177,6 +179,10 @@ def build_command(output: Path) -> list[str]:
     libraries = LIBS if (Path(lib) / "libarm_compute_core.so").exists() else LIBS_SINGLE
     cmd = [cxx, *CXXFLAGS, f"-DKSELECT_ACL_VERSION_MAJOR={version.major}", f"-DKSELECT_ACL_VERSION_MINOR={version.minor}",
            f"-I{inc}", *(str(s) for s in sources()), "-o", str(output), f"-L{lib}", *libraries]
+    if version.major >= 24:
+        # the interposed arm_gemm::gemm<float,float,float,Nothing> must be in the executable's
+        # dynamic symbols: the library defines it itself, so the linker would not export it
+        cmd.append(f"-Wl,--export-dynamic-symbol={GEMM_SYMBOL_24}")
     if lib not in ("/usr/lib/aarch64-linux-gnu", "/usr/lib"):
         cmd.append(f"-Wl,-rpath,{lib}")
     return cmd

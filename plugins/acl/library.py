@@ -46,8 +46,11 @@ GEMM_METHODS = ("GEMM", "WINOGRAD", "AUTO")  # methods whose work is arm_gemm GE
 # matter to fp16 and int8 kernels.
 CPU_MODEL_HINTS = ("GENERIC", "A53", "A55r1", "X1")
 # arm_gemm's fp32 kernels in 20.08, in the order the space lists them.
+# arm_gemm's fp32 kernels in the order the space lists them: 20.08's names, then 24.11's
 KERNEL_ORDER = ("sgemm_12x8_1d", "sgemm_12x8_2d", "hybrid_fp32_mla_16x4", "hybrid_fp32_mla_4x8_normal",
-                "smallK_hybrid_fp32_mla_4x6", "smallK_hybrid_fp32_mla_4x8", "sgemv_pretransposed")
+                "smallK_hybrid_fp32_mla_4x6", "smallK_hybrid_fp32_mla_4x8", "sgemv_pretransposed",
+                "a64_sgemm_8x12", "a64_hybrid_fp32_mla_6x16", "a64_hybrid_fp32_mla_4x24", "a64_hybrid_fp32_mla_8x4",
+                "a64_smallK_hybrid_fp32_mla_6x4", "a64_smallK_hybrid_fp32_mla_8x4", "a64_sgemm_8x6", "gemv_batched")
 SPLIT_GRANULARITY = 8
 SCHEDULERS = ("acl", "kselect")  # ACL's CPPScheduler / the runner's own work-splitting scheduler
 
@@ -376,8 +379,9 @@ class AclLibrary(Library):
 
     def missing_dims(self) -> dict[str, str]:
         """What the ACL found here cannot choose (read off the runner's ``info``): the arm_gemm kernel
-        where forcing is unavailable (the declarations follow 20.08's ABI), the CPU model hint where
-        CPUInfo has no setter (after 20.08)."""
+        where forcing is unavailable (the runner's declarations follow the ABIs of 20.08 and 24.11 and
+        are checked at start-up), the CPU model hint where CPUInfo has no setter (after 20.08), and
+        24.11's fixed-format weights and GEMM fast math (bf16), which the plugin does not offer."""
         extensions = self._runner_info().get("extensions", {})
         missing = {}
         if not extensions.get("gemm_forcing", False):
@@ -385,6 +389,10 @@ class AclLibrary(Library):
         if not self._cpu_model_hint():
             missing["cpu_model"] = ("no CPU model hint in this ACL (CPUInfo::set_cpu_model is 20.08's; later "
                                     "releases read the model off the CPU only)")
+        # 24.11's knobs that 20.08 lacks; neither is a candidate yet, each named with what ACL says here
+        for knob in ("fixed_format", "gemm_fast_math"):
+            if f"{knob}_reason" in extensions:
+                missing[knob] = extensions[f"{knob}_reason"]
         return missing
 
     def missing_precisions(self) -> dict[str, str]:
@@ -505,8 +513,8 @@ class AclLibrary(Library):
 
         space.constrain("ACL's validate() accepts (method, layout, fast_math)", accepted)
         if kernel_methods:
-            space.constrain("gemm_kernel is eligible for every arm_gemm GEMM of (method, layout) "
-                            "(smallK 4x8: K <= 8, 4x6: 8 < K <= 16, N % 4 == 0; sgemv: M == 1)", eligible)
+            space.constrain("gemm_kernel is eligible for every arm_gemm GEMM of (method, layout), by arm_gemm's "
+                            "own rules (e.g. smallK kernels: K <= 16 and N % 4 == 0; sgemv / gemv: one row)", eligible)
         return space
 
     def default_config(self, task: Task, device: Device) -> dict:

@@ -12,6 +12,8 @@
 #define KS_ACL_24 (KSELECT_ACL_VERSION_MAJOR >= 24)
 // CPUInfo::set_cpu_model (the cpu_model hint) exists in 20.08 only: later CPUInfo is read-only.
 #define KS_ACL_CPU_MODEL_HINT (KSELECT_ACL_VERSION_MAJOR == 20)
-// The arm_gemm declarations of gemm_forcing.cpp follow 20.08's ABI (not shipped as headers);
-// on any other release GEMM kernel forcing is compiled out.
-#define KS_ACL_GEMM_FORCING_ABI (KSELECT_ACL_VERSION_MAJOR == 20 && KSELECT_ACL_VERSION_MINOR == 8)
+// The arm_gemm declarations of gemm_forcing.cpp follow the ABIs of 20.08 and 24.11 exactly (not
+// shipped as headers); on any other release GEMM kernel forcing is compiled out.
+#define KS_ACL_GEMM_ABI_20_08 (KSELECT_ACL_VERSION_MAJOR == 20 && KSELECT_ACL_VERSION_MINOR == 8)
+#define KS_ACL_GEMM_ABI_24_11 (KSELECT_ACL_VERSION_MAJOR == 24 && KSELECT_ACL_VERSION_MINOR == 11)
+#define KS_ACL_GEMM_FORCING_ABI (KS_ACL_GEMM_ABI_20_08 || KS_ACL_GEMM_ABI_24_11)

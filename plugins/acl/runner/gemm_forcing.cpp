@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,10 +26,14 @@ using namespace arm_compute;
 #if KS_ACL_GEMM_FORCING_ABI
 
 // ---------------------------------------------------------------------------------------------
-// arm_gemm internals of ACL v20.08 (not shipped as headers). Declared here to match the 20.08 ABI
-// exactly; layout cross-checked against the disassembly of libarm_compute.so.20
-// (NEGEMMAssemblyDispatch::configure builds GemmArgs/GemmConfig on its stack) and verified again at
-// start-up by ext::check_gemm_abi(). Used only through dlsym'd pointers + one interposed symbol.
+// arm_gemm internals (not shipped as headers), declared here to match the ABI of the one release
+// they are written for exactly, and verified again at start-up by ext::check_gemm_abi(). Used only
+// through dlsym'd pointers and one interposed symbol.
+//  - 20.08: layout cross-checked against the disassembly of libarm_compute.so.20
+//    (NEGEMMAssemblyDispatch::configure builds GemmArgs/GemmConfig on its stack).
+//  - 24.11: layout as in 24.11's src/cpu/kernels/assembly/arm_gemm.hpp (offsets checked by
+//    compiling against that header for aarch64: GemmArgs 64 bytes, _cfg at 56; GemmConfig 56,
+//    weight_format at 48; KernelDescription 56).
 // ---------------------------------------------------------------------------------------------
 namespace arm_gemm
 {
@@ -52,12 +58,22 @@ struct KernelDescription
     bool        is_default{ false };
     uint64_t    cycle_estimate{ 0 };
 };
+#if KS_ACL_GEMM_ABI_24_11
+enum class WeightFormat // only the two values kselect passes on; the blocked formats are not used
+{
+    UNSPECIFIED = 0x1,
+    ANY         = 0x2
+};
+#endif
 struct GemmConfig
 {
     GemmMethod   method{ GemmMethod::DEFAULT };
     std::string  filter{};
     unsigned int inner_block_size{ 0 };
     unsigned int outer_block_size{ 0 };
+#if KS_ACL_GEMM_ABI_24_11
+    WeightFormat weight_format{ WeightFormat::ANY };
+#endif
 };
 struct Activation
 {
@@ -71,6 +87,7 @@ struct Activation
     float param1{ 0.f };
     float param2{ 0.f };
 };
+#if KS_ACL_GEMM_ABI_20_08
 struct GemmArgs
 {
     const arm_compute::CPUInfo *_ci;
@@ -87,19 +104,88 @@ struct GemmArgs
     {
     }
 };
+#else
+struct GemmArgs
+{
+    const arm_compute::CPUInfo *_ci;
+    unsigned int                _Msize;
+    unsigned int                _Nsize;
+    unsigned int                _Ksize;
+    unsigned int                _Ksections;
+    unsigned int                _nbatches;
+    unsigned int                _nmulti;
+    bool                        _indirect_input;
+    Activation                  _act;
+    int                         _maxthreads;
+    bool                        _fixed_format;
+    bool                        _fast_mode;
+    bool                        _accumulate;
+    const GemmConfig           *_cfg;
+    GemmArgs(const arm_compute::CPUInfo *ci, unsigned int M, unsigned int N, unsigned int K, unsigned int Ksections, unsigned int nbatches, unsigned int nmulti, bool indirect_input, Activation act,
+             int maxthreads, bool fixed_format, bool fast_mode, bool accumulate, const GemmConfig *cfg)
+        : _ci(ci), _Msize(M), _Nsize(N), _Ksize(K), _Ksections(Ksections), _nbatches(nbatches), _nmulti(nmulti), _indirect_input(indirect_input), _act(act), _maxthreads(maxthreads),
+          _fixed_format(fixed_format), _fast_mode(fast_mode), _accumulate(accumulate), _cfg(cfg)
+    {
+    }
+};
+#endif
 struct Nothing
 {
 };
+
+#if KS_ACL_GEMM_ABI_20_08
+// 20.08's NEGEMMAssemblyDispatch asks get_gemm_method for the kernel, then passes its name to
+// arm_gemm::gemm() as GemmConfig::filter: the runner interposes get_gemm_method.
 template <typename Top, typename Tret, class OutputStage = Nothing>
 KernelDescription get_gemm_method(const GemmArgs &args, const OutputStage & = {});
+#else
+// 24.11's Fallback::configure calls arm_gemm::gemm() with an empty filter and arm_gemm picks the
+// kernel inside: the runner interposes gemm() itself and passes the config on with the filter set.
+// GemmCommon stays incomplete: the runner only hands the pointer back.
+template <typename Tlop, typename Trop, typename Tret>
+class GemmCommon;
+template <typename Tlop, typename Trop, typename Tret, class OutputStage = Nothing>
+std::unique_ptr<GemmCommon<Tlop, Trop, Tret>> gemm(const GemmArgs &args, const OutputStage & = {});
+#endif
+} // namespace arm_gemm
+
+#if KS_ACL_GEMM_ABI_24_11
+// unique_ptr's destructor needs a deleter of the incomplete GemmCommon even where it is never run
+// on a live pointer: every GemmCommon the runner receives goes straight back to ACL, which deletes
+// it with its own. An empty deleter has the layout of std's own, so the unique_ptr's is unchanged.
+namespace std
+{
+template <>
+struct default_delete<arm_gemm::GemmCommon<float, float, float>>
+{
+    void operator()(arm_gemm::GemmCommon<float, float, float> *) const noexcept
+    {
+        std::fprintf(stderr, "kselect_acl_runner: a GemmCommon was to be deleted by the runner, which does not own one\n");
+        std::abort();
+    }
+};
+} // namespace std
+#endif
+
+namespace arm_gemm
+{
 
 #if defined(__aarch64__)
-// Offsets read off the 20.08 disassembly (LP64).
 static_assert(sizeof(KernelDescription) == 56 && offsetof(KernelDescription, name) == 8 && offsetof(KernelDescription, is_default) == 40 && offsetof(KernelDescription, cycle_estimate) == 48,
               "KernelDescription layout");
+#if KS_ACL_GEMM_ABI_20_08
+// Offsets read off the 20.08 disassembly (LP64).
 static_assert(sizeof(GemmConfig) == 48 && offsetof(GemmConfig, filter) == 8 && offsetof(GemmConfig, inner_block_size) == 40, "GemmConfig layout");
 static_assert(offsetof(GemmArgs, _Msize) == 8 && offsetof(GemmArgs, _nmulti) == 24 && offsetof(GemmArgs, _act) == 28 && offsetof(GemmArgs, _maxthreads) == 40 && offsetof(GemmArgs, _cfg) == 48 && sizeof(GemmArgs) == 56,
               "GemmArgs layout");
+#else
+// Offsets of 24.11's header (LP64).
+static_assert(sizeof(GemmConfig) == 56 && offsetof(GemmConfig, filter) == 8 && offsetof(GemmConfig, inner_block_size) == 40 && offsetof(GemmConfig, weight_format) == 48, "GemmConfig layout");
+static_assert(offsetof(GemmArgs, _Msize) == 8 && offsetof(GemmArgs, _Ksections) == 20 && offsetof(GemmArgs, _nmulti) == 28 && offsetof(GemmArgs, _indirect_input) == 32 &&
+                  offsetof(GemmArgs, _act) == 36 && offsetof(GemmArgs, _maxthreads) == 48 && offsetof(GemmArgs, _fixed_format) == 52 && offsetof(GemmArgs, _accumulate) == 54 &&
+                  offsetof(GemmArgs, _cfg) == 56 && sizeof(GemmArgs) == 64,
+              "GemmArgs layout");
+#endif
 #endif
 } // namespace arm_gemm
 
@@ -120,8 +206,25 @@ struct GemmRecord
 
 using GetMethodFn  = arm_gemm::KernelDescription (*)(const arm_gemm::GemmArgs &, const arm_gemm::Nothing &);
 using CompatibleFn = std::vector<arm_gemm::KernelDescription> (*)(const arm_gemm::GemmArgs &, const arm_gemm::Nothing &);
-const char *SYM_GET_METHOD = "_ZN8arm_gemm15get_gemm_methodIffNS_7NothingEEENS_17KernelDescriptionERKNS_8GemmArgsERKT1_";
-const char *SYM_COMPATIBLE = "_ZN8arm_gemm22get_compatible_kernelsIffNS_7NothingEEESt6vectorINS_17KernelDescriptionESaIS3_EERKNS_8GemmArgsERKT1_";
+
+#if KS_ACL_GEMM_ABI_20_08
+const char *const ACL_RELEASE    = "v20.08";
+const char *const LIBRARIES[]    = { "libarm_compute_core.so.20", "libarm_compute_core.so" }; // arm_gemm lives in the core library
+const char *const SYM_GET_METHOD = "_ZN8arm_gemm15get_gemm_methodIffNS_7NothingEEENS_17KernelDescriptionERKNS_8GemmArgsERKT1_";
+const char *const SYM_COMPATIBLE = "_ZN8arm_gemm22get_compatible_kernelsIffNS_7NothingEEESt6vectorINS_17KernelDescriptionESaIS3_EERKNS_8GemmArgsERKT1_";
+const char *const SYM_INTERPOSED = SYM_GET_METHOD;
+const char *const PLAIN_KERNEL   = "sgemm_12x8"; // arm_gemm's interleaved fp32 kernel, eligible for any GEMM
+#else
+using GemmFn                     = std::unique_ptr<arm_gemm::GemmCommon<float, float, float>> (*)(const arm_gemm::GemmArgs &, const arm_gemm::Nothing &);
+const char *const ACL_RELEASE    = "v24.11";
+const char *const LIBRARIES[]    = { "libarm_compute.so.43", "libarm_compute.so" };
+const char *const SYM_GET_METHOD = "_ZN8arm_gemm15get_gemm_methodIfffNS_7NothingEEENS_17KernelDescriptionERKNS_8GemmArgsERKT2_";
+const char *const SYM_COMPATIBLE = "_ZN8arm_gemm22get_compatible_kernelsIfffNS_7NothingEEESt6vectorINS_17KernelDescriptionESaIS3_EERKNS_8GemmArgsERKT2_";
+const char *const SYM_GEMM       = "_ZN8arm_gemm4gemmIfffNS_7NothingEEESt10unique_ptrINS_10GemmCommonIT_T0_T1_EESt14default_deleteIS7_EERKNS_8GemmArgsERKT2_";
+const char *const SYM_INTERPOSED = SYM_GEMM;
+const char *const PLAIN_KERNEL   = "a64_sgemm_8x12";
+GemmFn            g_orig_gemm    = nullptr;
+#endif
 
 GetMethodFn             g_orig_get_method = nullptr;
 CompatibleFn            g_orig_compatible = nullptr;
@@ -131,6 +234,16 @@ std::string             g_force_filter;
 bool                    g_recording_gemms = false;
 std::vector<GemmRecord> g_gemms;
 thread_local bool       g_in_probe = false;
+
+// A plain fp32 GEMM's arguments (no activation, one K section, direct input).
+arm_gemm::GemmArgs plain_args(const arm_compute::CPUInfo *ci, unsigned M, unsigned N, unsigned K, unsigned batches, unsigned multis, int threads, const arm_gemm::GemmConfig *cfg)
+{
+#if KS_ACL_GEMM_ABI_20_08
+    return arm_gemm::GemmArgs(ci, M, N, K, batches, multis, arm_gemm::Activation(), threads, cfg);
+#else
+    return arm_gemm::GemmArgs(ci, M, N, K, 1, batches, multis, false, arm_gemm::Activation(), threads, false, false, false, cfg);
+#endif
+}
 
 const char *gemm_method_name(int m)
 {
@@ -156,6 +269,42 @@ std::vector<arm_gemm::KernelDescription> compatible(const arm_gemm::GemmArgs &ar
     return v;
 }
 
+// Records a GEMM that ACL sets up (arm_gemm's own pick: dflt) and, when a kernel is being forced
+// and arm_gemm would build it for these arguments, returns the config that names it in *forced_cfg
+// (true) so that the caller passes it on.
+bool record_gemm(const arm_gemm::GemmArgs &args, const arm_gemm::KernelDescription &dflt, arm_gemm::GemmConfig *forced_cfg, arm_gemm::KernelDescription *forced)
+{
+    GemmRecord r;
+    r.M = args._Msize, r.N = args._Nsize, r.K = args._Ksize, r.batches = args._nbatches, r.multis = args._nmulti, r.maxthreads = args._maxthreads;
+    r.default_name   = dflt.name;
+    r.default_method = static_cast<int>(dflt.method);
+    r.used_name      = dflt.name;
+    r.used_method    = r.default_method;
+    r.compatible     = compatible(args);
+    if(!g_force_filter.empty() && g_forcing_ok)
+    {
+        *forced_cfg               = args._cfg != nullptr ? *args._cfg : arm_gemm::GemmConfig();
+        forced_cfg->filter        = g_force_filter;
+        arm_gemm::GemmArgs filtered = args;
+        filtered._cfg             = forced_cfg;
+        g_in_probe                = true;
+        arm_gemm::KernelDescription f = g_orig_get_method(filtered, arm_gemm::Nothing{});
+        g_in_probe                = false;
+        // arm_gemm matches the filter as a substring: only the kernel of that very name counts
+        if(f.name == g_force_filter)
+        {
+            *forced       = f;
+            r.used_name   = f.name;
+            r.used_method = static_cast<int>(f.method);
+            r.forced      = true;
+        }
+    }
+    const bool was_forced = r.forced;
+    g_gemms.push_back(std::move(r));
+    return was_forced;
+}
+
+#if KS_ACL_GEMM_ABI_20_08
 // Called (through the interposed arm_gemm::get_gemm_method<float,float,Nothing>) by
 // NEGEMMAssemblyDispatch::configure for every fp32 GEMM that ACL sets up. ACL then passes the
 // returned name as GemmConfig::filter to arm_gemm::gemm(), so returning another eligible kernel's
@@ -170,56 +319,61 @@ arm_gemm::KernelDescription interposed_get_gemm_method(const arm_gemm::GemmArgs 
     arm_gemm::KernelDescription dflt = g_orig_get_method(args, os);
     if(g_in_probe || !g_recording_gemms)
         return dflt;
-    GemmRecord r;
-    r.M = args._Msize, r.N = args._Nsize, r.K = args._Ksize, r.batches = args._nbatches, r.multis = args._nmulti, r.maxthreads = args._maxthreads;
-    r.default_name   = dflt.name;
-    r.default_method = static_cast<int>(dflt.method);
-    r.used_name      = dflt.name;
-    r.used_method    = r.default_method;
-    r.compatible     = compatible(args);
-    arm_gemm::KernelDescription result = dflt;
-    if(!g_force_filter.empty() && g_forcing_ok)
-    {
-        arm_gemm::GemmConfig cfg = args._cfg != nullptr ? *args._cfg : arm_gemm::GemmConfig();
-        cfg.filter               = g_force_filter;
-        arm_gemm::GemmArgs a2    = args;
-        a2._cfg                  = &cfg;
-        arm_gemm::KernelDescription f = g_orig_get_method(a2, os);
-        if(!f.name.empty() && f.name.find(g_force_filter) != std::string::npos)
-        {
-            result        = f;
-            r.used_name   = f.name;
-            r.used_method = static_cast<int>(f.method);
-            r.forced      = true;
-        }
-    }
-    g_gemms.push_back(std::move(r));
-    return result;
+    arm_gemm::GemmConfig        cfg;
+    arm_gemm::KernelDescription forced;
+    return record_gemm(args, dflt, &cfg, &forced) ? forced : dflt;
 }
+#else
+// Called (through the interposed arm_gemm::gemm<float,float,float,Nothing>) by
+// CpuGemmAssemblyDispatch's Fallback::configure for every fp32 GEMM that ACL sets up (GEMM,
+// GEMM_CONV2D's indirect GEMM, Winograd's batched GEMMs, fully connected): with the filter set in
+// the config it passes on, arm_gemm builds the forced kernel.
+std::unique_ptr<arm_gemm::GemmCommon<float, float, float>> interposed_gemm(const arm_gemm::GemmArgs &args, const arm_gemm::Nothing &os)
+{
+    if(g_orig_gemm == nullptr || g_orig_get_method == nullptr)
+    {
+        std::fprintf(stderr, "kselect_acl_runner: original arm_gemm::gemm not found\n");
+        std::abort();
+    }
+    if(g_in_probe || !g_recording_gemms)
+        return g_orig_gemm(args, os);
+    arm_gemm::KernelDescription dflt = g_orig_get_method(args, os);
+    arm_gemm::GemmConfig        cfg;
+    arm_gemm::KernelDescription forced;
+    arm_gemm::GemmArgs          passed = args;
+    if(record_gemm(args, dflt, &cfg, &forced))
+        passed._cfg = &cfg;
+    return g_orig_gemm(passed, os);
+}
+#endif
 
 // Start-up ABI check: the declarations above must match this library build exactly.
 void check_gemm_abi()
 {
     g_forcing_ok = false;
-    void *core   = dlopen("libarm_compute_core.so.20", RTLD_LAZY | RTLD_NOLOAD);
-    if(core == nullptr)
-        core = dlopen("libarm_compute_core.so", RTLD_LAZY | RTLD_NOLOAD);
-    if(core == nullptr)
+    void *lib    = nullptr;
+    for(const char *name : LIBRARIES)
+        if(lib == nullptr)
+            lib = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    if(lib == nullptr)
     {
-        g_forcing_reason = "libarm_compute_core not loaded";
+        g_forcing_reason = std::string(LIBRARIES[0]) + " not loaded";
         return;
     }
-    g_orig_get_method = reinterpret_cast<GetMethodFn>(dlsym(core, SYM_GET_METHOD));
-    g_orig_compatible = reinterpret_cast<CompatibleFn>(dlsym(core, SYM_COMPATIBLE));
-    if(g_orig_get_method == nullptr || g_orig_compatible == nullptr)
+    g_orig_get_method = reinterpret_cast<GetMethodFn>(dlsym(lib, SYM_GET_METHOD));
+    g_orig_compatible = reinterpret_cast<CompatibleFn>(dlsym(lib, SYM_COMPATIBLE));
+    void *interposed  = dlsym(lib, SYM_INTERPOSED);
+#if KS_ACL_GEMM_ABI_24_11
+    g_orig_gemm = reinterpret_cast<GemmFn>(interposed);
+#endif
+    if(g_orig_get_method == nullptr || g_orig_compatible == nullptr || interposed == nullptr)
     {
-        g_forcing_reason = "arm_gemm symbols not exported by libarm_compute_core";
+        g_forcing_reason = std::string("arm_gemm symbols not exported by ") + LIBRARIES[0];
         return;
     }
-    void *global = dlsym(RTLD_DEFAULT, SYM_GET_METHOD);
-    if(global == reinterpret_cast<void *>(g_orig_get_method))
+    if(dlsym(RTLD_DEFAULT, SYM_INTERPOSED) == interposed)
     {
-        g_forcing_reason = "interposition inactive: get_gemm_method resolves to the library, not the runner";
+        g_forcing_reason = "interposition inactive: the interposed arm_gemm symbol resolves to the library, not the runner";
         return;
     }
     if(std::getenv("KSELECT_ACL_NO_GEMM_FORCING") != nullptr)
@@ -228,15 +382,15 @@ void check_gemm_abi()
         return;
     }
     std::string bi = build_information();
-    if(bi.find("arm_compute_version=v20.08") == std::string::npos)
+    if(bi.find(std::string("arm_compute_version=") + ACL_RELEASE) == std::string::npos)
     {
-        g_forcing_reason = "declarations are for ACL v20.08; this library is not v20.08";
+        g_forcing_reason = std::string("declarations are for ACL ") + ACL_RELEASE + "; this library is not " + ACL_RELEASE;
         return;
     }
-    // Probe 1: list for a 64x64x64 GEMM must be sane.
+    // Probe 1: the list for a 64x64x64 GEMM must be sane.
     CPUInfo           &ci = Scheduler::get().cpu_info();
-    arm_gemm::GemmArgs a(&ci, 64, 64, 64, 1, 1, arm_gemm::Activation(), 1, nullptr);
-    g_forcing_ok = true; // allow compatible() during the probe
+    arm_gemm::GemmArgs a  = plain_args(&ci, 64, 64, 64, 1, 1, 1, nullptr);
+    g_forcing_ok          = true; // allow compatible() during the probe
     std::vector<arm_gemm::KernelDescription> v = compatible(a);
     g_forcing_ok = false;
     if(v.empty() || v.size() > 64)
@@ -244,7 +398,7 @@ void check_gemm_abi()
         g_forcing_reason = "get_compatible_kernels returned " + std::to_string(v.size()) + " entries";
         return;
     }
-    bool has_sgemm = false;
+    bool has_plain = false;
     for(const auto &k : v)
     {
         int m = static_cast<int>(k.method);
@@ -259,20 +413,20 @@ void check_gemm_abi()
                 g_forcing_reason = "implausible kernel name from get_compatible_kernels";
                 return;
             }
-        if(k.name.find("sgemm_12x8") != std::string::npos)
-            has_sgemm = true;
+        if(k.name.find(PLAIN_KERNEL) != std::string::npos)
+            has_plain = true;
     }
-    if(!has_sgemm)
+    if(!has_plain)
     {
-        g_forcing_reason = "sgemm_12x8 not among the fp32 kernels for a 64x64x64 GEMM";
+        g_forcing_reason = std::string(PLAIN_KERNEL) + " not among the fp32 kernels for a 64x64x64 GEMM";
         return;
     }
     // Probe 2: GemmArgs::_cfg / GemmConfig::filter must be honoured for every listed kernel.
     for(const auto &k : v)
     {
         arm_gemm::GemmConfig cfg;
-        cfg.filter = k.name;
-        arm_gemm::GemmArgs a2(&ci, 64, 64, 64, 1, 1, arm_gemm::Activation(), 1, &cfg);
+        cfg.filter                      = k.name;
+        arm_gemm::GemmArgs          a2  = plain_args(&ci, 64, 64, 64, 1, 1, 1, &cfg);
         arm_gemm::KernelDescription got = g_orig_get_method(a2, arm_gemm::Nothing{});
         if(got.name != k.name)
         {
@@ -280,19 +434,27 @@ void check_gemm_abi()
             return;
         }
     }
-    // Probe 3: _Msize must be where we think: M=1 must make sgemv_pretransposed eligible, M=64 not.
-    arm_gemm::GemmArgs a1(&ci, 1, 64, 64, 1, 1, arm_gemm::Activation(), 1, nullptr);
-    g_forcing_ok = true;
-    std::vector<arm_gemm::KernelDescription> v1 = compatible(a1);
-    g_forcing_ok = false;
-    bool gemv1 = false, gemv64 = false;
-    for(const auto &k : v1)
-        gemv1 |= k.name == "sgemv_pretransposed";
-    for(const auto &k : v)
-        gemv64 |= k.name == "sgemv_pretransposed";
-    if(!gemv1 || gemv64)
+    // Probe 3: the sizes must be where we think: a kernel whose eligibility depends on M (and, on
+    // 24.11, on the batch count and K) must come and go with them.
+    auto eligible = [&](unsigned M, unsigned N, unsigned K, unsigned batches, const std::string &name) {
+        g_forcing_ok = true;
+        std::vector<arm_gemm::KernelDescription> list = compatible(plain_args(&ci, M, N, K, batches, 1, 1, nullptr));
+        g_forcing_ok = false;
+        for(const auto &k : list)
+            if(k.name == name)
+                return true;
+        return false;
+    };
+#if KS_ACL_GEMM_ABI_20_08
+    const bool sizes_follow = eligible(1, 64, 64, 1, "sgemv_pretransposed") && !eligible(64, 64, 64, 1, "sgemv_pretransposed");
+#else
+    const bool sizes_follow = eligible(1, 64, 64, 2, "gemv_batched") && !eligible(64, 64, 64, 2, "gemv_batched") && !eligible(1, 64, 64, 1, "gemv_batched") &&
+                              eligible(64, 64, 8, 1, "a64_smallK_hybrid_fp32_mla_8x4") && !eligible(64, 64, 64, 1, "a64_smallK_hybrid_fp32_mla_8x4") &&
+                              !eligible(64, 62, 8, 1, "a64_smallK_hybrid_fp32_mla_8x4");
+#endif
+    if(!sizes_follow)
     {
-        g_forcing_reason = "sgemv_pretransposed eligibility does not follow M (GemmArgs layout mismatch?)";
+        g_forcing_reason = "kernel eligibility does not follow the GEMM's sizes (GemmArgs layout mismatch?)";
         return;
     }
     g_forcing_ok     = true;
@@ -380,7 +542,7 @@ std::string gemm_kernels(const JVal &req)
         throw BadRequest("gemm_kernels needs positive M, N, K");
     const long long b = opt_int(req, "batches", 1), mu = opt_int(req, "multis", 1), th = opt_int(req, "threads", 1);
     CPUInfo        &ci = Scheduler::get().cpu_info();
-    arm_gemm::GemmArgs a(&ci, static_cast<unsigned>(M), static_cast<unsigned>(N), static_cast<unsigned>(K), static_cast<unsigned>(b), static_cast<unsigned>(mu), arm_gemm::Activation(), static_cast<int>(th), nullptr);
+    arm_gemm::GemmArgs a  = plain_args(&ci, static_cast<unsigned>(M), static_cast<unsigned>(N), static_cast<unsigned>(K), static_cast<unsigned>(b), static_cast<unsigned>(mu), static_cast<int>(th), nullptr);
     std::vector<arm_gemm::KernelDescription> v = compatible(a);
     g_in_probe = true;
     arm_gemm::KernelDescription d = g_orig_get_method(a, arm_gemm::Nothing{});
@@ -398,17 +560,25 @@ void reset_gemm_forcing()
 } // namespace ext
 } // namespace ks
 
-// The interposed symbol: libarm_compute.so calls arm_gemm::get_gemm_method<float,float,Nothing>
-// through its PLT; the executable's definition comes first in the global lookup scope.
+// The interposed symbol: libarm_compute calls it through its PLT, and the executable's definition
+// comes first in the global lookup scope (build.py exports it from the executable).
 namespace arm_gemm
 {
+#if KS_ACL_GEMM_ABI_20_08
 template <>
 KernelDescription get_gemm_method<float, float, Nothing>(const GemmArgs &args, const Nothing &os)
 {
     return ks::ext::interposed_get_gemm_method(args, os);
 }
+#else
+template <>
+std::unique_ptr<GemmCommon<float, float, float>> gemm<float, float, float, Nothing>(const GemmArgs &args, const Nothing &os)
+{
+    return ks::ext::interposed_gemm(args, os);
+}
+#endif
 } // namespace arm_gemm
-#else // not ACL 20.08: no arm_gemm declarations to trust, so no interposition and no forcing
+#else // neither 20.08 nor 24.11: no arm_gemm declarations to trust, so no interposition and no forcing
 
 namespace ks
 {
@@ -416,7 +586,7 @@ namespace ext
 {
 namespace
 {
-const std::string g_reason = "the arm_gemm declarations follow ACL 20.08's ABI; this runner is built for ACL " +
+const std::string g_reason = "the arm_gemm declarations follow the ABIs of ACL 20.08 and 24.11; this runner is built for ACL " +
                              std::to_string(KSELECT_ACL_VERSION_MAJOR) + "." + (KSELECT_ACL_VERSION_MINOR < 10 ? "0" : "") +
                              std::to_string(KSELECT_ACL_VERSION_MINOR) + ", whose arm_gemm ABI is not verified";
 }

@@ -1,6 +1,8 @@
-// arm_gemm micro-kernel forcing and introspection (ACL v20.08 only; compiled out for other releases): the runner interposes
-// arm_gemm::get_gemm_method<float,float,Nothing> so that a config's "gemm_kernel" makes ACL build
-// that kernel, and records every fp32 GEMM an op configures. See FINDINGS.md.
+// arm_gemm micro-kernel forcing and introspection (ACL 20.08 and 24.11; compiled out for other
+// releases): the runner interposes the arm_gemm function through which ACL picks an fp32 GEMM's
+// kernel (20.08: get_gemm_method<float,float,Nothing>; 24.11: gemm<float,float,float,Nothing>) so
+// that a config's "gemm_kernel" makes ACL build that kernel, and records every fp32 GEMM an op
+// configures. See FINDINGS.md.
 #pragma once
 
 #include <string>

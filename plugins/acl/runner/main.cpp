@@ -1,4 +1,4 @@
-// kselect_acl_runner: measurement runner for the Arm Compute Library (NEON backend, v20.08 API).
+// kselect_acl_runner: measurement runner for the Arm Compute Library (NEON backend, the APIs of 20.08 and 24.11).
 //
 // Protocol (see ../PROTOCOL.md): one JSON request per line on stdin, one JSON result line on
 // stdout per request, until EOF. A one-shot invocation is simply a single line followed by EOF.
@@ -56,13 +56,59 @@ std::string acl_version()
 
 namespace ext
 {
+// Knobs of 24.11 that 20.08 lacks and the runner does not offer yet, each with what ACL says about
+// it here: whether this build and CPU have it (*present) and why it is not a candidate.
+
+// Fixed-format weights (WeightsInfo's WeightFormat: arm_gemm's "ff" kernels read weights the caller
+// laid out in a blocked format), asked of ACL for a small fp32 NHWC conv.
+std::string fixed_format_reason(bool *present)
+{
+#if KS_ACL_24
+    TensorInfo src(TensorShape(16U, 8U, 8U, 1U), 1, DataType::F32), weights(TensorShape(16U, 3U, 3U, 16U), 1, DataType::F32), dst(TensorShape(16U, 8U, 8U, 1U), 1, DataType::F32);
+    for(TensorInfo *t : { &src, &weights, &dst })
+        t->set_data_layout(DataLayout::NHWC);
+    arm_compute::WeightFormat expected = arm_compute::WeightFormat::UNSPECIFIED;
+    Status                    status   = NEGEMMConvolutionLayer::has_opt_impl(expected, &src, &weights, nullptr, &dst, PadStrideInfo(1, 1, 1, 1),
+                                                                   WeightsInfo(false, 3, 3, 16, false, arm_compute::WeightFormat::ANY));
+    *present = bool(status);
+    if(!*present)
+        return "no fixed-format kernels in this ACL build (NEGEMMConvolutionLayer::has_opt_impl with WeightFormat::ANY: " + status.error_description() + ")";
+    return "this ACL build has fixed-format kernels (a 3x3 conv's asks for OHWIo" + std::to_string(interleave_by(expected)) + "i" + std::to_string(block_by(expected)) +
+           (is_fixed_format_fast_math(expected) ? "_bf16" : "") + " weights); kselect does not offer them yet";
+#else
+    *present = false;
+    return "ACL 20.08 has no fixed-format weights (WeightFormat and has_opt_impl came in later releases)";
+#endif
+}
+
+// Fast math for a GEMM convolution: 24.11 then runs fp32 GEMMs on its bf16 MMLA kernels where the
+// CPU has BF16.
+std::string gemm_fast_math_reason(bool *present)
+{
+#if KS_ACL_24
+    *present = Scheduler::get().cpu_info().has_bf16();
+    if(!*present)
+        return "ACL 24.11 runs a GEMM with fast math on its bf16 kernels, which need BF16: CPUInfo::has_bf16 is false on this CPU";
+    return "this CPU has BF16, so ACL 24.11's GEMM fast math (bf16 kernels) can run here; kselect does not offer it yet";
+#else
+    *present = false;
+    return "ACL 20.08's GEMM convolution takes no fast-math flag (only its Winograd convolution does)";
+#endif
+}
+
 // The "extensions" section of info.
 std::string info_json()
 {
-    Obj o;
+    bool              fixed_format = false, gemm_fast_math = false;
+    const std::string fixed_format_why = fixed_format_reason(&fixed_format), gemm_fast_math_why = gemm_fast_math_reason(&gemm_fast_math);
+    Obj               o;
     o.boolean("gemm_forcing", gemm_forcing_ok())
         .str("gemm_forcing_reason", gemm_forcing_reason())
         .boolean("cpu_model_hint", KS_ACL_CPU_MODEL_HINT)
+        .boolean("fixed_format", fixed_format)
+        .str("fixed_format_reason", fixed_format_why)
+        .boolean("gemm_fast_math", gemm_fast_math)
+        .str("gemm_fast_math_reason", gemm_fast_math_why)
         .raw("schedulers", "[\"default\",\"record\",\"split\"]");
     return o.done();
 }
