@@ -214,6 +214,23 @@ def test_depthwise_with_multiplier_and_asymmetric_pads(runner, layout):
 
 
 @_emulated
+def test_a_depthwise_conv_split_all_to_one_thread_is_still_whole(runner):
+    """With every share on thread 1, each kernel of a depthwise conv still writes all of its output:
+    20.08's kernels run the window given to them (thread 0 gets none of it); 24.11's assembly
+    depthwise kernel divides its work by thread id itself, so the runner runs it on both threads
+    with the whole window and says so (own_split)."""
+    spec = dict(input=[1, 16, 14, 14], weights=[16, 1, 3, 3], stride=[1, 1], pads=[1, 1, 1, 1], group=16)
+    arrays = make_arrays(spec, seed=4)
+    res, out = run_conv(runner, spec, arrays, method="DEPTHWISE", layout="NHWC", threads=2, scheduler="split",
+                        split_ratios=[0.0, 1.0])
+    splitting_themselves = set(runner.info()["extensions"]["kernels_splitting_by_thread_id"])
+    assert np.abs(out - reference(spec, arrays)).max() < 1e-4
+    kernels = res["scheduler"]["kernels"]
+    # an assembly wrapper names its arm_conv kernel after a slash
+    assert kernels and all(k["own_split"] == (k["kernel"].split("/")[0] in splitting_themselves) for k in kernels)
+
+
+@_emulated
 def test_strided_asymmetric_and_dilated_gemm(runner):
     for spec in (dict(input=[1, 8, 11, 9], weights=[12, 8, 3, 3], stride=[2, 1], pads=[0, 1, 2, 1], relu=True),
                  dict(input=[1, 8, 10, 10], weights=[8, 8, 3, 3], pads=[2, 2, 2, 2], dilation=[2, 2], bias=False)):
@@ -354,9 +371,7 @@ def test_split_scheduler_uneven_ratios_are_correct(runner, method, layout, kerne
     if kernel and not runner.info()["extensions"]["gemm_forcing"]:
         pytest.skip(f"arm_gemm forcing unavailable: {runner.info()['extensions']['gemm_forcing_reason']}")
     kernel = KERNELS[runner.info()["acl_version"]][kernel] if kernel else ""
-    if method == "WINOGRAD" and runner.info()["acl_version"] == "v24.11":
-        pytest.xfail("with ACL 24.11 a Winograd conv split (0.8, 0.2) over 2 threads leaves part of the output "
-                     "zero (not diagnosed yet; output verification marks such a config invalid)")
+    splitting_themselves = set(runner.info()["extensions"]["kernels_splitting_by_thread_id"])
     arrays = make_arrays(CONV, seed=9)
     ref = reference(CONV, arrays)
     for ratios in ([0.8, 0.2], [0.0, 1.0]):
@@ -369,6 +384,11 @@ def test_split_scheduler_uneven_ratios_are_correct(runner, method, layout, kerne
         assert sched["mode"] == "split" and sched["split_ratios"] == ratios and sched["kernels"]
         for k in sched["kernels"]:
             (b0, e0), (b1, e1) = k["parts"]
+            # 24.11's Winograd transforms divide their work by thread id: every thread runs, whole window
+            assert k["own_split"] == (k["kernel"].split("/")[0] in splitting_themselves), k
+            if k["own_split"]:
+                assert (b0, e0) == (b1, e1) == (0, k["iterations"]) and min(k["thread_median_us"]) > 0, k
+                continue
             if k["iterations"] < 2:
                 continue
             assert b0 == 0 and e0 == b1 and e1 == k["iterations"]

@@ -62,12 +62,14 @@ def test_library_without_a_release_string_is_refused(tmp_path):
     assert "\n" not in str(refused.value) and "no ACL release" in str(refused.value)
 
 
-# arm_gemm's plain interleaved fp32 kernel as each release names it, and a phrase of what each
-# release's runner says of the two 24.11 knobs the plugin does not offer
+# arm_gemm's plain interleaved fp32 kernel as each release names it, a phrase of what each release's
+# runner says of the two 24.11 knobs the plugin does not offer, and whether an NHWC depthwise conv's
+# work split can be chosen (24.11's assembly depthwise kernel divides its work by thread id itself)
 ACL_RELEASE_FACTS = {
     "v20.08": dict(kernel="sgemm_12x8_1d", fixed_format="ACL 20.08 has no fixed-format weights",
-                   gemm_fast_math="ACL 20.08's GEMM convolution takes no fast-math flag"),
-    "v24.11": dict(kernel="a64_sgemm_8x12", fixed_format="fixed-format kernels", gemm_fast_math="bf16"),
+                   gemm_fast_math="ACL 20.08's GEMM convolution takes no fast-math flag", depthwise_split_nhwc=True),
+    "v24.11": dict(kernel="a64_sgemm_8x12", fixed_format="fixed-format kernels", gemm_fast_math="bf16",
+                   depthwise_split_nhwc=False),
 }
 
 
@@ -93,6 +95,12 @@ def test_acl_space_lists_its_releases_gemm_kernels_and_names_the_knobs_it_lacks(
     assert "gemm_kernel" not in missing
     for knob in ("fixed_format", "gemm_fast_math"):
         assert facts[knob] in missing[knob] and "\n" not in missing[knob], missing[knob]
+    # 24.11's assembly depthwise kernel (NHWC) divides its work by thread id itself: no split there
+    device = this_device()
+    if device.cores > 1:
+        configs = library.space(conv_task(16, 16, 10, 3, group=16), device).enumerate()
+        split_in = {c["layout"] for c in configs if c.get("scheduler") == "kselect"}
+        assert split_in == ({"NCHW", "NHWC"} if facts["depthwise_split_nhwc"] else {"NCHW"}), split_in
     library.close()
 
 

@@ -365,12 +365,21 @@ class AclLibrary(Library):
             values.append(True)
         return values
 
-    def _schedule_dims(self, space: Space, device: Device) -> None:
+    def _schedule_dims(self, space: Space, device: Device, depthwise: bool = False) -> None:
+        """Threads, and where there are several cores the scheduler and the work split. Where ACL's
+        assembly depthwise kernel divides its work by thread id itself (24.11: it ignores the window
+        it is given; it runs the NHWC depthwise convs, NCHW ones go through a kernel that takes its
+        window), a depthwise conv in NHWC gets no split of kselect's: it would not change what each
+        thread runs."""
         space.add(Integer("threads", 1, device.cores))
         if device.cores > 1:
             space.add(Categorical("scheduler", SCHEDULERS, when={"threads": list(range(2, device.cores + 1))}))
             space.add(WorkloadSplit("split", granularity=SPLIT_GRANULARITY, parts_from="threads", max_parts=device.cores,
                                     when={"scheduler": ["kselect"]}))
+            if depthwise and "CpuDepthwiseConv2dAssemblyWrapperKernel" in self._kernels_splitting_by_thread_id():
+                space.constrain("a depthwise conv in NHWC runs ACL's assembly kernel, which divides its work by "
+                                "thread id itself: kselect's split only in NCHW",
+                                lambda c: c.get("scheduler") != "kselect" or c.get("layout") == "NCHW")
 
     @staticmethod
     def _cpu_models(device_models: list[str] | None = None) -> tuple:
@@ -423,6 +432,9 @@ class AclLibrary(Library):
         return (f"ACL {version} validates F16 conv, depthwise and fc here, but kselect's ACL runner "
                 "has no F16 candidates yet")
 
+    def _kernels_splitting_by_thread_id(self) -> list[str]:
+        return self._runner_info().get("extensions", {}).get("kernels_splitting_by_thread_id", [])
+
     def _cpu_model_hint(self) -> bool:
         return bool(self._runner_info().get("extensions", {}).get("cpu_model_hint", True))
 
@@ -457,7 +469,7 @@ class AclLibrary(Library):
             space.add(Categorical("method", tuple(methods), role="algorithm"))
             layouts = tuple(layout for layout in ("NCHW", "NHWC") if any(v[3] == layout and v[2] in methods for v in valid))
             space.add(Categorical("layout", layouts, role="layout"))
-        self._schedule_dims(space, device)
+        self._schedule_dims(space, device, depthwise=info["depthwise"])
 
         def accepted(c: dict) -> bool:
             return (c["activations"], c["weights"], c.get("method", "FC"), c.get("layout", "NCHW")) in valid
@@ -502,7 +514,7 @@ class AclLibrary(Library):
         gemm_methods = [m for m in methods if m in GEMM_METHODS]
         if gemm_methods and self._cpu_model_hint():
             space.add(Categorical("cpu_model", self._cpu_models(self._detected_models()), when={"method": gemm_methods}))
-        self._schedule_dims(space, device)
+        self._schedule_dims(space, device, depthwise=info["depthwise"])
 
         def accepted(c: dict) -> bool:
             return (c["method"], c["layout"], bool(c.get("fast_math", False))) in valid

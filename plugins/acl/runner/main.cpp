@@ -110,6 +110,10 @@ std::string info_json()
         .boolean("gemm_fast_math", gemm_fast_math)
         .str("gemm_fast_math_reason", gemm_fast_math_why)
         .raw("schedulers", "[\"default\",\"record\",\"split\"]");
+    std::string own = "[";
+    for(size_t i = 0; i < kernels_splitting_by_thread_id().size(); ++i)
+        own += (i ? "," : "") + jstr(kernels_splitting_by_thread_id()[i]);
+    o.raw("kernels_splitting_by_thread_id", own + "]");
     return o.done();
 }
 } // namespace ext

@@ -17,6 +17,7 @@
 
 #include "json.hpp"
 #include "request.hpp"
+#include "acl_version.hpp"
 #include "timing.hpp"
 
 using namespace arm_compute;
@@ -31,6 +32,7 @@ struct KernelStat
     std::string                      name;
     int                              split_dim{ -1 };
     size_t                           iterations{ 0 };
+    bool                             own_split{ false }; // the kernel divides its work by thread id (split mode)
     std::vector<std::pair<long, long>> parts;     // per thread [begin, end) in iterations (split mode)
     std::vector<std::vector<double>> thread_us; // per thread, one entry per timed run (split mode)
     std::vector<double>              wall_us;   // whole schedule() call, one per timed run
@@ -257,6 +259,33 @@ void SplitScheduler::parallel(const std::function<void(unsigned)> &fn)
         std::rethrow_exception(_error);
 }
 
+// ACL kernels that divide their work by ThreadInfo::thread_id themselves and ignore the window
+// they are given (24.11: its Winograd transforms, whose window is one iteration per thread, and its
+// assembly depthwise convolution and pooling). Cut by the ratios, a thread whose share rounds to
+// nothing would leave its part of the output unwritten; they run on every thread with the whole
+// window instead: their split is their own, whatever the ratios.
+const std::vector<std::string> &kernels_splitting_by_thread_id()
+{
+#if KS_ACL_24
+    static const std::vector<std::string> names = { "CpuWinogradConv2dTransformInputKernel", "CpuWinogradConv2dTransformOutputKernel",
+                                                    "CpuDepthwiseConv2dAssemblyWrapperKernel", "CpuPool2dAssemblyWrapperKernel" };
+#else
+    static const std::vector<std::string> names; // 20.08's kernels run the window they are given
+#endif
+    return names;
+}
+
+bool splits_by_thread_id(const char *kernel_name)
+{
+    // the assembly wrappers name their arm_conv kernel after a '/': "CpuDepthwiseConv2dAssemblyWrapperKernel/a64_..."
+    const std::string name(kernel_name);
+    const std::string wrapper = name.substr(0, name.find('/'));
+    for(const std::string &known : kernels_splitting_by_thread_id())
+        if(known == wrapper)
+            return true;
+    return false;
+}
+
 void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, const Window &maxw, ITensorPack *tensors)
 {
     const bool    all    = hints.split_dimension() == IScheduler::split_dimensions_all;
@@ -279,6 +308,9 @@ void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, const Wi
     const bool every_thread = n > 1 && std::string(kernel->name()).find("quantized_wrapper") != std::string::npos;
     if(every_thread)
         n = static_cast<unsigned>(std::min<long>(n, iters));
+    const bool own_split = tensors != nullptr && splits_by_thread_id(kernel->name());
+    if(own_split)
+        n = _n;
 
     // Part boundaries (in iterations) from the cumulative ratios.
     std::vector<long> b(n + 1, 0);
@@ -308,18 +340,20 @@ void SplitScheduler::run_kernel(ICPPKernel *kernel, const Hints &hints, const Wi
     {
         ks->split_dim  = static_cast<int>(dim);
         ks->iterations = static_cast<size_t>(iters);
+        ks->own_split  = own_split;
         for(unsigned t = 0; t < _n; ++t)
-            ks->parts.emplace_back(t < n ? b[t] : 0, t < n ? b[t + 1] : 0);
+            ks->parts.emplace_back(own_split ? 0 : t < n ? b[t] : 0, own_split ? iters : t < n ? b[t + 1] : 0);
         ks->thread_us.assign(_n, {});
     }
     std::vector<double> tus(_n, 0.0);
     const unsigned      nn = n;
     auto                t0 = Clock::now();
     auto                job = [&](unsigned t) {
-        if(t >= nn || b[t] == b[t + 1])
+        if(t >= nn || (!own_split && b[t] == b[t + 1]))
             return;
         Window w = maxw;
-        w.set(dim, Window::Dimension(static_cast<int>(d.start() + b[t] * step), t + 1 == nn ? d.end() : static_cast<int>(d.start() + b[t + 1] * step), static_cast<int>(step)));
+        if(!own_split)
+            w.set(dim, Window::Dimension(static_cast<int>(d.start() + b[t] * step), t + 1 == nn ? d.end() : static_cast<int>(d.start() + b[t + 1] * step), static_cast<int>(step)));
         ThreadInfo info;
         info.thread_id   = static_cast<int>(t);
         info.num_threads = static_cast<int>(nn);
@@ -476,7 +510,7 @@ std::string scheduler_report()
                 parts += (t ? "," : "") + std::string("[") + std::to_string(k.parts[t].first) + "," + std::to_string(k.parts[t].second) + "]";
             for(size_t t = 0; t < k.thread_us.size(); ++t)
                 tus += (t ? "," : "") + jnum3(median(k.thread_us[t]));
-            o.integer("split_dim", k.split_dim).integer("iterations", static_cast<long long>(k.iterations)).raw("parts", parts + "]").raw("thread_median_us", tus + "]");
+            o.integer("split_dim", k.split_dim).integer("iterations", static_cast<long long>(k.iterations)).boolean("own_split", k.own_split).raw("parts", parts + "]").raw("thread_median_us", tus + "]");
         }
         ks += (i ? "," : "") + o.done();
     }

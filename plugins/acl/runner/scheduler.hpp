@@ -114,6 +114,8 @@ extern arm_compute::IScheduler *g_cpp; // ACL's own CPPScheduler instance
 
 // At start-up: ACL's CPPScheduler becomes the global scheduler (g_cpp); the main thread's affinity
 // is remembered for restore_main_affinity().
+// The ACL kernels that divide their work by thread id themselves (scheduler.cpp says which and why).
+const std::vector<std::string> &kernels_splitting_by_thread_id();
 void scheduler_startup();
 void restore_main_affinity();
 
