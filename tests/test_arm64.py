@@ -94,6 +94,9 @@ def test_acl_space_lists_its_releases_gemm_kernels_and_names_the_knobs_it_lacks(
     missing = library.missing_dims()
     assert "gemm_kernel" not in missing
     for knob in ("fixed_format", "gemm_fast_math"):
+        if knob == "gemm_fast_math" and library._runner_info()["extensions"]["gemm_fast_math"]:
+            assert knob not in missing  # offered: 24.11 on a CPU with BF16 (test below)
+            continue
         assert facts[knob] in missing[knob] and "\n" not in missing[knob], missing[knob]
     # 24.11's assembly depthwise kernel (NHWC) divides its work by thread id itself: no split there
     device = this_device()
@@ -322,3 +325,35 @@ def test_bf16_fastmath_is_named_missing_for_a_model_without_matmul():
     library.prepare_model(model_from_proto("contract_cnn", contract_model()))
     assert "runs no MatMul in this model" in library.missing_dims()["bf16_fastmath"]
     assert "kleidiai" not in library.missing_dims()
+
+
+@pytest.mark.skipif(not (ON_ARM and "bf16" in arm.cpu_features()),
+                    reason="needs an aarch64 CPU with BF16 (in the arm64 root: KSELECT_ARM64_QEMU_CPU=max)")
+def test_acl_gemm_fast_math_runs_on_bf16_kernels_held_to_bf16s_tolerance():
+    """ACL 24.11 on a CPU with BF16, in a build with arm_gemm's fast-mode kernels: a 3x3 conv's
+    space offers fast_math on the GEMM method too; a GEMM candidate with it computes in bf16 (held
+    to bf16's tolerance, not fp32's), every GEMM of the op ran on an arm_gemm bf16 kernel, and the
+    knob is not named missing. Debian's 24.11 has no such kernels (the runner says so, and the test
+    is skipped with its words)."""
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
+    from kselect.plugins.acl.library import AclLibrary
+
+    from test_acl_library import conv_task
+
+    library = AclLibrary()
+    extensions = library._runner_info()["extensions"]
+    if not extensions["gemm_fast_math"]:
+        pytest.skip(f"no GEMM fast math here: {extensions['gemm_fast_math_reason']}")
+    task, device = conv_task(16, 16, 14, 3), this_device()
+    space = library.space(task, device)
+    assert "GEMM" in space.dim("fast_math").when["method"] and True in space.dim("fast_math").choices
+    config = space.normalise({"method": "GEMM", "fast_math": True, "layout": "NHWC", "gemm_kernel": "default", "threads": 1})
+    assert config in space and library.computes_in(task, config) == "bf16"
+    settings = MeasureSettings(warmup=1, min_repeats=2, min_time_s=0.0, max_time_s=0.05, timeout_s=300)
+    result = measure_in_this_process(library, task, config, settings, {})
+    assert result.status == "ok", result
+    gemms = library.last_result["gemm"]["gemms"]
+    assert gemms and all("bf16" in gemm["used"] for gemm in gemms), gemms
+    assert "gemm_fast_math" not in library.missing_dims()
+    library.close()

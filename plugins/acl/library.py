@@ -219,20 +219,23 @@ class AclLibrary(Library):
         return {"input": task.input_shape, "weights": task.weight_shape, "stride": a["strides"], "pads": a["pads"],
                 "dilation": a["dilations"], "group": a["group"], "bias": task.has_bias, "act": act}
 
-    def _cache_path(self, task: Task, threads: int) -> Path:
+    def _cache_path(self, task: Task, device: Device) -> Path:
+        # the answer depends on the CPU too (the arm_gemm kernels eligible on it, ACL's picks, GEMM
+        # fast math where it has BF16): a cache directory shared between CPUs keeps one per CPU
         forcing = "-noforce" if os.environ.get("KSELECT_ACL_NO_GEMM_FORCING") else ""
-        return build.cache_dir() / "validate" / f"{build.binary_path().name}-t{threads}{forcing}" / f"{task.key}.json"
+        return (build.cache_dir() / "validate" / f"{build.binary_path().name}-{device.fingerprint}-t{device.cores}{forcing}"
+                / f"{task.key}.json")
 
     def validation(self, task: Task, device: Device | None = None) -> dict:
         """The runner's ``validate`` answer for the task (every method x layout x fast_math, ACL's
         own pick, the arm_gemm GEMMs each method sets up with their eligible kernels); for an int8
         task one answer per activation type and weight granularity (``{"int8": {"QASYMM8/per-tensor":
-        answer, ...}}``, int8.py); cached in memory and on disk (keyed by the runner build and the
-        thread count)."""
+        answer, ...}}``, int8.py); cached in memory and on disk (keyed by the runner build, the
+        CPU and its core count)."""
         device = device or this_device()
         if task.key in self._validated:
             return self._validated[task.key]
-        path = self._cache_path(task, device.cores)
+        path = self._cache_path(task, device)
         result = None
         if path.is_file():
             try:
@@ -365,6 +368,17 @@ class AclLibrary(Library):
             values.append(True)
         return values
 
+    def _fast_math_by_method(self, info: dict, methods: list[str]) -> dict[str, list[bool]]:
+        """The fast_math values of each method where the flag changes the function: Winograd's (the
+        tiles it unlocks), and on ACL 24.11 on a CPU with BF16 the GEMM method's both values (fast
+        math runs its GEMMs on arm_gemm's bf16 kernels; the runner validates it only there)."""
+        fast_math = {}
+        if "WINOGRAD" in methods:
+            fast_math["WINOGRAD"] = self._fast_math_values(info)
+        if "GEMM" in methods and any(m == "GEMM" and fm for m, _, fm in info["valid"]):
+            fast_math["GEMM"] = [False, True]
+        return fast_math
+
     def _schedule_dims(self, space: Space, device: Device, depthwise: bool = False) -> None:
         """Threads, and where there are several cores the scheduler and the work split. Where ACL's
         assembly depthwise kernel divides its work by thread id itself (24.11: it ignores the window
@@ -390,7 +404,7 @@ class AclLibrary(Library):
         """What the ACL found here cannot choose (read off the runner's ``info``): the arm_gemm kernel
         where forcing is unavailable (the runner's declarations follow the ABIs of 20.08 and 24.11 and
         are checked at start-up), the CPU model hint where CPUInfo has no setter (after 20.08), and
-        24.11's fixed-format weights and GEMM fast math (bf16), which the plugin does not offer."""
+        24.11's fixed-format weights (not offered) and GEMM fast math (bf16) where the CPU lacks BF16."""
         extensions = self._runner_info().get("extensions", {})
         missing = {}
         if not extensions.get("gemm_forcing", False):
@@ -398,10 +412,12 @@ class AclLibrary(Library):
         if not self._cpu_model_hint():
             missing["cpu_model"] = ("no CPU model hint in this ACL (CPUInfo::set_cpu_model is 20.08's; later "
                                     "releases read the model off the CPU only)")
-        # 24.11's knobs that 20.08 lacks; neither is a candidate yet, each named with what ACL says here
-        for knob in ("fixed_format", "gemm_fast_math"):
-            if f"{knob}_reason" in extensions:
-                missing[knob] = extensions[f"{knob}_reason"]
+        # 24.11's knobs that 20.08 lacks, each named with what ACL says here: fixed-format weights (not
+        # offered), GEMM fast math (offered as the GEMM method's fast_math where the CPU has BF16)
+        if "fixed_format_reason" in extensions:
+            missing["fixed_format"] = extensions["fixed_format_reason"]
+        if "gemm_fast_math_reason" in extensions and not extensions.get("gemm_fast_math", False):
+            missing["gemm_fast_math"] = extensions["gemm_fast_math_reason"]
         return missing
 
     def missing_precisions(self) -> dict[str, str]:
@@ -502,9 +518,10 @@ class AclLibrary(Library):
         if not methods:
             raise KselectError(f"ACL validates no method for task {task.id}")
         space.add(Categorical("method", tuple(methods), role="algorithm"))
-        if "WINOGRAD" in methods:
-            space.add(Categorical("fast_math", tuple(self._fast_math_values(info)), role="algorithm",
-                                  when={"method": ["WINOGRAD"]}))
+        fast_math = self._fast_math_by_method(info, methods)
+        if fast_math:
+            values = tuple(v for v in (False, True) if any(v in by_method for by_method in fast_math.values()))
+            space.add(Categorical("fast_math", values, role="algorithm", when={"method": list(fast_math)}))
         layouts = tuple(layout for layout in ("NCHW", "NHWC") if any(v[1] == layout and v[0] in methods for v in valid))
         space.add(Categorical("layout", layouts, role="layout"))
         kernel_methods = [m for m in methods if m in GEMM_METHODS and any(k[0] == m and kernels[k] for k in kernels)]
@@ -524,6 +541,9 @@ class AclLibrary(Library):
             return kernel == "default" or kernel in kernels.get((c["method"], c["layout"], bool(c.get("fast_math", False))), ())
 
         space.constrain("ACL's validate() accepts (method, layout, fast_math)", accepted)
+        if len(fast_math) > 1:
+            space.constrain("fast_math where it changes the function: the Winograd tiles it unlocks, GEMM's bf16 kernels",
+                            lambda c: c.get("fast_math", False) in fast_math.get(c["method"], [False]))
         if kernel_methods:
             space.constrain("gemm_kernel is eligible for every arm_gemm GEMM of (method, layout), by arm_gemm's "
                             "own rules (e.g. smallK kernels: K <= 16 and N % 4 == 0; sgemv / gemv: one row)", eligible)
@@ -542,7 +562,7 @@ class AclLibrary(Library):
             pick = "DEPTHWISE" if info["depthwise"] else info["pick"]["NCHW"]["fast_math_false"]
             method = pick if pick in methods else "AUTO"
             config["method"] = method
-            if method == "WINOGRAD":
+            if method in self._fast_math_by_method(info, methods):
                 config["fast_math"] = False
             config["layout"] = "NCHW"
             if method in GEMM_METHODS:
@@ -583,6 +603,13 @@ class AclLibrary(Library):
     # -- layouts ----------------------------------------------------------------------------------
     def layout_label(self, config: dict) -> Label:
         return Label(self.name, config.get('layout', 'NCHW'))
+
+    def computes_in(self, task: Task, config: dict) -> str:
+        """bf16 for a GEMM conv with fast math (ACL 24.11 on a CPU with BF16 runs it on arm_gemm's
+        bf16 kernels): its candidates get bf16's tolerance."""
+        if task.precision == "fp32" and config.get("method") == "GEMM" and config.get("fast_math"):
+            return "bf16"
+        return task.precision
 
     def tolerance(self, task: Task, config: dict) -> float:
         # Winograd's transforms (and FFT) round more than a direct sum (FINDINGS.md); a

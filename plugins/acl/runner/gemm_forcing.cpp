@@ -557,6 +557,29 @@ void reset_gemm_forcing()
     g_recording_gemms = false;
     g_force_filter.clear();
 }
+
+std::vector<std::string> fast_mode_kernels()
+{
+    std::vector<std::string> extra;
+#if KS_ACL_GEMM_ABI_24_11
+    if(!g_forcing_ok)
+        return extra;
+    CPUInfo           &ci    = Scheduler::get().cpu_info();
+    arm_gemm::GemmArgs plain = plain_args(&ci, 64, 64, 64, 1, 1, 1, nullptr);
+    arm_gemm::GemmArgs fast  = plain;
+    fast._fast_mode          = true;
+    const std::vector<arm_gemm::KernelDescription> without = compatible(plain);
+    for(const auto &k : compatible(fast))
+    {
+        bool listed = false;
+        for(const auto &w : without)
+            listed |= w.name == k.name;
+        if(!listed)
+            extra.push_back(k.name);
+    }
+#endif
+    return extra;
+}
 } // namespace ext
 } // namespace ks
 
@@ -617,6 +640,10 @@ std::string gemm_kernels(const JVal &)
 }
 void reset_gemm_forcing()
 {
+}
+std::vector<std::string> fast_mode_kernels()
+{
+    return {};
 }
 } // namespace ext
 } // namespace ks

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ks
 {
@@ -29,5 +30,9 @@ std::string end_configure(const JVal &cfg, std::string *error);
 std::string gemm_kernels(const JVal &req);
 
 void reset_gemm_forcing(); // after every request
+
+// The fp32 GEMM kernels arm_gemm lists for a GEMM with fast mode on and not without (24.11: its bf16
+// kernels, where this build has them and the CPU has BF16); empty where forcing is unavailable.
+std::vector<std::string> fast_mode_kernels();
 } // namespace ext
 } // namespace ks

@@ -81,15 +81,24 @@ std::string fixed_format_reason(bool *present)
 #endif
 }
 
-// Fast math for a GEMM convolution: 24.11 then runs fp32 GEMMs on its bf16 MMLA kernels where the
-// CPU has BF16.
+// Fast math for a GEMM convolution: 24.11 then runs fp32 GEMMs on its bf16 kernels where the CPU
+// has BF16; the runner validates and runs it there (gemm_fast_math_here()).
 std::string gemm_fast_math_reason(bool *present)
 {
 #if KS_ACL_24
-    *present = Scheduler::get().cpu_info().has_bf16();
-    if(!*present)
+    *present = gemm_fast_math_here();
+    if(*present)
+    {
+        std::string names;
+        for(const std::string &name : fast_mode_kernels())
+            names += (names.empty() ? "" : ", ") + name;
+        return "ok: ACL 24.11 runs a GEMM conv with fast math on its bf16 kernels on this CPU (" + names + ")";
+    }
+    if(!Scheduler::get().cpu_info().has_bf16())
         return "ACL 24.11 runs a GEMM with fast math on its bf16 kernels, which need BF16: CPUInfo::has_bf16 is false on this CPU";
-    return "this CPU has BF16, so ACL 24.11's GEMM fast math (bf16 kernels) can run here; kselect does not offer it yet";
+    if(!gemm_forcing_ok())
+        return "this CPU has BF16, but whether this ACL build has fast-mode kernels cannot be asked (arm_gemm introspection unavailable: " + gemm_forcing_reason() + ")";
+    return "this CPU has BF16, but this ACL build has no fast-mode (bf16) kernels for an fp32 GEMM: arm_gemm lists the same kernels with fast mode on, so fast math would change nothing";
 #else
     *present = false;
     return "ACL 20.08's GEMM convolution takes no fast-math flag (only its Winograd convolution does)";

@@ -15,18 +15,21 @@
 #include <exception>
 #include <utility>
 
+#include "arm_compute/runtime/Scheduler.h"
+
 #include "acl_version.hpp"
+#include "gemm_forcing.hpp"
 #include "request.hpp"
 
 using namespace arm_compute;
 
 // 24.11's NEGEMMConvolutionLayer takes enable_fast_math before num_groups (20.08: no such argument;
-// a group count passed in its place would silently turn into fast math). Off, as the GEMM method has
-// always run: fast math lets arm_gemm take bf16 kernels on cores that have them.
+// a group count passed in its place would silently turn into fast math). With it, arm_gemm may run
+// the fp32 GEMM on its bf16 kernels where the CPU has BF16 (gemm_fast_math_here()).
 #if KS_ACL_24
-#define GEMM_FAST_MATH_OFF false,
+#define GEMM_FAST_MATH(fm) fm,
 #else
-#define GEMM_FAST_MATH_OFF
+#define GEMM_FAST_MATH(fm)
 #endif
 
 namespace ks
@@ -275,6 +278,17 @@ const std::vector<std::string> &all_methods()
     return m;
 }
 
+bool gemm_fast_math_here()
+{
+#if KS_ACL_24
+    // asked on first use, after the start-up ABI check that fast_mode_kernels() relies on
+    static const bool here = Scheduler::get().cpu_info().has_bf16() && !ext::fast_mode_kernels().empty();
+    return here;
+#else
+    return false;
+#endif
+}
+
 // Static validation of one (method, layout, fast_math) candidate. Returns OK or a reason.
 Status validate_conv(const ConvSpec &s, const std::string &method, DataLayout layout, bool fast_math)
 {
@@ -295,7 +309,11 @@ Status validate_conv(const ConvSpec &s, const std::string &method, DataLayout la
         return NEConvolutionLayer::validate(&t.in_i, &t.w_i, bias, &t.out_i, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), fast_math, static_cast<unsigned>(s.group));
     }
     if(method == "GEMM")
-        return NEGEMMConvolutionLayer::validate(&t.in_i, &t.w_i, bias, &t.out_i, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), GEMM_FAST_MATH_OFF static_cast<unsigned>(s.group));
+    {
+        if(fast_math && !gemm_fast_math_here())
+            return Status(ErrorCode::RUNTIME_ERROR, "GEMM fast math needs ACL 24.11 and a CPU with BF16");
+        return NEGEMMConvolutionLayer::validate(&t.in_i, &t.w_i, bias, &t.out_i, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), GEMM_FAST_MATH(fast_math) static_cast<unsigned>(s.group));
+    }
     // The remaining functions take neither groups nor dilation: refuse here rather than
     // silently computing something else.
     if(s.group != 1)
@@ -359,7 +377,9 @@ std::unique_ptr<IFunction> make_conv(const ConvSpec &s, const std::string &metho
     if(method == "GEMM")
     {
         auto f = std::make_unique<NEGEMMConvolutionLayer>();
-        f->configure(in, w, bias, out, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), GEMM_FAST_MATH_OFF static_cast<unsigned>(s.group));
+        if(fm && !gemm_fast_math_here())
+            throw Unsupported("GEMM fast math needs ACL 24.11 and a CPU with BF16");
+        f->configure(in, w, bias, out, s.pad_stride(), WeightsInfo(), s.dilation(), s.act(), GEMM_FAST_MATH(fm) static_cast<unsigned>(s.group));
         return std::move(f);
     }
     if(method == "WINOGRAD")

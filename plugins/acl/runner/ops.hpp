@@ -98,6 +98,11 @@ struct ConvTensors
 };
 ConvTensors conv_infos(const ConvSpec &s, arm_compute::DataLayout layout, bool depthwise_weights);
 
+// Whether a GEMM conv can run with fast math here (ACL 24.11 on a CPU with BF16, in a build with
+// arm_gemm's fast-mode bf16 kernels); where not, fast math is refused for the GEMM method rather
+// than ignored.
+bool gemm_fast_math_here();
+
 // GEMM, WINOGRAD, DIRECT, FFT, DEPTHWISE, AUTO
 const std::vector<std::string> &all_methods();
 // Static validation of one (method, layout, fast_math) candidate: OK or a reason (never throws).

@@ -139,7 +139,7 @@ std::string conv_validate(const JVal &req)
         {
             for(bool fm : { false, true })
             {
-                if(fm && m != "WINOGRAD" && m != "AUTO")
+                if(fm && m != "WINOGRAD" && m != "AUTO" && !(m == "GEMM" && gemm_fast_math_here()))
                     continue;
                 Status st = safe_validate(s, m, layout, fm);
                 Obj    o;
