@@ -45,7 +45,6 @@ GEMM_METHODS = ("GEMM", "WINOGRAD", "AUTO")  # methods whose work is arm_gemm GE
 # A53 / A55r1 / X1 variants of the sgemm and hybrid kernels); the FP16/DOT/A55r0/A73 models only
 # matter to fp16 and int8 kernels.
 CPU_MODEL_HINTS = ("GENERIC", "A53", "A55r1", "X1")
-# arm_gemm's fp32 kernels in 20.08, in the order the space lists them.
 # arm_gemm's fp32 kernels in the order the space lists them: 20.08's names, then 24.11's
 KERNEL_ORDER = ("sgemm_12x8_1d", "sgemm_12x8_2d", "hybrid_fp32_mla_16x4", "hybrid_fp32_mla_4x8_normal",
                 "smallK_hybrid_fp32_mla_4x6", "smallK_hybrid_fp32_mla_4x8", "sgemv_pretransposed",
@@ -370,8 +369,8 @@ class AclLibrary(Library):
 
     def _fast_math_by_method(self, info: dict, methods: list[str]) -> dict[str, list[bool]]:
         """The fast_math values of each method where the flag changes the function: Winograd's (the
-        tiles it unlocks), and on ACL 24.11 on a CPU with BF16 the GEMM method's both values (fast
-        math runs its GEMMs on arm_gemm's bf16 kernels; the runner validates it only there)."""
+        tiles it unlocks), and the GEMM method's both values where the runner validates GEMM with
+        fast math (ACL 24.11 on a CPU with BF16, in a build with arm_gemm's fast-mode bf16 kernels)."""
         fast_math = {}
         if "WINOGRAD" in methods:
             fast_math["WINOGRAD"] = self._fast_math_values(info)
@@ -404,7 +403,7 @@ class AclLibrary(Library):
         """What the ACL found here cannot choose (read off the runner's ``info``): the arm_gemm kernel
         where forcing is unavailable (the runner's declarations follow the ABIs of 20.08 and 24.11 and
         are checked at start-up), the CPU model hint where CPUInfo has no setter (after 20.08), and
-        24.11's fixed-format weights (not offered) and GEMM fast math (bf16) where the CPU lacks BF16."""
+        24.11's fixed-format weights (not offered) and GEMM fast math (bf16) where it cannot run."""
         extensions = self._runner_info().get("extensions", {})
         missing = {}
         if not extensions.get("gemm_forcing", False):
@@ -413,7 +412,7 @@ class AclLibrary(Library):
             missing["cpu_model"] = ("no CPU model hint in this ACL (CPUInfo::set_cpu_model is 20.08's; later "
                                     "releases read the model off the CPU only)")
         # 24.11's knobs that 20.08 lacks, each named with what ACL says here: fixed-format weights (not
-        # offered), GEMM fast math (offered as the GEMM method's fast_math where the CPU has BF16)
+        # offered), GEMM fast math (the GEMM method's fast_math where the runner can run it)
         if "fixed_format_reason" in extensions:
             missing["fixed_format"] = extensions["fixed_format_reason"]
         if "gemm_fast_math_reason" in extensions and not extensions.get("gemm_fast_math", False):
