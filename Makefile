@@ -15,11 +15,11 @@ KSELECT := $(VENV)/bin/kselect
 DEMO_DIR := .kselect-demo
 
 # the arm64 subset: emulation detection and labels (kselect plugins --json), the ACL release, the ACL runner built
-# natively with g++ (its arm_gemm kernels forced through 24.11's API), the contract suite on every library available there (MLAS, ACL 24.11, XNNPack 2024, oneDNN 3.7),
+# natively with g++ (its arm_gemm kernels forced through 24.11's API) and every ACL test file, the contract suite on every library available there (MLAS, ACL 24.11, XNNPack 2024, oneDNN 3.7),
 # XNNPack's public API and f32 GEMM micro-kernel choice on the 2024 build and oneDNN's 3.x C API (operators /
 # implementations against numpy, a resnet18 tune and whole-model run)
-ARM64_TESTS := tests/test_arm64.py tests/test_acl_runner.py \
-               tests/test_acl_library.py::test_every_listed_gemm_kernel_gives_a_correct_result \
+ARM64_TESTS := tests/test_arm64.py tests/test_acl_runner.py tests/test_acl_library.py tests/test_acl_model.py \
+               tests/test_acl_int8.py tests/test_acl_int8_model.py \
                tests/test_contract.py tests/test_xnnpack_both_apis.py tests/test_xnnpack_arm64_ukernels.py \
                tests/test_onednn_both_apis.py
 

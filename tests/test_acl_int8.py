@@ -156,8 +156,11 @@ def test_split_scheduler_runs_every_thread_of_a_quantized_gemm(acl, device):
     result = measure_in_this_process(acl, task, config, dataclasses.replace(FAST, timeout_s=30), {})
     assert result.status == "ok", result
     kernels = acl.last_result["scheduler"]["kernels"]
-    wrapper = next(k for k in kernels if "quantized_wrapper" in k["kernel"])
-    assert all(end > begin for begin, end in wrapper["parts"])
+    wrapper = next((k for k in kernels if "quantized_wrapper" in k["kernel"]), None)
+    if acl._runner_info()["acl_version"] == "v20.08":  # 24.11 runs arm_gemm's requantizing kernels here
+        assert wrapper is not None
+    if wrapper is not None:
+        assert all(end > begin for begin, end in wrapper["parts"])
 
 
 # -- wrong quantization is caught --------------------------------------------------------------------
@@ -185,7 +188,12 @@ class MixedTypesAcl(AclLibrary):
 
 
 def test_mixed_per_tensor_types_validate_but_compute_wrong_results(acl, device):
+    """ACL validates activations and per-tensor weights of different signedness, so the plugin pairs
+    them itself (int8_weight_type): 20.08 computes both mixes wrong; 24.11 computes unsigned
+    activations with signed weights right and refuses the other mix when configuring it."""
     runner = acl._query_runner()
+    expected = {"v20.08": {"QASYMM8": "invalid", "QASYMM8_SIGNED": "invalid"},
+                "v24.11": {"QASYMM8": "ok", "QASYMM8_SIGNED": "failed"}}[acl._runner_info()["acl_version"]]
     spec = AclLibrary.op_spec(DENSE)
     answer = runner.request({"action": "validate", "op": "conv", **spec,
                              "quant": {"input": "QASYMM8", "weights": "QASYMM8_SIGNED"}})
@@ -195,8 +203,9 @@ def test_mixed_per_tensor_types_validate_but_compute_wrong_results(acl, device):
         for activations in ("QASYMM8", "QASYMM8_SIGNED"):
             config = {"activations": activations, "weights": "per-tensor", "method": "GEMM", "layout": "NCHW", "threads": 1}
             result = measure_in_this_process(mixed, DENSE, config, FAST, {})
-            assert result.status == "invalid", (activations, result)
-            assert mixed.last_result["weights_type"] != activations
+            assert result.status == expected[activations], (activations, result)
+            if result.status != "failed":
+                assert mixed.last_result["weights_type"] != activations
     finally:
         mixed.close()
 

@@ -118,7 +118,9 @@ def test_gemm_nhwc_output_padded_by_a_later_consumer_gets_a_private_tensor(acl, 
     feeds = random_feeds(model)
     runner = acl.model_runner(model, plan)
     try:
-        assert runner.load_info["copies"] >= 1 and runner.load_info["builds"] == 2
+        # 20.08's Direct NHWC conv pads its input tensor; 24.11's does not, and no copy is needed
+        padded_by_direct = acl._runner_info()["acl_version"] == "v20.08"
+        assert (runner.load_info["copies"] >= 1) == padded_by_direct and runner.load_info["builds"] == (2 if padded_by_direct else 1)
         assert compare_outputs(ort_outputs(model, feeds), runner(feeds)) < TOLERANCE
     finally:
         runner.close()
