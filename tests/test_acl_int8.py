@@ -187,7 +187,7 @@ class MixedTypesAcl(AclLibrary):
         return "QASYMM8_SIGNED" if activations == "QASYMM8" else "QASYMM8"
 
 
-def test_mixed_per_tensor_types_validate_but_compute_wrong_results(acl, device):
+def test_mixed_signedness_validates_and_each_release_computes_it_wrong_right_or_refuses_it(acl, device):
     """ACL validates activations and per-tensor weights of different signedness, so the plugin pairs
     them itself (int8_weight_type): 20.08 computes both mixes wrong; 24.11 computes unsigned
     activations with signed weights right and refuses the other mix when configuring it."""
