@@ -310,7 +310,7 @@ def assert_predictions_reported(result) -> None:
     their costs corrected in context: MLAS and XNNPack time whole runs per node), a plan across
     libraries through ONNX Runtime's default session; the tune's JSON lists them all."""
     from kselect.core.whole_model.context import IN_CONTEXT
-    from kselect.core.whole_model.selection import BASELINE
+    from kselect.core.whole_model.selection import BASELINE, RUNS_AS_BASELINE
 
     predictions = result.predictions()
     for name, tuning in result.tunings.items():
@@ -333,8 +333,8 @@ def assert_predictions_reported(result) -> None:
             assert point.prediction["measured_ms"] == pytest.approx(point.measured_ms, abs=1e-3)
             assert {"library": name, "plan": point.name, **point.prediction} in predictions
     for check in result.checks:
-        if "skipped" in check:  # its loss certain by the predictions in context: not timed
-            assert check["skipped"].startswith("predicted ")
+        if "skipped" in check:  # its loss certain by the predictions in context, or the baseline itself: not timed
+            assert check["skipped"].startswith("predicted ") or check["skipped"] == RUNS_AS_BASELINE, check
             continue
         prediction = check["prediction"]
         assert prediction["reference"] == BASELINE and prediction["measured_ms"] > 0

@@ -76,6 +76,8 @@ def plan_max_error(plan, max_error: float) -> float:
 
 
 BASELINE = "onnxruntime default"
+# why a candidate that is the baseline's session itself is not raced
+RUNS_AS_BASELINE = "runs as ONNX Runtime's default session, the race's baseline, does: not raced"
 
 
 # A plan that switches libraries more often must be clearly faster than one that switches less
@@ -200,8 +202,7 @@ def verified_across(model: Model, candidates: list, rounds: int = 4, runs_per_pr
     skipped = certain_losses(candidates, fallback) if min_speedup is None else {}
     # a library's plan that is ONNX Runtime's default session itself (MLAS kept its library default)
     # is the baseline run again: racing it only spends rounds
-    skipped.update({name: "runs as ONNX Runtime's default session, the race's baseline, does: not raced"
-                    for name, plan in candidates if fallback is not None and runs_as(plan, fallback)})
+    skipped.update({name: RUNS_AS_BASELINE for name, plan in candidates if fallback is not None and runs_as(plan, fallback)})
     skipped_results = [{"variant": name, "skipped": why} for name, why in skipped.items()]
     candidates = [(name, plan) for name, plan in candidates if name not in skipped]
     plans = dict(candidates)
