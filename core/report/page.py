@@ -414,7 +414,9 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
             return head + _note("this plan holds no whole-model check (tuned with --no-verify, or the plan across "
                                 "libraries before its check): `kselect bench --alone` times it") + "</section>"
         tried = verified["tried"]
-        in_rounds = any("round_speedups" in t for t in tried)
+        # a race in rounds, or one whose every candidate was skipped (nothing left to time)
+        untimed = verified.get("rounds") == 0
+        in_rounds = untimed or any("round_speedups" in t for t in tried)
         emulated = bool(verified.get("emulated", self.emulated))
         if in_rounds:
             baseline = verified.get("baseline", "onnxruntime default")
@@ -451,8 +453,11 @@ isolated ops unless marked ms (whole model). Everything on this page is inline: 
         table = _table(["plan", "rounds" if in_rounds else "runs", f"{baseline} ms", "plan ms", "speedup", "bounds",
                         "verdict", "max output error"], cells, {"rounds", "runs", f"{baseline} ms", "plan ms", "speedup"})
         kept = verified.get("chosen")
-        note = _note(f"kept: {kept}" + ("" if kept in {t['variant'] for t in tried} else
-                                        f" (no plan was shown faster, so {baseline}'s own configuration)"))
+        if untimed:
+            note = _note(f"kept: {kept}, untimed: no plan was left to race (each was skipped, as the table says)")
+        else:
+            note = _note(f"kept: {kept}" + ("" if kept in {t['variant'] for t in tried} else
+                                            f" (no plan was shown faster, so {baseline}'s own configuration)"))
         return head + figure + table + note + "</section>"
 
     # -- mixed precision ------------------------------------------------------------------------
