@@ -562,7 +562,8 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
 
     plan_path = tmp_path / "small.cross.plan.json"
     tuned = kselect_json("tune", small_model_path, "--library", "mlas,xnnpack", "--budget", "2", "--search", "random",
-                         "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path, "--check-max-rounds", "5")
+                         "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", plan_path, "--check-rounds", "2",
+                         "--check-max-rounds", "3")
     cross = tuned["cross_library"]
     assert cross["greedy"]["total_us"] > 0 and set(cross["single_library"]) == {"mlas", "xnnpack"}
     assert set(cross["switch_us"]) == {"mlas->xnnpack", "xnnpack->mlas"}  # a switch of library, measured just now
@@ -577,7 +578,7 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
     # each library's plan is raced or, its loss certain by the predictions in context, skipped
     assert {"mlas plan", "xnnpack plan"} <= {check["variant"] for check in tuned["checks"]}
     timed = [check for check in tuned["checks"] if "failed" not in check and "skipped" not in check]
-    assert timed and all(4 <= check["processes"] <= 5 for check in timed)
+    assert timed and all(2 <= check["processes"] <= 3 for check in timed)
     assert_kept_by_the_race(verified, tuned["checks"])
     for check in timed:  # each plan predicted through ONNX Runtime's default session of the same race
         assert check["prediction"]["reference"] == BASELINE

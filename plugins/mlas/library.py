@@ -30,7 +30,7 @@ from kselect.plugins.mlas.layout import (
 )
 from kselect.plugins.mlas.ort_session import NCHWC_DOMAIN, ort_matmul_nodes, ort_nchwc_convs, ort_optimized
 from kselect.plugins.mlas.profiling import profiled_run
-from kselect.plugins.mlas.session_config import FORCE_SPINNING_STOP_KEY, session_options
+from kselect.plugins.mlas.session_config import FORCE_SPINNING_STOP_KEY, SPINNING_KEY, session_options
 from kselect.plugins.mlas.single_op import reorder_model, single_conv_model
 from kselect.plugins.ops.conv import as_conv1d
 
@@ -349,6 +349,12 @@ class MlasLibrary(Library):
         # XNNPack ops (MLAS plan alone: 103 ms), since the next segment gets both cores at once.
         stop = {FORCE_SPINNING_STOP_KEY: "1"} if in_mixed_plan else {}
         if plan is None:
+            # ONNX Runtime running the ops another library lacks: its threads do not spin at all.
+            # A fresh session's idle threads spun while the other library's threads waited for a
+            # core (yolov8n on oneDNN with 22 such segments, 2 cores: 1st run 540 ms, then runs of
+            # 30-60 ms for a while, against 5 ms), and once warm the runs are as fast without.
+            if in_mixed_plan:
+                stop[SPINNING_KEY] = "0"
             session = default_session(model, stop, segment=in_mixed_plan)
         else:
             session = plan_session(model, plan, stop, segment=in_mixed_plan)

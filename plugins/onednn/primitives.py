@@ -16,8 +16,10 @@ that a bf16 op reads and writes f32 as its neighbours do.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -30,6 +32,12 @@ LABELS = {"nchw": "NCHW", "nhwc": "NHWC", "nChw8c": "nChw8c", "nChw16c": "nChw16
 FLOAT_MAX = float(np.finfo(np.float32).max)
 # the data type of a task's input and weights, by its precision
 COMPUTE_TYPES = {"fp32": dnnl.F32, "bf16": dnnl.BF16}
+# Packed weights kept for reuse, by (packed descriptor, the ONNX weights' bytes), most recent last,
+# up to PACKED_BYTES_MAX: a precision search builds each op in the same format once per whole-model
+# run (one per op and per front point), and packing is most of a build. An evicted memory lives on
+# in the primitives that still hold it (dnnl.Primitive.memories) and is freed with them.
+_PACKED: OrderedDict[tuple, dnnl.Memory] = OrderedDict()
+PACKED_BYTES_MAX = 256 << 20
 
 
 # -- epilogues as post-ops ------------------------------------------------------------------
@@ -364,13 +372,24 @@ class Built:
 
     def _weights(self, w: np.ndarray, packed_md) -> dnnl.Memory:
         """The ONNX weights reordered once into the implementation's format (as a deployed runner
-        does outside the timed inference)."""
+        does outside the timed inference), or the same weights packed the same way by an earlier
+        build. Only read by the primitive, so builds may share it."""
+        w = np.ascontiguousarray(w, np.float32)
+        key = (dnnl.md_key(packed_md), w.shape, hashlib.blake2b(memoryview(w).cast("B"), digest_size=16).digest())
+        packed = _PACKED.get(key)
+        if packed is not None:
+            _PACKED.move_to_end(key)
+            return packed
         dims, tag = weight_dims(self.task)
         user = dnnl.Memory(dnnl.desc(dims, tag))
-        user.buffer[:w.size] = np.ascontiguousarray(w, np.float32).reshape(-1)
-        packed = self._memory(packed_md)
+        user.buffer[:w.size] = w.reshape(-1)
+        packed = dnnl.Memory(packed_md)
         dnnl.reorder_now(user, packed)
         user.close()
+        _PACKED[key] = packed
+        held = sum(memory.nbytes for memory in _PACKED.values())
+        while held > PACKED_BYTES_MAX and len(_PACKED) > 1:
+            held -= _PACKED.popitem(last=False)[1].nbytes
         return packed
 
     def close(self) -> None:
