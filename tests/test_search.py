@@ -225,8 +225,9 @@ def test_tpe_with_an_sqlite_storage_url(tmp_path, table):
 def test_tpe_finds_the_best_xnnpack_micro_kernel_within_100_samples():
     """Real measurements: mobilenetv2's 1x1 convs on XNNPack (168-432 configs, one or two of
     them within 2% of the best). TPE keeps re-proposing configs it has measured there, so most
-    samples come from its fallback step; stepping from one of the best configs reaches 2% on
-    every seed (stepping from TPE's last proposal did on 7 of 12 runs of these tasks)."""
+    samples come from its fallback step; stepping from one of the best configs reaches 2% with
+    each seed tried here, one per task (stepping from TPE's last proposal did on 7 of 12 runs of
+    these tasks, two seeds each)."""
     tables = sorted((REPO / "benchmarks" / "tables").glob("xnnpack-*.json"))
     if not tables:
         pytest.skip("no recorded XNNPack table in benchmarks/tables")
