@@ -94,7 +94,11 @@ def test_int8_spaces_follow_validate(acl, device):
     assert names[:4] == ["activations", "weights", "method", "layout"]
     assert "gemm_kernel" not in names and "cpu_model" not in names and "fast_math" not in names
     assert set(dense.dim("activations").choices) == {"QASYMM8", "QASYMM8_SIGNED"}
-    assert set(dense.dim("weights").choices) == {"per-channel", "per-tensor"}
+    signed_right = acl._runner_info()["acl_version"] == "v24.11"
+    assert set(dense.dim("weights").choices) == {"per-channel", "per-tensor"} | ({int8.SIGNED_WEIGHTS} if signed_right else set())
+    # signed per-tensor weights go with unsigned activations only (with signed ones they are "per-tensor")
+    assert {c["activations"] for c in dense.enumerate() if c["weights"] == int8.SIGNED_WEIGHTS} <= {"QASYMM8"}
+    assert (f"weights:{int8.SIGNED_WEIGHTS}" in acl.missing_dims()) == (not signed_right)
     # 20.08 runs quantized dense convs through GEMM only (Direct, Winograd, FFT: F16/F32)
     assert dense.dim("method").choices == ("GEMM",)
     assert set(dense.dim("layout").choices) == {"NCHW", "NHWC"}
@@ -136,6 +140,11 @@ def test_every_int8_choice_matches_the_float_reference(acl, device, task):
     assert ("QASYMM8_SIGNED", "per-tensor") in combos and ("QASYMM8", "per-tensor") in combos
     if task.kind == "conv":
         assert ("QASYMM8_SIGNED", "per-channel") in combos and ("QASYMM8", "per-channel") in combos
+    dense = task.kind == "conv" and task.attrs["group"] == 1
+    if dense and acl._runner_info()["acl_version"] == "v24.11":  # ONNX Runtime's U8S8 pairing
+        assert ("QASYMM8", int8.SIGNED_WEIGHTS) in combos
+    else:  # 20.08 computes the mix wrong; a depthwise conv and an fc refuse it
+        assert all(w != int8.SIGNED_WEIGHTS for _, w in combos)
     cache: dict = {}
     for config in configs + [acl.default_config(task, device)]:
         result = measure_in_this_process(acl, task, config, FAST, cache)

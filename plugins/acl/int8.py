@@ -1,9 +1,10 @@
-"""INT8 in ACL 20.08's quantized forms: a conv (NEGEMMConvolutionLayer / NEConvolutionLayer, or
-NEDepthwiseConvolutionLayer) or fc (NEFullyConnectedLayer) on quantized tensors.
+"""INT8 in ACL's quantized forms (20.08 and 24.11): a conv (NEGEMMConvolutionLayer /
+NEConvolutionLayer, or NEDepthwiseConvolutionLayer) or fc (NEFullyConnectedLayer) on quantized tensors.
 
 Activations (input and output) are QASYMM8 or QASYMM8_SIGNED, weights QSYMM8_PER_CHANNEL (one
 scale per output channel) or, per tensor, of the activations' own type (QASYMM8 weights carry
-zero point 128, QASYMM8_SIGNED zero point 0), bias S32 at scale x_scale * w_scale. The
+zero point 128, QASYMM8_SIGNED zero point 0) or, on 24.11 under QASYMM8 activations, per-tensor
+QASYMM8_SIGNED (``per-tensor-signed``), bias S32 at scale x_scale * w_scale. The
 parameters come from the measuring core (``inputs["quant"]``, core/precision/quant.py: uint8 asymmetric
 activations, symmetric int8 weights); QASYMM8_SIGNED uses the same scales with zero points minus
 128. Data are quantized here, outside the timed work, and sent to the runner as raw integer
@@ -27,15 +28,36 @@ from kselect.core.precision.quant import QuantParams, dequantize, quantize
 
 ACTIVATION_TYPES = ("QASYMM8_SIGNED", "QASYMM8")  # the data type of the input and the output
 WEIGHT_GRANULARITY = ("per-channel", "per-tensor")
+# Per-tensor QASYMM8_SIGNED weights under QASYMM8 activations: ONNX Runtime's default int8 pairing
+# (U8S8). 20.08's GEMM convolution validates the mix and computes it wrong (255 output steps off);
+# 24.11 computes it right and refuses the reverse mix in configure(). Offered where ACL computes it.
+SIGNED_WEIGHTS = "per-tensor-signed"
+SIGNED_WEIGHTS_RIGHT = {"v20.08": False, "v24.11": True}
+SIGNED_WEIGHTS_WRONG_IN_2008 = ("ACL 20.08's GEMM convolution validates QASYMM8 activations with per-tensor "
+                                "QASYMM8_SIGNED weights and computes them wrong (255 output steps off): not offered")
 # ACL's activations a quantized conv / fc applies in its output stage (a clamp in the integer domain)
 FUSED = ("RELU", "BOUNDED_RELU", "LU_BOUNDED_RELU")
 DEFAULT_ACTIVATIONS = "QASYMM8_SIGNED"  # what Arm NN gives ACL for a TFLite int8 model
 DEFAULT_WEIGHTS = "per-channel"
 
 
+def weight_granularities(acl_version: str) -> tuple[str, ...]:
+    """The weights choices of this ACL release (``per-tensor-signed`` where it computes the mix)."""
+    return WEIGHT_GRANULARITY + ((SIGNED_WEIGHTS,) if SIGNED_WEIGHTS_RIGHT.get(acl_version, False) else ())
+
+
+def combos(acl_version: str) -> list[tuple[str, str]]:
+    """Every (activation type, weights choice) to validate: signed weights with unsigned
+    activations only (with QASYMM8_SIGNED activations they are plain ``per-tensor``)."""
+    return [(a, w) for a in ACTIVATION_TYPES for w in weight_granularities(acl_version)
+            if not (w == SIGNED_WEIGHTS and a != "QASYMM8")]
+
+
 def weight_type(activations: str, weights: str) -> str:
-    """ACL's data type of the weights for an (activation type, granularity) choice."""
-    return "QSYMM8_PER_CHANNEL" if weights == "per-channel" else activations
+    """ACL's data type of the weights for an (activation type, weights choice)."""
+    if weights == "per-channel":
+        return "QSYMM8_PER_CHANNEL"
+    return "QASYMM8_SIGNED" if weights == SIGNED_WEIGHTS else activations
 
 
 def shift(activations: str) -> int:

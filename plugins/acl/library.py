@@ -241,12 +241,15 @@ class AclLibrary(Library):
                 result = json.loads(path.read_text())
             except ValueError:
                 result = None
+        combos = {f"{a}/{w}": (a, w) for a, w in int8.combos(self._acl_version())}
+        if result is not None and task.precision == "int8" and set(result.get("int8", {})) != set(combos):
+            result = None  # cached before this release's weights choices were all validated
         fresh = result is None
         if result is None and task.precision == "int8":
-            # one validate per (activation type, weight granularity): {"int8": {"QASYMM8/per-tensor": answer}}
+            # one validate per (activation type, weights choice): {"int8": {"QASYMM8/per-tensor": answer}}
             result = {"ok": True, "int8": {
-                f"{activations}/{weights}": self._validate(task, {"quant": int8.placeholder_quant(activations, weights)})
-                for activations in int8.ACTIVATION_TYPES for weights in int8.WEIGHT_GRANULARITY}}
+                key: self._validate(task, {"quant": int8.placeholder_quant(activations, weights)})
+                for key, (activations, weights) in combos.items()}}
         if result is None:
             result = self._validate(task, {"with_gemms": True, "config": {"threads": device.cores}})
         if fresh:
@@ -417,6 +420,8 @@ class AclLibrary(Library):
             missing["fixed_format"] = extensions["fixed_format_reason"]
         if "gemm_fast_math_reason" in extensions and not extensions.get("gemm_fast_math", False):
             missing["gemm_fast_math"] = extensions["gemm_fast_math_reason"]
+        if not int8.SIGNED_WEIGHTS_RIGHT.get(self._acl_version(), False):
+            missing[f"weights:{int8.SIGNED_WEIGHTS}"] = int8.SIGNED_WEIGHTS_WRONG_IN_2008
         return missing
 
     def missing_precisions(self) -> dict[str, str]:
@@ -453,6 +458,9 @@ class AclLibrary(Library):
     def _cpu_model_hint(self) -> bool:
         return bool(self._runner_info().get("extensions", {}).get("cpu_model_hint", True))
 
+    def _acl_version(self) -> str:
+        return self._runner_info().get("acl_version", "?")
+
     def _runner_info(self) -> dict:
         if self._info is None:
             self._info = self._query_runner().info()
@@ -475,8 +483,8 @@ class AclLibrary(Library):
         space = Space()
         space.add(Categorical("activations", tuple(a for a in int8.ACTIVATION_TYPES if any(v[0] == a for v in valid)),
                               role="precision"))
-        space.add(Categorical("weights", tuple(w for w in int8.WEIGHT_GRANULARITY if any(v[1] == w for v in valid)),
-                              role="precision"))
+        space.add(Categorical("weights", tuple(w for w in int8.weight_granularities(self._acl_version())
+                                               if any(v[1] == w for v in valid)), role="precision"))
         if task.kind == "conv":
             methods = self._int8_methods(info)
             if not methods:
