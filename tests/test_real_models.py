@@ -98,6 +98,58 @@ def test_a_yolov8_detector_runs_on_xnnpack_with_onnxruntime_for_the_ops_xnnpack_
     assert sum(len(s.nodes) for s in runner.segments if s.library == "xnnpack") > 100  # most of the model
 
 
+def test_onnxruntime_segments_spin_only_where_they_run_matrix_ops():
+    """ONNX Runtime runs what oneDNN lacks in segments of their own. yolov8n's (Split, Concat,
+    Resize, its head's Softmax) do not spin: their idle threads held cores oneDNN waited for. A
+    segment with a MatMul oneDNN cannot take (both inputs computed) spins, as ONNX Runtime's
+    default does. Outputs match ONNX Runtime's either way."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kselect.core.contract import plugins
+    from kselect.core.models.model import load_model, model_from_proto
+    from kselect.core.plans.runtime import library_runner
+    from kselect.core.whole_model.bench import compare_outputs, random_feeds
+    from kselect.plugins.mlas.apply import default_session
+    from kselect.plugins.mlas.session_config import SPINNING_KEY
+
+    def entry(session) -> str:
+        try:
+            return session.get_session_options().get_session_config_entry(SPINNING_KEY)
+        except RuntimeError:  # not set: ONNX Runtime's default (spinning)
+            return ""
+
+    def spinning(runner) -> list[str]:
+        """Each ONNX Runtime segment's spinning entry ("" where the session has ONNX Runtime's default)."""
+        return [entry(r.session) for s, r in zip(runner.segments, runner.runners) if s.library == "mlas"]
+
+    onednn = plugins.get_library("onednn")
+    yolo = library_runner(onednn, load_model("yolov8n-nudenet-320", ["images=1,3,128,128"]))
+    try:
+        assert len(spinning(yolo)) > 10 and set(spinning(yolo)) == {"0"}
+    finally:
+        yolo.close()
+
+    rng = np.random.default_rng(0)
+    weights = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([8, 64], dtype=np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Reshape", ["c", "shape"], ["r"], name="flat"),
+         helper.make_node("Transpose", ["r"], ["t"], name="turn", perm=[1, 0]),
+         helper.make_node("MatMul", ["r", "t"], ["gram"], name="gram")],
+        "gram", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("gram", TensorProto.FLOAT, [8, 8])], [weights, shape])
+    model = model_from_proto("gram", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    runner = library_runner(onednn, model)
+    try:
+        assert [s.library for s in runner.segments] == ["onednn", "mlas"] and spinning(runner) == [""]
+        feeds = random_feeds(model)
+        assert compare_outputs(default_session(model).run(None, feeds), runner(feeds)) < 1e-4
+    finally:
+        runner.close()
+
+
 def test_acl_runs_real_models_with_onnxruntime_for_what_its_engine_lacks(acl):
     """waifu2x UpConv7 at a small input runs in ACL alone (its ConvTranspose as
     NEDeconvolutionLayer); YOLOv8's convs with SiLU run with ACL's own choice, and the Reshapes of

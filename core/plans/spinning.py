@@ -16,9 +16,10 @@ the planner solves once per library that could spin and the plan's spinner is th
 ops would pay the most asleep (``_spinner``). Whichever spins stops at
 the end of its segments (``Library.model_runner(..., in_mixed_plan=True)``): left spinning, the
 threads of one segment took a core from the next (resnet101, two XNNPack ops: 251 -> 150 ms).
-ONNX Runtime running only the ops a plan's libraries lack (no MLAS plan among them) never spins
-(plugins/mlas/library.py, ``model_runner``): those are small ops, and its fresh sessions' idle
-threads held cores the plan's library waited for.
+ONNX Runtime running only the ops a plan's libraries lack (no MLAS plan among them) does not spin
+where those are data movement and element-wise ops (plugins/mlas/library.py, ``model_runner``):
+its fresh sessions' idle threads held cores the plan's library waited for. Where they include a
+matrix op (an LSTM left to ONNX Runtime), its segment spins: that is where the time goes.
 """
 
 from __future__ import annotations

@@ -349,17 +349,40 @@ class MlasLibrary(Library):
         # XNNPack ops (MLAS plan alone: 103 ms), since the next segment gets both cores at once.
         stop = {FORCE_SPINNING_STOP_KEY: "1"} if in_mixed_plan else {}
         if plan is None:
-            # ONNX Runtime running the ops another library lacks: its threads do not spin at all.
-            # A fresh session's idle threads spun while the other library's threads waited for a
-            # core (yolov8n on oneDNN with 22 such segments, 2 cores: 1st run 540 ms, then runs of
-            # 30-60 ms for a while, against 5 ms), and once warm the runs are as fast without.
-            if in_mixed_plan:
+            # ONNX Runtime running the ops another library lacks. A segment of data movement and
+            # element-wise ops does not spin: a fresh session's idle threads spun while the other
+            # library's threads waited for a core (yolov8n on oneDNN with 22 such segments, 2
+            # cores: 1st run 540 ms, then runs of 30-60 ms for a while, against 5 ms), and once
+            # warm the runs are as fast without. A segment with matrix work (an LSTM, a MatMul)
+            # spins as ONNX Runtime's default does: its parallel loops are where the time goes
+            # (ddddocr-ocr-beta on oneDNN, its LSTM in ONNX Runtime: 13.1 ms spinning, 15.0 ms not).
+            if in_mixed_plan and not holds_matrix_work(model):
                 stop[SPINNING_KEY] = "0"
             session = default_session(model, stop, segment=in_mixed_plan)
         else:
             session = plan_session(model, plan, stop, segment=in_mixed_plan)
-        names = [o.name for o in session.get_outputs()]
-        return lambda feeds: session.run(names, feeds)
+        return SessionRunner(session)
+
+
+class SessionRunner:
+    """A model runner of ONNX Runtime: the session's outputs for the feeds, in graph order."""
+
+    def __init__(self, session):
+        self.session = session
+        self.names = [o.name for o in session.get_outputs()]
+
+    def __call__(self, feeds):
+        return self.session.run(self.names, feeds)
+
+
+# ONNX ops ONNX Runtime runs on MLAS's GEMM or convolution kernels across its threads.
+MATRIX_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
+                        "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention", "MultiHeadAttention"})
+
+
+def holds_matrix_work(model) -> bool:
+    """Whether the model (a segment of ONNX Runtime's in a plan) runs any matrix op."""
+    return any(node.op_type in MATRIX_OPS for node in model.proto.graph.node)
 
 
 # The activations an NCHWc conv takes as its ``activation`` attribute (MLAS_ACTIVATION_KIND).
