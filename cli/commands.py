@@ -196,10 +196,7 @@ def cmd_space(args) -> None:
     device = this_device()
     tasks = library_tasks(model, library)
     if args.task:
-        chosen = [t for t in tasks if t.id == args.task]
-        if not chosen:
-            raise KselectError(f"no task {args.task!r} for {library.name} in {model.name} (tasks: {', '.join(t.id for t in tasks)})")
-        task = chosen[0]
+        task = _task_or_twin(args.task, tasks, library, model)
         space = library.space(task, device)
         if args.json:
             return _print_json({"model": model.name, "library": library.name, "library_version": library.version(),
@@ -235,6 +232,25 @@ def cmd_space(args) -> None:
                       ", ".join(d.name for d in space.dims), str(len(space)))
     console.print(table)
     _print_missing_dims(library)
+
+
+def _task_or_twin(task_id: str, tasks: list, library, model):
+    """The task ``T02``, or its twin at a reduced precision ``T02.int8`` (``T02.bf16``, ...): what the
+    tune measures for that op in that precision."""
+    base, _, precision = task_id.partition(".")
+    chosen = [t for t in tasks if t.id == base]
+    if not chosen:
+        raise KselectError(f"no task {base!r} for {library.name} in {model.name} (tasks: {', '.join(t.id for t in tasks)})")
+    if not precision:
+        return chosen[0]
+    if precision not in library.precisions:
+        why = library.missing_precisions().get(precision)
+        raise KselectError(f"{library.name} has no {precision} tasks here" + (f": {why}" if why else
+                           f" (its precisions: {', '.join(library.precisions)})"))
+    twin = chosen[0].at_precision(precision)
+    if not library.supports(twin):
+        raise KselectError(f"{library.name} has no {precision} form of {base} ({_op(chosen[0])})")
+    return twin
 
 
 def _print_missing_dims(library) -> None:

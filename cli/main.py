@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("space", help="show a task's configuration space for a library")
     _add_model_args(p)
     p.add_argument("--library", required=True)
-    p.add_argument("--task", help="task id (default: every task, summarised)")
+    p.add_argument("--task", help="task id, or its twin at a reduced precision (T02.int8, T02.bf16); default: every task, summarised")
     p.add_argument("--json", action="store_true", help="print JSON (with --task: every valid config)")
 
     p = commands.add_parser("plugins", help="list plugins with version and status")

@@ -68,6 +68,17 @@ def test_space_of_one_task_lists_every_config_with_the_default_among_them(xnnpac
     assert sizes["T02"] == printed and len(sizes) == len(json_of(run_kselect("tasks", "resnet18", "--json"))["tasks"])
 
 
+def test_space_of_a_tasks_int8_twin_is_what_the_tune_measures_in_int8():
+    """``--task T02.int8``: the space of T02's int8 twin (MLAS's QDQ conv: its activation and weight
+    quantization dims), with its own key; the fp32 task's space has none of those dims."""
+    twin = json_of(run_kselect("space", "resnet18", "--library", "mlas", "--task", "T02.int8", "--json"))
+    plain = json_of(run_kselect("space", "resnet18", "--library", "mlas", "--task", "T02", "--json"))
+    assert twin["task"]["id"] == "T02.int8" and twin["task"]["key"] != plain["task"]["key"]
+    precision_dims = {d["name"] for d in twin["dimensions"] if d["role"] == "precision"}
+    assert precision_dims and not {d["name"] for d in plain["dimensions"] if d["role"] == "precision"}
+    assert twin["default"] in twin["configs"] and twin["size"] == len(twin["configs"])
+
+
 def test_plan_show_matches_the_plan_file(tuned):
     _, plan_path, _ = tuned
     plan = json.loads(plan_path.read_text())

@@ -496,6 +496,8 @@ def _bad_inputs(tmp_path, small_model_path, small_plan) -> dict:
         "a directory as database": ((*tune, "--db", tmp_path), "is a directory, not a database file"),
         "a directory as plan output": ((*tune, "-o", tmp_path), "is a directory, not a plan file"),
         "an unknown task": (("space", small_model_path, "--library", "mlas", "--task", "T99"), "no task 'T99'"),
+        "a precision the library lacks": (("space", small_model_path, "--library", "mlas", "--task", "T01.bf16"),
+                                          "mlas has no bf16 tasks here: no bf16 candidates"),
         "a directory as plan": (("bench", small_model_path, "--plan", plan_folder), "plan"),
         "a plan for another model": (("bench", "resnet18", "--plan", plan, "--rounds", "1"), "resnet18"),
         "no model": (("tune",), "model"),
@@ -507,7 +509,8 @@ def _bad_inputs(tmp_path, small_model_path, small_plan) -> dict:
 BAD_INPUTS = ["a directory as model", "an empty file", "a truncated ONNX file", "a model without a tunable op",
               "an empty library list", "one unknown library among known", "a zero dim", "a negative dim",
               "a shape without a name", "a shape of another rank", "a directory as database",
-              "a directory as plan output", "an unknown task", "a directory as plan", "a plan for another model",
+              "a directory as plan output", "an unknown task", "a precision the library lacks", "a directory as plan",
+              "a plan for another model",
               "no model", "an unknown command", "an unknown option"]
 
 
