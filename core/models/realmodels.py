@@ -297,6 +297,15 @@ def fetch_sample_pictures(samples: SamplePictures = SAMPLE_PICTURES) -> list[Pat
     return paths
 
 
+def cached_as(path: str) -> RealModel | None:
+    """The real model whose cached file ``path`` is, or None."""
+    for real in REAL_MODELS.values():
+        cached = cached_path(real)
+        if cached.is_file() and os.path.samefile(cached, path):
+            return real
+    return None
+
+
 def registry_entry(model) -> RealModel | None:
     """The real model a loaded model is (by name and cached file), or None."""
     real = REAL_MODELS.get(model.name)
