@@ -5,7 +5,9 @@ plan at each ``--budgets`` cosine-drop (top-1 agreement for classifiers), tuned 
 ``--precision all`` for each of ``--tunes`` (``--library`` values separated by ";": by default
 MLAS and oneDNN across libraries, and OpenVINO alone, whose per-op bf16 / f32 choice answers
 its default's uniform bf16; records shared between the budgets, so only the first tune of each
-measures kernels).
+measures kernels). The word ``openvino`` among the budgets adds OpenVINO default's own drop on the
+model where that is looser than the tightest number: kselect is then compared with OpenVINO's
+default at the accuracy OpenVINO's default gives up.
 
 Every side is timed with the rounds protocol: alone in a fresh process per round, sides taking
 turns (``kselect.core.whole_model.alone.timed_alone``); per-round speedups over ONNX Runtime's fp32
@@ -23,6 +25,7 @@ Benchmark-only dependencies: ``pip install -e .[bench]`` (NNCF, pinned).
 
     .venv/bin/python benchmarks/precision.py --models resnet18,mobilenetv2
     .venv/bin/python benchmarks/precision.py --models yolov8n-nudenet-320 --budgets 0.0005,0.01
+    .venv/bin/python benchmarks/precision.py --models resnet18 --budgets 0.0005,0.01,openvino --budget 1
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
         sides[side].update({"score": metric(outputs, reference, calibration.held_out), "tune_s": None})
         sides[side]["drop"] = fp32_score - sides[side]["score"]
 
-    for libraries, budget in ((libraries, budget) for libraries in args.tunes.split(";") for budget in args.budgets):
+    budgets = model_budgets(args.budgets, sides["OpenVINO default"]["drop"])
+    for libraries, budget in ((libraries, budget) for libraries in args.tunes.split(";") for budget in budgets):
         start = time.perf_counter()
         config = kselect.TuneConfig(precision="all", calibration=calibration, metric=metric_name,
                                     max_accuracy_drop=budget, budget=args.budget, db=args.db, settings=settings,
@@ -171,10 +175,22 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
     for side, figures in sides.items():
         figures.update(side_figures(baseline, timed[side]))
     return {"model": name, "command": f"benchmarks/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
-            "tunes": args.tunes, "metric": metric_name, "synthetic": calibration.synthetic,
+            "tunes": args.tunes, "budgets": budgets, "configs_per_task": args.budget, "metric": metric_name,
+            "synthetic": calibration.synthetic,
             "data": "SYNTHETIC random inputs" if calibration.synthetic else
             f"{calibration.source}" + (f", {calibration.caveat}" if calibration.caveat else ""),
             "held_out": len(calibration.held_out), "calibration_feeds": len(calibration.calibrate), "sides": sides}
+
+
+def model_budgets(requested: list, openvino_drop: float) -> list[float]:
+    """The accuracy budgets a model's plans are tuned under: the numbers asked for, and for the
+    word ``openvino`` OpenVINO default's own drop on this model (rounded down to 4 places, so never
+    looser than that drop) where it is looser than the tightest number and not one of them."""
+    numbers = [b for b in requested if b != "openvino"]
+    own = math.floor(openvino_drop * 1e4) / 1e4
+    if "openvino" not in requested or own in numbers or own <= min(numbers, default=0.0):
+        return numbers
+    return sorted(numbers + [own])
 
 
 def other_implementations(plan) -> dict[str, dict]:
@@ -217,18 +233,19 @@ def kselect_best(result: dict, budget: float) -> dict:
     return {"side": name, **figures}
 
 
-def summary(results: list[dict], budgets: list[float]) -> dict:
-    """Per budget, the geomean speedup over ORT fp32 of kselect's fastest kept plan per model; per
-    model, whether that plan at a budget no looser than OpenVINO default's own drop is at least as
-    fast as OpenVINO's default."""
+def summary(results: list[dict], budgets: list) -> dict:
+    """Per numeric budget, the geomean speedup over ORT fp32 of kselect's fastest kept plan per
+    model; per model, whether its plan at the loosest budget no looser than OpenVINO default's own
+    drop is at least as fast as OpenVINO's default."""
     out = {"geomean": {}, "against_openvino_default": {}}
-    for budget in budgets:
+    for budget in [b for b in budgets if b != "openvino"]:
         ratios = [kselect_best(r, budget).get("speedup") for r in results]
         if ratios and all(ratios):
             out["geomean"][str(budget)] = round(math.exp(sum(math.log(x) for x in ratios) / len(ratios)), 3)
     for r in results:
         openvino = r["sides"]["OpenVINO default"]
-        fair = max([b for b in budgets if b <= max(openvino.get("drop", 0.0), 0.0)] or [min(budgets)])
+        tuned = _tuned_budgets(r, budgets)
+        fair = max([b for b in tuned if b <= max(openvino.get("drop", 0.0), 0.0)] or [min(tuned)])
         best = kselect_best(r, fair)
         if best and "speedup" in openvino:
             out["against_openvino_default"][r["model"]] = {
@@ -239,6 +256,11 @@ def summary(results: list[dict], budgets: list[float]) -> dict:
     return out
 
 
+def _tuned_budgets(result: dict, budgets: list) -> list[float]:
+    """The budgets a model's run tuned under (a run before they were recorded: the numeric ones)."""
+    return result.get("budgets") or [b for b in budgets if b != "openvino"]
+
+
 def versus(peer: dict, side: dict) -> dict:
     """``side`` against ``peer`` timed in the same rounds: the median of the per-round speedups of
     side over peer with its bounds; shown slower when the upper bound is below 1."""
@@ -246,14 +268,14 @@ def versus(peer: dict, side: dict) -> dict:
     return {"speedup": round(median, 4), "bounds": [round(low, 4), round(high, 4)], "shown_slower": high < 1.0}
 
 
-def against_defaults(results: list[dict], budgets: list[float]) -> list[dict]:
+def against_defaults(results: list[dict], budgets: list) -> list[dict]:
     """Per model and budget, kselect's OpenVINO plan against OpenVINO's default, and its plan
     across every library (``--library all``) against the faster of ONNX Runtime's and OpenVINO's
     defaults; a default whose own drop exceeds the budget is not a peer at that budget."""
     rows = []
     for r in results:
         sides = r["sides"]
-        for budget in budgets:
+        for budget in _tuned_budgets(r, budgets):
             peers = [name for name in ("ORT fp32 default", "OpenVINO default")
                      if "process_ms" in sides.get(name, {}) and sides[name]["drop"] <= budget]
             for tune, wanted in (("openvino", ["OpenVINO default"]), ("all", peers)):
@@ -271,8 +293,15 @@ def against_defaults(results: list[dict], budgets: list[float]) -> list[dict]:
 TITLE = "Precision per op: kselect against ONNX Runtime and OpenVINO"
 
 
+NOTES = "## What the figures say"  # the page's hand-written reading of the tables, kept across runs
+
+
 def write_markdown(document: dict, path: Path, command: str, title: str = TITLE) -> None:
-    """The results page: how it was run, one table per model, the summary against the targets."""
+    """The results page: how it was run, one table per model, the summary against the targets,
+    then the page's own ``NOTES`` section as it stood (written by hand, not by this script)."""
+    notes = ""
+    if path.is_file() and f"\n{NOTES}\n" in path.read_text():
+        notes = NOTES + "\n" + path.read_text().split(f"\n{NOTES}\n", 1)[1]
     lines = [f"# {title}", "",
              f"Each model's run is named under its heading (the last: `{command}`), on {document['device']} (libraries: "
              + ", ".join(f"{name} {version}" for name, version in document["libraries"].items())
@@ -287,7 +316,9 @@ def write_markdown(document: dict, path: Path, command: str, title: str = TITLE)
     for result in document["models"]:
         lines += [f"## {result['model']} ({result['metric']}; {result['data']}, {result['calibration_feeds']} "
                   f"calibrate, {result['held_out']} held out)", "",
-                  *([f"Run: `{result['command']}`.", ""] if "command" in result else []),
+                  *([f"Run: `{result['command']}`" + (f" ({result['configs_per_task']} config{'s' * (result['configs_per_task'] != 1)} measured per task)"
+                                                       if "configs_per_task" in result else "") + ".", ""]
+                    if "command" in result else []),
                   "| " + " | ".join(COLUMNS) + " |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += ["| " + " | ".join(row(side, f)) + " |" for side, f in result["sides"].items()]
         lines.append("")
@@ -324,7 +355,7 @@ def write_markdown(document: dict, path: Path, command: str, title: str = TITLE)
                          f"{item['kselect_drop']:.4f} | {item['peer_drop']:.4f} | {item['speedup']:.3f}x | "
                          f"{item['bounds'][0]:.3f}-{item['bounds'][1]:.3f} | {'yes' if item['shown_slower'] else 'no'} |")
         lines.append("")
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + ("\n" + notes if notes else ""))
 
 
 def main(defaults: dict | None = None, title: str = TITLE, description: str = __doc__) -> None:
@@ -348,7 +379,10 @@ def main(defaults: dict | None = None, title: str = TITLE, description: str = __
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args()
     tunable_model_names(args.models)  # one line and exit 2 before measuring, not a traceback later
-    args.budgets = [float(b) for b in args.budgets.split(",")]
+    try:
+        args.budgets = [b if b == "openvino" else float(b) for b in args.budgets.split(",")]
+    except ValueError:
+        parser.error(f"--budgets: numbers or the word openvino, not {args.budgets!r}")
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
     device = this_device()
     earlier = []
@@ -360,7 +394,7 @@ def main(defaults: dict | None = None, title: str = TITLE, description: str = __
     header = {"device": device.summary(), "device_fingerprint": device.fingerprint,
               "libraries": {lib.name: lib.version() for tune in args.tunes.split(";")
                             for lib in plugins.select_libraries(tune)},
-              "openvino": plugins.get_library("openvino").version(), "budget": args.budget,
+              "openvino": plugins.get_library("openvino").version(),
               "min_time_s": args.min_time, "rounds": args.rounds, "runs_per_process": args.runs}
     with tempfile.TemporaryDirectory(prefix="kselect-precision-") as work:
         for name in args.models.split(","):
