@@ -578,8 +578,12 @@ def test_cli_tunes_across_libraries_and_benches_the_plan(tmp_path, small_model_p
     # each library's plan is raced or, its loss certain by the predictions in context, skipped
     assert {"mlas plan", "xnnpack plan"} <= {check["variant"] for check in tuned["checks"]}
     timed = [check for check in tuned["checks"] if "failed" not in check and "skipped" not in check]
-    assert timed and all(2 <= check["processes"] <= 3 for check in timed)
-    assert_kept_by_the_race(verified, tuned["checks"])
+    assert all(2 <= check["processes"] <= 3 for check in timed)
+    if timed:
+        assert_kept_by_the_race(verified, tuned["checks"])
+    else:  # the MLAS plan is the baseline's own session, the others' loss certain by prediction: none raced
+        assert all(check["skipped"] for check in tuned["checks"])
+        assert verified["chosen"] == verified["fastest"] == BASELINE and verified["rounds"] == 0
     for check in timed:  # each plan predicted through ONNX Runtime's default session of the same race
         assert check["prediction"]["reference"] == BASELINE
         assert {"library": "mlas+xnnpack", "plan": check["variant"], **check["prediction"]} in tuned["predictions"]

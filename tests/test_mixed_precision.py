@@ -13,6 +13,7 @@ import pytest
 from graphs import small_cnn
 from helpers import feeds_folder, kselect_json, run_kselect
 
+from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process
 from kselect.core.models.model import load_model
@@ -921,3 +922,19 @@ def test_a_conv_the_plan_keeps_in_fp32_between_int8_ops_runs_in_fp32(tmp_path):
     written = ort.InferenceSession(as_written.SerializeToString(), providers=["CPUExecutionProvider"],
                                    disabled_optimizers=["WeightBiasQuantization"])
     np.testing.assert_allclose(session.run(None, feeds[0])[0], written.run(None, feeds[0])[0], rtol=0, atol=1e-5)
+
+
+def test_a_half_precision_tune_of_a_users_model_without_data_names_the_precision_it_needs_data_for(tmp_path,
+                                                                                                   small_model_path):
+    """`--precision all` on a library with bf16 and no int8 (oneDNN) needs held-out data for its
+    accuracy budget: the one-line refusal names bf16, not int8, which this library does not offer."""
+    onednn = plugins.libraries()["onednn"]
+    if not onednn.availability()[0] or "bf16" not in onednn.plan_precisions or "int8" in onednn.plan_precisions:
+        pytest.skip("needs oneDNN with bf16 plans and without int8 ones")
+    db = tmp_path / "records.db"
+    result = run_kselect("tune", small_model_path, "--library", "onednn", "--precision", "all", "--db", db)
+    assert result.returncode == 2, result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "bf16 needs calibration data for the accuracy budget" in error[0]
+    assert "int8" not in error[0] and "Traceback" not in result.stderr
+    assert not db.exists()  # refused before anything was measured

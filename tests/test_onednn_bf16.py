@@ -252,3 +252,35 @@ def test_a_plan_across_mlas_and_onednn_holds_int8_bf16_and_fp32_ops_and_runs(tmp
     reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     cosine = float(output.ravel() @ reference.ravel() / (np.linalg.norm(output) * np.linalg.norm(reference)))
     assert 0.95 < cosine < 1.0 - 1e-7  # int8 and bf16 did run
+
+
+@needs_bf16
+def test_a_tensor_between_two_bf16_ops_is_held_in_bf16_and_every_other_in_f32(onednn):
+    """small_cnn with every conv and the Gemm in bf16: a tensor that only bf16 convs read is written
+    in bf16 by its producer and read as it is (no f32 copy written and read back between them); a
+    tensor that an f32 op (the residual Add, the pooling) or the graph's output reads stays f32.
+    The output is what writing f32 and converting it in the reader gives: within a bf16 budget of
+    ONNX Runtime's fp32 output."""
+    model = model_from_proto("small", graphs.small_cnn())
+    tasks, nodes = [], {}
+    for task in extract_tasks(model):
+        twin = task.at_precision("bf16")
+        config = onednn.default_config(twin, this_device())
+        tasks.append({**twin.to_json(), "library": "onednn", "config": config})
+        nodes.update({node: {"task": twin.id, "library": "onednn", "config": config} for node in twin.nodes})
+    plan = Plan(model={}, device={}, libraries={"onednn": onednn.version()}, emulated=False, plan_level={},
+                tasks=tasks, nodes=nodes)
+    x = np.random.default_rng(5).standard_normal(model.input_shapes["input"], dtype=np.float32)
+    runner = kselect.load_plan(plan, model)
+    try:
+        output = runner.run({"input": x})[0]
+        executor = runner.runners[0]
+        in_bf16 = {name for name, tensor in executor.tensors.items() if tensor.memory.md.data_type == dnnl.BF16}
+    finally:
+        runner.close()
+    # block.conv1 -> block.conv2, down -> dw, dw -> pw; stem.r is also read by the residual Add
+    assert in_bf16 == {"block.conv1.r", "down.r", "dw.r"}
+    session = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = session.run(None, {"input": x})[0]
+    error = float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference)))
+    assert 1e-5 < error < 4 * 2.0 ** -8 * len(tasks)

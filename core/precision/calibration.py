@@ -237,11 +237,13 @@ def _feeds_from_files(files: list[Path], model: Model, preprocess: ImagePreproce
 
 
 def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibration | None",
-                    method: str = "minmax", preprocess: ImagePreprocess | None = None) -> Calibration:
+                    method: str = "minmax", preprocess: ImagePreprocess | None = None,
+                    precisions: tuple[str, ...] = ("int8",)) -> Calibration:
     """Splits the feeds (half calibrate, half held out; a ``Calibration`` is taken as split);
     ``data`` None is allowed for the built-in zoo only (synthetic feeds); pictures become inputs
     with ``preprocess`` (default: ``image_preprocess(model)``). Refuses, in one line, data that
-    does not fit the model."""
+    does not fit the model, or no data for a model of the user's own, naming the reduced
+    ``precisions`` the data is for."""
     if method not in METHODS:
         raise KselectError(f"--calibration-method {method!r}: choose from {', '.join(METHODS)}")
     if isinstance(data, Calibration):  # already split (a benchmark's own synthetic set, say)
@@ -255,8 +257,10 @@ def calibration_for(model: Model, data: "str | Path | Iterable[dict] | Calibrati
     if data is None:
         if model.source != "builtin":
             hint = " or, for a real model, --calibration samples" if model_preprocess(model) else ""
-            raise KselectError(f"{model.name}: int8 needs calibration data (--calibration FOLDER of .npz/.npy feeds "
-                               f"or images{hint}); synthetic data is for the built-in zoo only")
+            what = " and ".join(precisions)
+            use = "its ranges and the accuracy budget" if "int8" in precisions else "the accuracy budget"
+            raise KselectError(f"{model.name}: {what} needs calibration data for {use} (--calibration FOLDER of "
+                               f".npz/.npy feeds or images{hint}); synthetic data is for the built-in zoo only")
         feeds, source, synthetic = synthetic_feeds(model), "synthetic", True
     elif _means_samples(data):
 

@@ -95,7 +95,8 @@ def precision_request(model: Model, libraries: list[Library], config: "TuneConfi
         chosen_metric, name = user_metric(metric), getattr(metric, "__name__", "user metric")
     else:
         chosen_metric, name = (get_metric(metric), metric) if metric else (None, None)
-    data = calibration_for(model, calibration, method, preprocess)
+    offered = tuple(p for p in reduced if any(p in lib.plan_precisions for lib in libraries))
+    data = calibration_for(model, calibration, method, preprocess, offered)
     if "int8" in reduced:
         compute_ranges(model, data)
     return PrecisionRequest(reduced, data, chosen_metric, name, max_drop)

@@ -129,6 +129,7 @@ class Executor:
             for name in node.input:
                 if name:
                     consumers.setdefault(name, []).append(i)
+        self._nodes, self._consumers = nodes, consumers
         self.tensors: dict[str, _Tensor] = {}
         self.inputs: list[_Tensor] = []
         for name, shape in self.model.input_shapes.items():
@@ -179,6 +180,18 @@ class Executor:
                 reorder = dnnl.reorder(tensor.memory, plain)
                 self._primitives.append(reorder)
                 self.outputs.append((tensor, reorder, plain))
+
+    def _bf16_readers_only(self, tensor: str) -> bool:
+        """Whether every node reading ``tensor`` is a 2-D conv, deconv or fc that the plan runs in
+        bf16 (and the tensor is no graph output): those read bf16 as they compute."""
+        readers = self._consumers.get(tensor, [])
+        if not readers or tensor in self.graph_outputs:
+            return False
+        for index in readers:
+            task = self._tasks.get(self._nodes[index].name)
+            if task is None or task.precision != "bf16" or task.conv1d or self._nodes[index].input[0] != tensor:
+                return False
+        return True
 
     @staticmethod
     def _epilogue_nodes(nodes, index: int, count: int) -> list[int]:
@@ -273,7 +286,8 @@ class Executor:
 
     def _planned_precisions(self) -> dict[str, str]:
         """node -> the precision the plan runs it in (a bf16 op reads and writes f32 tensors, its
-        input converted to bf16 within the op: prim.Built)."""
+        input converted to bf16 within the op: prim.Built; bf16 ones between two bf16 ops:
+        ``_built_for``)."""
         if self.plan is None:
             return {}
         tasks = getattr(self.plan, "tasks", [])  # a plan of configs alone runs in fp32
@@ -300,7 +314,7 @@ class Executor:
         threads = int(config.get("threads", self.default_threads))
         source = x.memory if not task.conv1d else self._memory(dnnl.plain_desc(task.input_shape), x.memory.buffer)
         try:
-            built = self._built_for(task, config, w, b, source, node.name)
+            built = self._built_for(task, config, w, b, source, node.name, out_name)
         except dnnl.DnnlError as exc:
             raise UnsupportedOp(f"onednn executor: {node.op_type} {node.name!r}: {exc}", node.name) from exc
         output = built.dst
@@ -311,11 +325,26 @@ class Executor:
                                                                          threads).buffer)
         self._set(out_name, out_shape, output, threads)
 
-    def _built_for(self, task: Task, config: dict, w, b, source: dnnl.Memory, node_name: str) -> prim.Built:
+    def _built_for(self, task: Task, config: dict, w, b, source: dnnl.Memory, node_name: str,
+                   out_name: str) -> prim.Built:
         """The configured primitive reading ``source`` (reordered first into the format its
-        implementation reads, where that differs)."""
+        implementation reads, where that differs). A bf16 op reads a bf16 ``source`` as it is and
+        writes bf16 where every reader of its output is a bf16 op too (``_bf16_readers_only``),
+        so that no tensor between two bf16 ops is written and read back in f32; elsewhere it
+        reads and writes f32, converting its input within the op."""
         threads = int(config.get("threads", self.default_threads))
-        built = prim.Built(task, config, w, b, feed=lambda md: self._feed(node_name, source, md, threads))
+        feed = lambda md: self._feed(node_name, source, md, threads)  # noqa: E731
+        source_type = dnnl.F32
+        if task.precision == "bf16" and source.md.data_type == dnnl.BF16:
+            source_type = dnnl.BF16
+        built = None
+        if task.precision == "bf16" and self._bf16_readers_only(out_name):
+            try:
+                built = prim.Built(task, config, w, b, feed=feed, source_type=source_type, dst_type=dnnl.BF16)
+            except dnnl.DnnlError:  # the implementation writes no bf16 for this op: it writes f32
+                built = None
+        if built is None:
+            built = prim.Built(task, config, w, b, feed=feed, source_type=source_type)
         self._built.append(built)
         for primitive in built.steps:
             self._add(node_name, primitive, threads)
@@ -345,7 +374,7 @@ class Executor:
             raise UnsupportedOp(f"onednn executor: {node.op_type} {node.name!r} needs a 2-D input", node.name)
         config = self._config(node, task)
         try:
-            built = self._built_for(task, config, w, b, x.memory, node.name)
+            built = self._built_for(task, config, w, b, x.memory, node.name, out_name)
         except dnnl.DnnlError as exc:
             raise UnsupportedOp(f"onednn executor: {node.op_type} {node.name!r}: {exc}", node.name) from exc
         self._set(out_name, self._shape(out_name), built.dst, built.threads)

@@ -10,7 +10,8 @@ blocked). The weights are always ``any``: each implementation packs them its own
 Precision: a bf16 task (``Task.precision``) reads bf16 input and weights and writes f32, with the
 f32 bias and post-ops of its fp32 twin. Its input is handed over in f32 (the format the
 implementation reads, held in f32) and converted to bf16 by a reorder that is part of the op, so
-that a bf16 op reads and writes f32 as its neighbours do.
+that a bf16 op reads and writes f32 as its neighbours do. (The executor may build it reading and
+writing bf16 instead, ``Built(source_type=, dst_type=)``, between two bf16 ops: executor.py.)
 """
 
 from __future__ import annotations
@@ -169,16 +170,18 @@ def algorithms(task: Task) -> tuple[str, ...]:
     return ("direct", "winograd") if task.kind == "conv" else ("direct",)
 
 
-def operation(task: Task, layout: str | None, src_format: str = "any", algorithm: str = "direct") :
-    """The task's operation (dnnl.convolution, ...) with its output in ``layout`` (None for fc: 2-D, plain)."""
+def operation(task: Task, layout: str | None, src_format: str = "any", algorithm: str = "direct",
+              dst_type: int = dnnl.F32):
+    """The task's operation (dnnl.convolution, ...) with its output in ``layout`` (None for fc: 2-D,
+    plain), written in ``dst_type`` (f32; bf16 for a bf16 op whose every reader computes in bf16)."""
     compute = COMPUTE_TYPES[task.precision]
     weights = dnnl.desc(weight_dims(task)[0], "any", compute)
     bias = dnnl.desc([task.output_shape[1]], "x") if task.has_bias else None
     if task.kind == "fc":
         return dnnl.inner_product(dnnl.desc(task.input_shape, "nc", compute), weights, bias,
-                                  dnnl.desc(task.output_shape, "nc"))
+                                  dnnl.desc(task.output_shape, "nc", dst_type))
     a = task.attrs
-    src, dst = dnnl.desc(task.input_shape, src_format, compute), dnnl.desc(task.output_shape, layout)
+    src, dst = dnnl.desc(task.input_shape, src_format, compute), dnnl.desc(task.output_shape, layout, dst_type)
     pads_begin, pads_end = a["pads"][:2], a["pads"][2:]
     if task.kind == "conv":
         return dnnl.convolution(src, weights, bias, dst, a["strides"], a["dilations"], pads_begin, pads_end,
@@ -313,7 +316,7 @@ class Built:
     and plan; ``bf16`` only for the fp-math probe, library.fpmath_bf16_change)."""
 
     def __init__(self, task: Task, config: dict, w: np.ndarray, b: np.ndarray | None, feed=None,
-                 fpmath: str = "strict"):
+                 fpmath: str = "strict", source_type: int = dnnl.F32, dst_type: int = dnnl.F32):
         self.task = task
         self.threads = int(config["threads"])
         if task.kind == "fc":  # Gemm's alpha and beta, folded into the weights and bias
@@ -326,7 +329,7 @@ class Built:
         offered_names: list[str] = []
         try:
             for src_format, algorithm in _variants(task, layout):
-                pds = named(dnnl.implementations(operation(task, layout, src_format, algorithm), attr))
+                pds = named(dnnl.implementations(operation(task, layout, src_format, algorithm, dst_type), attr))
                 if config["impl"] in dict(pds):
                     break
                 offered_names += [name for name, _ in pds if name not in offered_names]
@@ -342,7 +345,7 @@ class Built:
                 raise dnnl.DnnlError(3, f"implementation {config['impl']!r} is not offered{where} (offered: "
                                         f"{offered_names})")
             self.impl = config["impl"]
-            self.src_md = dnnl.as_data_type(chosen.src, dnnl.F32)
+            self.src_md = dnnl.as_data_type(chosen.src, source_type)
             self.dst_md = chosen.dst
             self.src = feed(self.src_md) if feed is not None else self._memory(self.src_md)
             self.dst = self._memory(self.dst_md)
