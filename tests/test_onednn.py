@@ -428,3 +428,70 @@ def test_a_plan_in_segments_is_timed_per_node_in_context(onednn):
     run = in_context(model, whole_us, per_node)
     assert {"c1", "c2", "dw", "pw", "up", "fc"} <= set(run.ops_us)
     assert per_node["segment 2 (mlas)"] > 0 and "segment 2 (mlas)" not in run.ops_us
+
+
+def _residual_model(shortcut_read_later: bool):
+    """x -> a (3x3 conv + relu) -> c (3x3 conv + relu) -> b (3x3 conv) -> Add(b, a) -> relu -> out;
+    with ``shortcut_read_later`` a 1x1 conv also reads ``a`` after the Add, and its output is added in."""
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+    a = graphs.conv(nodes, inits, rng, "a", "x", 16, 16, 3)
+    c = graphs.conv(nodes, inits, rng, "c", a, 16, 16, 3)
+    b = graphs.conv(nodes, inits, rng, "b", c, 16, 16, 3, relu=False)
+    nodes += [helper.make_node("Add", [b, a], ["sum"], name="add"),
+              helper.make_node("Relu", ["sum"], ["summed"], name="add.relu")]
+    out = "summed"
+    if shortcut_read_later:
+        late = graphs.conv(nodes, inits, rng, "late", a, 16, 16, 1, relu=False)
+        nodes.append(helper.make_node("Add", ["summed", late], ["both"], name="add2"))
+        out = "both"
+    return model_from_proto("residual", graphs.model(nodes, inits, [1, 16, 12, 12], outputs=[out], input_name="x"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_residual_add_runs_inside_the_conv_before_it_and_gives_the_same_output(onednn, precision):
+    """small_cnn's residual Add (block.conv2's output plus the stem's) runs as oneDNN's sum post-op
+    of block.conv2: no step of its own, the sum written over the stem's output, which only
+    block.conv1 read before; the output is ONNX Runtime's (fp32), or within bf16's budget."""
+    if precision == "bf16" and prim.bf16_missing():
+        pytest.skip(prim.bf16_missing())
+    model = model_from_proto("small", small_cnn())
+    plan = None
+    if precision == "bf16":
+        from kselect.core.models.tasks import extract_tasks
+        from kselect.core.plans.plan import Plan
+
+        tasks, nodes = [], {}
+        for task in extract_tasks(model):
+            twin = task.at_precision("bf16")
+            config = onednn.default_config(twin, this_device())
+            tasks.append({**twin.to_json(), "library": "onednn", "config": config})
+            nodes.update({node: {"task": twin.id, "library": "onednn", "config": config} for node in twin.nodes})
+        plan = Plan(model={}, device={}, libraries={"onednn": onednn.version()}, emulated=False, plan_level={},
+                    tasks=tasks, nodes=nodes)
+    x = np.random.default_rng(8).standard_normal(model.input_shapes["input"], dtype=np.float32)
+    runner = onednn.model_runner(model, plan)
+    try:
+        out = runner({"input": x})[0]
+        assert "block.add" not in runner.step_nodes and "block.conv2" in runner.step_nodes
+        assert runner.tensors["block.sum"].memory is runner.tensors["stem.r"].memory
+    finally:
+        runner.close()
+    assert _relative(out, _ort(model, {"input": x})[0]) < (1e-5 if precision == "fp32" else 0.05)
+
+
+@pytest.mark.parametrize("shortcut_read_later", [False, True], ids=["fused", "shortcut read after the add"])
+def test_a_residual_add_whose_shortcut_is_read_later_runs_as_an_op_of_its_own(onednn, shortcut_read_later):
+    """The sum is written over the shortcut, so a shortcut that a node reads after the Add keeps
+    the Add apart (its own step; the second Add, whose shortcut nothing reads later, is fused),
+    and every output is ONNX Runtime's."""
+    model = _residual_model(shortcut_read_later)
+    x = np.random.default_rng(9).standard_normal(model.input_shapes["x"], dtype=np.float32)
+    runner = onednn.model_runner(model, None)
+    try:
+        out = runner({"x": x})[0]
+        assert ("add" in runner.step_nodes) == shortcut_read_later
+        assert "add2" not in runner.step_nodes
+    finally:
+        runner.close()
+    assert _relative(out, _ort(model, {"x": x})[0]) < 1e-5

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import functools
 import importlib
 import platform
@@ -54,6 +55,7 @@ QUERY_SRC_MD, QUERY_WEIGHTS_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 131, 13
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
 ARG_FROM, ARG_TO = 1, 17
 ARG_MULTIPLE_SRC = 1024
+DATA_TYPE_UNDEF = 0
 
 # dnnl_fpmath_mode_t: how far an f32 primitive may round its operands down to compute faster
 FPMATH_MODES = {"strict": 0, "bf16": 1}
@@ -394,13 +396,22 @@ class Memory(Owned):
 
 
 # -- attributes ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SumPostOp:
+    """A sum post-op: the primitive's result plus what its destination held before it ran
+    (``scale`` times it), as oneDNN fuses a residual Add."""
+
+    scale: float = 1.0
+
+
 class Attr(Owned):
-    """Primitive attributes holding eltwise post-ops: ``[(algorithm name, alpha, beta), ...]``, and
-    the fp-math mode, ``strict`` unless told (set explicitly, whatever ONEDNN_DEFAULT_FPMATH_MODE says)."""
+    """Primitive attributes holding post-ops: eltwise ones, ``(algorithm name, alpha, beta)``, and
+    ``SumPostOp``s, in chain order; and the fp-math mode, ``strict`` unless told (set explicitly,
+    whatever ONEDNN_DEFAULT_FPMATH_MODE says)."""
 
     _destroy = "dnnl_primitive_attr_destroy"
 
-    def __init__(self, post_ops: Sequence[tuple[str, float, float]] = (), fpmath: str = "strict"):
+    def __init__(self, post_ops: Sequence = (), fpmath: str = "strict"):
         handle = _P()
         call("dnnl_primitive_attr_create", ctypes.byref(handle))
         self.handle = handle.value
@@ -409,7 +420,11 @@ class Attr(Owned):
             ops = _P()
             call("dnnl_post_ops_create", ctypes.byref(ops))
             try:
-                for algorithm, alpha, beta in post_ops:
+                for post_op in post_ops:
+                    if isinstance(post_op, SumPostOp):
+                        api().append_sum(ops, float(post_op.scale))
+                        continue
+                    algorithm, alpha, beta = post_op
                     api().append_eltwise(ops, *api().eltwise_kind(algorithm, float(alpha), float(beta)))
                 call("dnnl_primitive_attr_set_post_ops", self.handle, ops)
             finally:

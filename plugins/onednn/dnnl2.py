@@ -70,6 +70,7 @@ SIGNATURES = {
     "dnnl_memory_desc_init_by_tag": [MD_ARG, ctypes.c_int, _D, ctypes.c_int, ctypes.c_int],
     "dnnl_memory_desc_init_by_strides": [MD_ARG, ctypes.c_int, _D, ctypes.c_int, _D],
     "dnnl_post_ops_append_eltwise": [_P, ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+    "dnnl_post_ops_append_sum": [_P, ctypes.c_float],
     "dnnl_dilated_convolution_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, MD_ARG, MD_ARG, MD_ARG, MD_ARG,
                                                    _D, _D, _D, _D],
     "dnnl_dilated_deconvolution_forward_desc_init": [_P, ctypes.c_int, ctypes.c_int, MD_ARG, MD_ARG, MD_ARG, MD_ARG,
@@ -125,6 +126,10 @@ def query_md(pd: int, what: int, index: int) -> MemoryDesc | None:
 # -- operations --------------------------------------------------------------------------------
 def append_eltwise(post_ops: int, algorithm: int, alpha: float, beta: float) -> None:
     dnnl.call("dnnl_post_ops_append_eltwise", post_ops, 1.0, algorithm, alpha, beta)  # 1.0: the post-op's scale
+
+
+def append_sum(post_ops: int, scale: float) -> None:
+    dnnl.call("dnnl_post_ops_append_sum", post_ops, scale)
 
 
 def convolution(src, weights, bias, dst, strides, gaps, pads_begin, pads_end, algorithm: int) -> OpDesc:

@@ -49,6 +49,7 @@ SIGNATURES = {
     "dnnl_memory_desc_query": [_P, _I, _P],
     "dnnl_memory_desc_get_blob": [_P, ctypes.POINTER(ctypes.c_size_t), _P],
     "dnnl_post_ops_append_eltwise": [_P, _I, _F, _F],
+    "dnnl_post_ops_append_sum": [_P, _F, ctypes.c_int32, _I],
     "dnnl_convolution_forward_primitive_desc_create": [_PD, _P, _I, _I, _P, _P, _P, _P, _D, _D, _D, _D, _P],
     "dnnl_deconvolution_forward_primitive_desc_create": [_PD, _P, _I, _I, _P, _P, _P, _P, _D, _D, _D, _D, _P],
     "dnnl_inner_product_forward_primitive_desc_create": [_PD, _P, _I, _P, _P, _P, _P, _P],
@@ -164,6 +165,10 @@ class Operation:
 
 def append_eltwise(post_ops: int, algorithm: int, alpha: float, beta: float) -> None:
     dnnl.call("dnnl_post_ops_append_eltwise", post_ops, algorithm, alpha, beta)
+
+
+def append_sum(post_ops: int, scale: float) -> None:
+    dnnl.call("dnnl_post_ops_append_sum", post_ops, scale, 0, dnnl.DATA_TYPE_UNDEF)  # zero point 0, dst's type
 
 
 def convolution(src, weights, bias, dst, strides, gaps, pads_begin, pads_end, algorithm: int) -> Operation:

@@ -41,6 +41,9 @@ TUNED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 BROADCAST_FORMATS = ("nChw16c", "nChw8c", "nhwc", "nchw")
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min"}
 COMMUTATIVE = ("add", "mul", "max", "min")
+# ops whose builder writes a memory of their own (no view of another tensor's): a residual Add may
+# write its sum over what they wrote (Executor._residual_adds)
+OWN_OUTPUT_POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
 
 
 def _attr(node, name, default=None):
@@ -155,6 +158,7 @@ class Executor:
                 if (len(uses) == 1 and node.output[0] not in self.graph_outputs
                         and self._activation(nodes[uses[0]]) is not None):
                     fused[uses[0]] = i
+        self._residuals = self._residual_adds(nodes, consumers, fused)
         fused_last: dict[int, int] = {}
         for j, i in fused.items():
             fused_last[i] = max(j, fused_last.get(i, j))
@@ -180,6 +184,50 @@ class Executor:
                 reorder = dnnl.reorder(tensor.memory, plain)
                 self._primitives.append(reorder)
                 self.outputs.append((tensor, reorder, plain))
+
+    def _residual_adds(self, nodes, consumers: dict[str, list[int]], fused: dict[int, int]) -> dict[str, tuple]:
+        """The residual Adds fused into the conv before them, as oneDNN's sum post-op: an Add of
+        two activations of one shape, one written by a conv (after its epilogue) that nothing
+        else reads, the other (the shortcut) written before that conv runs, by a node of this
+        executor, and read otherwise only by convs and fcs that run before it. The conv then adds
+        its result to the shortcut in the shortcut's own memory, in f32 as the Add computes it:
+        the Add's two reads and its write are gone. The Add, and the activation fused into it,
+        become part of the conv (``fused`` is updated). conv node name -> (Add node index, the
+        conv's own output, the shortcut tensor, the activation's post-ops)."""
+        owner: dict[str, int] = {}  # tensor -> index of the node whose builder writes it
+        last: dict[int, int] = {}
+        for j, i in fused.items():
+            last[i] = max(j, last.get(i, j))
+        for i, node in enumerate(nodes):
+            if i not in fused and node.output:
+                owner[nodes[last.get(i, i)].output[0]] = i
+        residuals: dict[str, tuple] = {}
+        for i, node in enumerate(nodes):
+            if node.op_type != "Add" or i in fused or len(node.input) != 2 or len(node.output) != 1:
+                continue
+            shape = self.model.shapes.get(node.output[0])
+            for a, shortcut in (node.input, reversed(node.input)):
+                p = owner.get(a)
+                task = self._tasks.get(nodes[p].name) if p is not None else None
+                if (task is None or task.kind != "conv" or task.conv1d or nodes[p].name in residuals
+                        or consumers.get(a) != [i] or a in self.graph_outputs or shortcut in self.graph_outputs
+                        or self.model.shapes.get(a) != shape or self.model.shapes.get(shortcut) != shape
+                        or owner.get(shortcut, len(nodes)) >= p):
+                    continue
+                writer = nodes[owner[shortcut]]
+                if (self._tasks[writer.name].conv1d if writer.name in self._tasks
+                        else writer.op_type not in (*BINARY, *OWN_OUTPUT_POOLS)):
+                    continue  # a reshape, an identity or a 1-D conv's output may share its memory
+                others = [r for r in consumers.get(shortcut, []) if r != i]
+                if not all(nodes[r].name in self._tasks and fused.get(r, r) < p for r in others):
+                    continue  # a later or viewing reader would see the sum written over the shortcut
+                activation = [j for j, into in fused.items() if into == i]
+                post = self._activation(nodes[activation[0]]) if activation else []
+                for j in [i, *activation]:
+                    fused[j] = p
+                residuals[nodes[p].name] = (i, a, shortcut, post)
+                break
+        return residuals
 
     def _bf16_readers_only(self, tensor: str) -> bool:
         """Whether every node reading ``tensor`` is a 2-D conv, deconv or fc that the plan runs in
@@ -313,6 +361,16 @@ class Executor:
         config = self._config(node, task)
         threads = int(config.get("threads", self.default_threads))
         source = x.memory if not task.conv1d else self._memory(dnnl.plain_desc(task.input_shape), x.memory.buffer)
+        if node.name in self._residuals:
+            add_index, own_output, shortcut, post = self._residuals.pop(node.name)
+            built = self._conv_with_residual(node, task, config, w, b, source, out_name, shortcut, post)
+            if built is not None:  # the sum is written over the shortcut: copies made of it before are stale
+                self._fed = {key: copy for key, copy in self._fed.items() if key[0] != id(built.dst)}
+                self._set(out_name, self._shape(out_name), built.dst, threads)
+            else:  # the conv writes its own output, and the Add runs as an op of its own
+                self._conv(node, own_output, [])
+                self._binary(self._nodes[add_index], out_name, post)
+            return
         try:
             built = self._built_for(task, config, w, b, source, node.name, out_name)
         except dnnl.DnnlError as exc:
@@ -324,6 +382,33 @@ class Executor:
                                                                          dnnl.plain_desc(task.output_shape),
                                                                          threads).buffer)
         self._set(out_name, out_shape, output, threads)
+
+    def _conv_with_residual(self, node, task: Task, config: dict, w, b, source: dnnl.Memory, out_name: str,
+                            shortcut_name: str, post: list) -> prim.Built | None:
+        """The conv with its residual Add fused (``_residual_adds``), writing the sum over the
+        shortcut, or None where that cannot be built: the shortcut is not in f32 in the format
+        the conv writes, or the implementation takes no such post-op (the conv and the Add are
+        then built apart)."""
+        shortcut = self.tensors.get(shortcut_name)
+        layout = config.get("layout")
+        if shortcut is None or layout is None or not dnnl.equal(shortcut.memory.md, dnnl.desc(task.output_shape, layout)):
+            return None
+        threads = int(config.get("threads", self.default_threads))
+        feed = lambda md: self._feed(node.name, source, md, threads)  # noqa: E731
+        source_type = dnnl.BF16 if task.precision == "bf16" and source.md.data_type == dnnl.BF16 else dnnl.F32
+        try:
+            built = prim.Built(task, config, w, b, feed=feed, source_type=source_type, sum_into=shortcut.memory,
+                               after_sum=post)
+        except dnnl.DnnlError:
+            return None
+        self._adopt(built, node.name)
+        return built
+
+    def _adopt(self, built: prim.Built, node_name: str) -> None:
+        self._built.append(built)
+        for primitive in built.steps:
+            self._add(node_name, primitive, built.threads)
+        self.impls[node_name] = built.impl
 
     def _built_for(self, task: Task, config: dict, w, b, source: dnnl.Memory, node_name: str,
                    out_name: str) -> prim.Built:

@@ -313,10 +313,16 @@ class Built:
     for a bf16 task: ``steps`` convert it first). ``feed(md)``, if given, returns the memory to
     read (the runner's tensor, or a reordered copy of it). ``steps``: the primitives one run
     executes, in order. ``fpmath``: the attribute's fp-math mode (``strict`` for every candidate
-    and plan; ``bf16`` only for the fp-math probe, library.fpmath_bf16_change)."""
+    and plan; ``bf16`` only for the fp-math probe, library.fpmath_bf16_change). ``source_type`` /
+    ``dst_type``: what the op reads and writes (f32; bf16 between two bf16 ops in the executor).
+    ``sum_into``: a memory in the format the implementation writes, holding a tensor the result
+    is added to (after the op's own epilogue; then ``after_sum``'s eltwise post-ops) and written
+    over with the sum: the executor's residual Add and its activation, fused as oneDNN's sum
+    post-op."""
 
     def __init__(self, task: Task, config: dict, w: np.ndarray, b: np.ndarray | None, feed=None,
-                 fpmath: str = "strict", source_type: int = dnnl.F32, dst_type: int = dnnl.F32):
+                 fpmath: str = "strict", source_type: int = dnnl.F32, dst_type: int = dnnl.F32,
+                 sum_into: dnnl.Memory | None = None, after_sum: list | None = None):
         self.task = task
         self.threads = int(config["threads"])
         if task.kind == "fc":  # Gemm's alpha and beta, folded into the weights and bias
@@ -325,7 +331,10 @@ class Built:
         self._owned: list = []
         layout = config.get("layout")
         dnnl.set_threads(self.threads)  # JIT kernels split their work for this count when created
-        attr = dnnl.Attr(post_ops(task.epilogue) or [], fpmath)
+        chain = list(post_ops(task.epilogue) or [])
+        if sum_into is not None:  # a residual Add (and its activation) after the op's own epilogue
+            chain += [dnnl.SumPostOp(), *(after_sum or [])]
+        attr = dnnl.Attr(chain, fpmath)
         offered_names: list[str] = []
         try:
             for src_format, algorithm in _variants(task, layout):
@@ -348,7 +357,9 @@ class Built:
             self.src_md = dnnl.as_data_type(chosen.src, source_type)
             self.dst_md = chosen.dst
             self.src = feed(self.src_md) if feed is not None else self._memory(self.src_md)
-            self.dst = self._memory(self.dst_md)
+            if sum_into is not None and not dnnl.equal(sum_into.md, self.dst_md):
+                raise dnnl.DnnlError(3, "the tensor to add into is not in the format the implementation writes")
+            self.dst = self._memory(self.dst_md) if sum_into is None else sum_into
             if not dnnl.equal(self.src.md, self.src_md):
                 raise ValueError("Built: the input memory is not in the implementation's format")
             self.to_compute_type = None
