@@ -57,6 +57,24 @@ def twin_conv(precision: str, x, w, y, k: int, stride: int = 1, group: int = 1, 
     return twin_task(precision, "conv", x, w, y, attrs, epilogue)
 
 
+def default_plan_in(library, model, precision_of) -> "Plan":
+    """A plan of ``library``'s default config for every task of ``model``, each task's twin in
+    ``precision_of(task)`` ("fp32", "bf16", ...): what a tune would keep with every op at its
+    default, for running a library's reduced-precision kernels in a whole model."""
+    from kselect.core.measuring.device import this_device
+    from kselect.core.models.tasks import extract_tasks
+    from kselect.core.plans.plan import Plan
+
+    tasks, nodes = [], {}
+    for task in extract_tasks(model):
+        twin = task.at_precision(precision_of(task))
+        config = library.default_config(twin, this_device())
+        tasks.append({**twin.to_json(), "library": library.name, "config": config})
+        nodes.update({node: {"task": twin.id, "library": library.name, "config": config} for node in twin.nodes})
+    return Plan(model={}, device={}, libraries={library.name: library.version()}, emulated=False, plan_level={},
+                tasks=tasks, nodes=nodes)
+
+
 def truncated_weights(inputs: dict) -> dict:
     """A candidate's inputs with its weights truncated to 4 significant bits (a conversion that
     drops bits where it should round): the real kernels then run and compute the wrong thing."""

@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from graphs import small_cnn
-from helpers import kselect_json, run_kselect
+from helpers import default_plan_in, kselect_json, run_kselect
 from onnx import helper, numpy_helper
 
 from kselect.core.contract import plugins
@@ -456,19 +456,7 @@ def test_a_residual_add_runs_inside_the_conv_before_it_and_gives_the_same_output
     if precision == "bf16" and prim.bf16_missing():
         pytest.skip(prim.bf16_missing())
     model = model_from_proto("small", small_cnn())
-    plan = None
-    if precision == "bf16":
-        from kselect.core.models.tasks import extract_tasks
-        from kselect.core.plans.plan import Plan
-
-        tasks, nodes = [], {}
-        for task in extract_tasks(model):
-            twin = task.at_precision("bf16")
-            config = onednn.default_config(twin, this_device())
-            tasks.append({**twin.to_json(), "library": "onednn", "config": config})
-            nodes.update({node: {"task": twin.id, "library": "onednn", "config": config} for node in twin.nodes})
-        plan = Plan(model={}, device={}, libraries={"onednn": onednn.version()}, emulated=False, plan_level={},
-                    tasks=tasks, nodes=nodes)
+    plan = default_plan_in(onednn, model, lambda task: "bf16") if precision == "bf16" else None
     x = np.random.default_rng(8).standard_normal(model.input_shapes["input"], dtype=np.float32)
     runner = onednn.model_runner(model, plan)
     try:

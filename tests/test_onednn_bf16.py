@@ -16,15 +16,13 @@ import graphs
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import RELU, SILU, feeds_folder, kselect_json, truncated_weights, twin_conv, twin_task
+from helpers import RELU, SILU, default_plan_in, feeds_folder, kselect_json, truncated_weights, twin_conv, twin_task
 
 import kselect
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
 from kselect.core.measuring.measure import MeasureSettings, measure_in_this_process, reference_output, task_inputs
 from kselect.core.models.model import model_from_proto
-from kselect.core.models.tasks import extract_tasks
-from kselect.core.plans.plan import Plan
 from kselect.core.precision.half import half_tolerance
 from kselect.plugins.onednn import dnnl
 from kselect.plugins.onednn import primitives as prim
@@ -111,14 +109,7 @@ def test_a_plan_with_bf16_and_fp32_ops_runs_through_load_plan(onednn):
     budget of ONNX Runtime's fp32 output (not equal to it: bf16 did run)."""
     model = model_from_proto("small", graphs.small_cnn())
     in_bf16 = {"block.conv1", "down", "dw", "fc"}
-    tasks, nodes = [], {}
-    for task in extract_tasks(model):
-        twin = task.at_precision("bf16" if set(task.nodes) & in_bf16 else "fp32")
-        config = onednn.default_config(twin, this_device())
-        tasks.append({**twin.to_json(), "library": "onednn", "config": config})
-        nodes.update({node: {"task": twin.id, "library": "onednn", "config": config} for node in twin.nodes})
-    plan = Plan(model={}, device={}, libraries={"onednn": onednn.version()}, emulated=False, plan_level={},
-                tasks=tasks, nodes=nodes)
+    plan = default_plan_in(onednn, model, lambda task: "bf16" if set(task.nodes) & in_bf16 else "fp32")
     x = np.random.default_rng(4).standard_normal(model.input_shapes["input"], dtype=np.float32)
     runner = kselect.load_plan(plan, model)
     try:
@@ -262,14 +253,7 @@ def test_a_tensor_between_two_bf16_ops_is_held_in_bf16_and_every_other_in_f32(on
     The output is what writing f32 and converting it in the reader gives: within a bf16 budget of
     ONNX Runtime's fp32 output."""
     model = model_from_proto("small", graphs.small_cnn())
-    tasks, nodes = [], {}
-    for task in extract_tasks(model):
-        twin = task.at_precision("bf16")
-        config = onednn.default_config(twin, this_device())
-        tasks.append({**twin.to_json(), "library": "onednn", "config": config})
-        nodes.update({node: {"task": twin.id, "library": "onednn", "config": config} for node in twin.nodes})
-    plan = Plan(model={}, device={}, libraries={"onednn": onednn.version()}, emulated=False, plan_level={},
-                tasks=tasks, nodes=nodes)
+    plan = default_plan_in(onednn, model, lambda task: "bf16")
     x = np.random.default_rng(5).standard_normal(model.input_shapes["input"], dtype=np.float32)
     runner = kselect.load_plan(plan, model)
     try:
@@ -283,4 +267,4 @@ def test_a_tensor_between_two_bf16_ops_is_held_in_bf16_and_every_other_in_f32(on
     session = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     reference = session.run(None, {"input": x})[0]
     error = float(np.max(np.abs(output - reference))) / float(np.max(np.abs(reference)))
-    assert 1e-5 < error < 4 * 2.0 ** -8 * len(tasks)
+    assert 1e-5 < error < 4 * 2.0 ** -8 * len(plan.tasks)
