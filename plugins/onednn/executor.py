@@ -68,6 +68,21 @@ class _Tensor:
         return dnnl.equal(self.memory.md, dnnl.plain_desc(self.shape))
 
 
+def _source_type(task: Task, source: dnnl.Memory) -> int:
+    """What the op reads its input as: a bf16 op reads a bf16 tensor as it is, anything else f32
+    (a bf16 op converting an f32 input within itself)."""
+    return dnnl.BF16 if task.precision == "bf16" and source.md.data_type == dnnl.BF16 else dnnl.F32
+
+
+def _last_fused(fused: dict[int, int]) -> dict[int, int]:
+    """node index -> the index of the last node fused into it (``fused``: fused node -> the node
+    it is fused into), whose output is the tensor its builder writes."""
+    last: dict[int, int] = {}
+    for j, i in fused.items():
+        last[i] = max(j, last.get(i, j))
+    return last
+
+
 def _execute(step: tuple, threads_now: int | None) -> int:
     """Runs one executor step ``(threads, primitive call, *args)`` on its thread count (set only
     when it differs from ``threads_now``); returns the thread count now set."""
@@ -159,9 +174,7 @@ class Executor:
                         and self._activation(nodes[uses[0]]) is not None):
                     fused[uses[0]] = i
         self._residuals = self._residual_adds(nodes, consumers, fused)
-        fused_last: dict[int, int] = {}
-        for j, i in fused.items():
-            fused_last[i] = max(j, fused_last.get(i, j))
+        fused_last = _last_fused(fused)
 
         for i, node in enumerate(nodes):
             if i in fused:
@@ -195,9 +208,7 @@ class Executor:
         become part of the conv (``fused`` is updated). conv node name -> (Add node index, the
         conv's own output, the shortcut tensor, the activation's post-ops)."""
         owner: dict[str, int] = {}  # tensor -> index of the node whose builder writes it
-        last: dict[int, int] = {}
-        for j, i in fused.items():
-            last[i] = max(j, last.get(i, j))
+        last = _last_fused(fused)
         for i, node in enumerate(nodes):
             if i not in fused and node.output:
                 owner[nodes[last.get(i, i)].output[0]] = i
@@ -395,9 +406,9 @@ class Executor:
             return None
         threads = int(config.get("threads", self.default_threads))
         feed = lambda md: self._feed(node.name, source, md, threads)  # noqa: E731
-        source_type = dnnl.BF16 if task.precision == "bf16" and source.md.data_type == dnnl.BF16 else dnnl.F32
         try:
-            built = prim.Built(task, config, w, b, feed=feed, source_type=source_type, sum_into=shortcut.memory,
+            built = prim.Built(task, config, w, b, feed=feed, source_type=_source_type(task, source),
+                               sum_into=shortcut.memory,
                                after_sum=post)
         except dnnl.DnnlError:
             return None
@@ -405,6 +416,7 @@ class Executor:
         return built
 
     def _adopt(self, built: prim.Built, node_name: str) -> None:
+        """The built op's primitives become steps of ``node_name``, on its thread count."""
         self._built.append(built)
         for primitive in built.steps:
             self._add(node_name, primitive, built.threads)
@@ -419,9 +431,7 @@ class Executor:
         reads and writes f32, converting its input within the op."""
         threads = int(config.get("threads", self.default_threads))
         feed = lambda md: self._feed(node_name, source, md, threads)  # noqa: E731
-        source_type = dnnl.F32
-        if task.precision == "bf16" and source.md.data_type == dnnl.BF16:
-            source_type = dnnl.BF16
+        source_type = _source_type(task, source)
         built = None
         if task.precision == "bf16" and self._bf16_readers_only(out_name):
             try:
@@ -430,10 +440,7 @@ class Executor:
                 built = None
         if built is None:
             built = prim.Built(task, config, w, b, feed=feed, source_type=source_type)
-        self._built.append(built)
-        for primitive in built.steps:
-            self._add(node_name, primitive, threads)
-        self.impls[node_name] = built.impl
+        self._adopt(built, node_name)
         return built
 
     def _gemm(self, node, out_name, post):
