@@ -16,12 +16,12 @@ DEMO_DIR := .kselect-demo
 
 # the arm64 subset: emulation detection and labels (kselect plugins --json), the ACL release, the ACL runner built
 # natively with g++ (its arm_gemm kernels forced through 24.11's API) and every ACL test file, the contract suite on every library available there (MLAS, ACL 24.11, XNNPack 2024, oneDNN 3.7),
-# XNNPack's public API and f32 GEMM micro-kernel choice on the 2024 build and oneDNN's 3.x C API (operators /
-# implementations against numpy, a resnet18 tune and whole-model run)
+# XNNPack's public API and f32 GEMM micro-kernel choice on the 2024 build, oneDNN's 3.x C API (operators /
+# implementations against numpy, a resnet18 tune and whole-model run) and MLAS's fp16 (ONNX Runtime's float16 kernels)
 ARM64_TESTS := tests/test_arm64.py tests/test_acl_runner.py tests/test_acl_library.py tests/test_acl_model.py \
                tests/test_acl_int8.py tests/test_acl_int8_model.py \
                tests/test_contract.py tests/test_xnnpack_both_apis.py tests/test_xnnpack_arm64_ukernels.py \
-               tests/test_onednn_both_apis.py
+               tests/test_onednn_both_apis.py tests/test_mlas_fp16.py
 
 .PHONY: setup demo test test-all test-arm64 clean
 
@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml scripts/system-packages.txt scripts/setup.sh
 
 demo: setup
 	mkdir -p $(DEMO_DIR)
-	$(KSELECT) tune resnet18 --library mlas --precision fp32,int8 --max-accuracy-drop 0.03 --budget 6 --min-time 0.05 \
+	$(KSELECT) tune resnet18 --library mlas --precision all --max-accuracy-drop 0.03 --budget 6 --min-time 0.05 \
 		--db $(DEMO_DIR)/records.db -o $(DEMO_DIR)/resnet18.mlas.plan.json
 	$(KSELECT) bench resnet18 --plan $(DEMO_DIR)/resnet18.mlas.plan.json --alone --rounds 6 --json $(DEMO_DIR)/resnet18.bench.json
 	$(KSELECT) tune resnet18 --library onednn --precision all --max-accuracy-drop 0.03 --budget 2 --min-time 0.05 \

@@ -75,6 +75,46 @@ def default_plan_in(library, model, precision_of) -> "Plan":
                 tasks=tasks, nodes=nodes)
 
 
+def assert_fp16_default_within_half_tolerance(library, task, settings) -> None:
+    """The library's default config of an fp16 twin measures ok against the float64 reference, off
+    by more than fp32's rounding (it computes in half) and within the core's half tolerance for
+    kernels that accumulate in half."""
+    from kselect.core.measuring.device import this_device
+    from kselect.core.measuring.measure import measure_in_this_process, reference_output, task_inputs
+    from kselect.core.precision.half import UNIT_ROUNDOFF, half_tolerance
+
+    assert library.supports(task)
+    inputs = task_inputs(task)
+    tolerance = half_tolerance(task, inputs, reference_output(task, inputs), "fp16", accumulates_in_format=True)
+    result = measure_in_this_process(library, task, library.default_config(task, this_device()), settings, {})
+    assert result.status == "ok", result.reason
+    assert UNIT_ROUNDOFF["fp16"] / 4 < result.error <= tolerance
+
+
+def tune_resnet18_in_every_precision(library: str, tmp_path, twins: set[str]) -> tuple[dict, dict, "Path"]:
+    """`kselect tune resnet18 --library LIBRARY --precision all` (1x3x32x32, synthetic feeds, cosine
+    budget 0.01), checked: every conv / fc task's twin in each of ``twins`` is measured, none in
+    bf16 (the libraries this checks have no bf16 kernels there), and the chosen front point is
+    within the budget. Returns the library's tune JSON, the chosen point and the plan's path."""
+    out = tmp_path / "resnet18.plan.json"
+    tuned = kselect_json("tune", "resnet18", "--input-shape", "input=1,3,32,32", "--library", library,
+                         "--precision", "all", "--metric", "cosine", "--max-accuracy-drop", "0.01", "--budget", "1",
+                         "--min-time", "0.01", "--min-repeats", "3", "--no-verify", "--db", tmp_path / "r.db",
+                         "-o", out, timeout=3600)
+    (tuned_library,) = tuned["libraries"]
+    fp32_tasks = {t["task"] for t in tuned_library["tasks"] if "." not in t["task"]}
+    for precision in twins:
+        measured = {t["task"]: t for t in tuned_library["tasks"] if t["task"].endswith(f".{precision}")}
+        assert set(measured) == {f"{task}.{precision}" for task in fp32_tasks}
+        assert all(t["best_us"] > 0 for t in measured.values())
+    assert not any(t["task"].endswith(".bf16") for t in tuned_library["tasks"])
+    precision = tuned_library["precision"]
+    assert precision["front"][0]["name"] == "fp32"
+    chosen = next(point for point in precision["front"] if point["name"] == precision["chosen"])
+    assert chosen["within_budget"]
+    return tuned_library, chosen, out
+
+
 def truncated_weights(inputs: dict) -> dict:
     """A candidate's inputs with its weights truncated to 4 significant bits (a conversion that
     drops bits where it should round): the real kernels then run and compute the wrong thing."""

@@ -53,7 +53,7 @@ def test_third_party_plugin_is_listed_and_used(tmp_path, small_model_path):
     env = install_plugin(tmp_path, "reverse", PLUGIN, "0.3.1")
     found = plugins_json(env)
     assert found["reverse"]["kind"] == "search" and found["reverse"]["version"] == "0.3.1"
-    assert found["mlas"]["status"] == "available" and found["mlas"]["version"].startswith("onnxruntime")
+    assert found["mlas"]["status"].startswith("available") and found["mlas"]["version"].startswith("onnxruntime")
     tuned = run_kselect("tune", small_model_path, "--library", "mlas", "--search", "reverse", "--budget", "2",
                         "--min-time", "0.01", "--db", tmp_path / "r.db", "-o", tmp_path / "p.json", env=env)
     assert tuned.returncode == 0, tuned.stderr

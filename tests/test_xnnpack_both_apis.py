@@ -15,7 +15,16 @@ import platform
 
 import numpy as np
 import pytest
-from helpers import conv_reference, kselect_json, plan_and_onnxruntime_outputs, run_kselect, twin_conv, twin_task
+from helpers import (
+    assert_fp16_default_within_half_tolerance,
+    conv_reference,
+    kselect_json,
+    plan_and_onnxruntime_outputs,
+    run_kselect,
+    tune_resnet18_in_every_precision,
+    twin_conv,
+    twin_task,
+)
 
 import kselect
 from kselect.core.measuring import device
@@ -24,7 +33,6 @@ from kselect.core.measuring.measure import MeasureSettings, measure_in_this_proc
 from kselect.core.models.model import load_model
 from kselect.core.models.tasks import Task, extract_tasks
 from kselect.core.plans.plan import Plan, load_plan_file, plan_node, plan_task
-from kselect.core.precision.half import UNIT_ROUNDOFF, half_tolerance
 from kselect.core.precision.quant import int8_tolerance, quant_params
 from kselect.plugins.xnnpack import int8, kernels
 from kselect.plugins.xnnpack import xnnpack_api as xa
@@ -183,13 +191,7 @@ def test_fp16_candidates_within_the_half_tolerance(kind):
     float32's rounding (it computes in half) and within the core's half tolerance for kernels
     that round their sums to half."""
     task = twin_conv("fp16", *_CONV3X3) if kind == "conv" else twin_task("fp16", "fc", *_FC)
-    lib = XnnpackLibrary()
-    assert lib.supports(task)
-    inputs = task_inputs(task)
-    tolerance = half_tolerance(task, inputs, reference_output(task, inputs), "fp16", accumulates_in_format=True)
-    result = measure_in_this_process(lib, task, lib.default_config(task, this_device()), QUICK, {})
-    assert result.status == "ok", result.reason
-    assert UNIT_ROUNDOFF["fp16"] / 4 < result.error <= tolerance
+    assert_fp16_default_within_half_tolerance(XnnpackLibrary(), task, QUICK)
 
 
 @pytest.mark.parametrize("kind, variant", [("conv", "qc8"), ("conv", "qs8"), ("conv", "qu8"), ("fc", "qs8"),
@@ -292,23 +294,8 @@ def test_resnet18_tunes_every_precision_and_its_plan_runs(tmp_path):
     chooses a point within the budget; the plan stores each op's precision and runs through
     kselect.load_plan, its output within the budget of ONNX Runtime's fp32 one. Slow (minutes
     emulated): in the arm64 subset and `make test-all`."""
-    out = tmp_path / "resnet18.plan.json"
-    tuned = kselect_json("tune", "resnet18", "--input-shape", "input=1,3,32,32", "--library", "xnnpack",
-                         "--precision", "all", "--metric", "cosine", "--max-accuracy-drop", "0.01", "--budget", "1",
-                         "--min-time", "0.01", "--min-repeats", "3", "--no-verify", "--db", tmp_path / "r.db",
-                         "-o", out, timeout=3600)
-    (library,) = tuned["libraries"]
-    fp32_tasks = {t["task"] for t in library["tasks"] if "." not in t["task"]}
     twins = {"int8"} | ({"fp16"} if xa.f16_availability()[0] else set())
-    for precision in twins:
-        measured = {t["task"]: t for t in library["tasks"] if t["task"].endswith(f".{precision}")}
-        assert set(measured) == {f"{task}.{precision}" for task in fp32_tasks}
-        assert all(t["best_us"] > 0 for t in measured.values())
-    assert not any(t["task"].endswith(".bf16") for t in library["tasks"])
-    precision = library["precision"]
-    assert precision["front"][0]["name"] == "fp32"
-    chosen = next(point for point in precision["front"] if point["name"] == precision["chosen"])
-    assert chosen["within_budget"]
+    _, chosen, out = tune_resnet18_in_every_precision("xnnpack", tmp_path, twins)
     plan = load_plan_file(out)
     planned = {node: t.get("precision", "fp32") for t in plan.tasks for node in t["nodes"]}
     assert {node: p for node, p in planned.items() if p != "fp32"} == chosen["precisions"]

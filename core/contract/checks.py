@@ -279,10 +279,27 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
                 result = worker.measure(task, default)
                 _require(result.status == "ok", f"{task.id}: int8 default {result.status}: {result.reason}")
 
+    def half_defaults_match_the_reference():
+        """A library listing bf16 or fp16: it supports a twin of at least one conv or fc in each, whose
+        space holds its default, which measures ok within that format's tolerance (core/precision/half.py)."""
+        for precision in sorted(set(library.precisions) & set(HALF_PRECISIONS)):
+            try:
+                twins = [t for t in library_tasks(s.model, library, (precision,)) if t.precision == precision]
+            except KselectError:  # no task at all
+                twins = []
+            _require(bool(twins), f"precisions lists {precision} but no {precision} twin of a conv or fc is supported")
+            with MeasureWorker(library, QUICK) as worker:
+                for task in twins:
+                    space = library.space(task, s.device)
+                    default = space.normalise(library.default_config(task, s.device))
+                    _require(default in space, f"{task.id}: the {precision} default {default} is not in its space")
+                    result = worker.measure(task, default)
+                    _require(result.status == "ok", f"{task.id}: {precision} default {result.status}: {result.reason}")
+
     checks = [identity, supports_a_conv, spaces_hold_their_defaults, plan_level_dims_are_dims,
               tunes_and_measures_its_defaults, a_plan_names_every_supported_node, default_runner_matches_onnxruntime,
               plan_runner_matches_onnxruntime, node_times_cover_the_plan, runs_op_answers, conversions_keep_values,
-              int8_defaults_match_the_reference]
+              int8_defaults_match_the_reference, half_defaults_match_the_reference]
     return [Check(f.__name__, f) for f in checks]
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import onnx
 
-from kselect.core.plans.plan import LIBRARY_DEFAULT, int8_nodes, write_atomically
+from kselect.core.plans.plan import LIBRARY_DEFAULT, int8_nodes, reduced_nodes, write_atomically
+from kselect.plugins.mlas.half import half_region, to_half
 from kselect.plugins.mlas.int8 import quantized_model
 from kselect.plugins.mlas.layout import nchwc_block_size
 from kselect.plugins.mlas.ort_session import ort_nchwc_convs
@@ -66,13 +67,18 @@ def original_model(model, segment: bool = False) -> onnx.ModelProto:
 def rewritten_model(model, plan, keep_original: bool, segment: bool = False) -> onnx.ModelProto:
     """``segment``: see ``original_model``; kselect's rewriter blocks those inputs itself. A plan
     with int8 nodes is the QDQ model onnxruntime.quantization writes (int8.py), whose float ops
-    ORT lays out itself."""
+    ORT lays out itself; a plan's fp16 nodes run in float16 (half.py)."""
+    fp16 = {node for node, precision in reduced_nodes(plan).items() if precision == "fp16"}
     if int8_nodes(plan):
-        return quantized_model(model, plan)
-    if keep_original:
-        return original_model(model, segment)
-    layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items() if "layout" in entry["config"]}
-    return rewrite_model(model.proto, layouts, nchwc_block_size(), block_inputs=segment)
+        proto = quantized_model(model, plan)
+    elif keep_original:
+        proto = original_model(model, segment)
+    else:
+        layouts = {node: entry["config"]["layout"] for node, entry in plan.nodes.items()
+                   if "layout" in entry["config"]}
+        proto = rewrite_model(model.proto, layouts, nchwc_block_size(), block_inputs=segment)
+    # the plan's fp16 ops, with their activation steps, in float16 between casts (half.py)
+    return to_half(proto, half_region(model, fp16)) if fp16 else proto
 
 
 def session_settings(plan, keep_original: bool) -> dict:

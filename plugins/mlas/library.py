@@ -17,7 +17,7 @@ from kselect.core.measuring.measure import task_model
 from kselect.core.models.activations import clamp_range, onnx_nodes
 from kselect.core.models.tasks import Task
 from kselect.core.precision.quant import asymmetric_u8
-from kselect.plugins.mlas import int8
+from kselect.plugins.mlas import half, int8
 from kselect.plugins.mlas.arm import BF16_PLAN_ERROR, kleidiai_applies, missing_arm_dims, offered_arm_dims
 from kselect.plugins.mlas.apply import default_session, plan_session, write_optimized_model
 from kselect.plugins.mlas.int8 import ACTIVATION_TYPES, WEIGHT_GRANULARITY, has_int8_form
@@ -64,8 +64,28 @@ class MlasLibrary(Library):
     plan_level_dims = ("threads", "spinning", "depthwise_sliding", "pointwise_batch", "prepacking", "activations",
                        "weights", "kleidiai", "bf16_fastmath")
     op_specific_dims = frozenset({"bf16_fastmath"})  # fully connected layers ORT runs as MatMul only
-    precisions = ("fp32", "int8")
-    plan_precisions = ("fp32", "int8")  # a plan with int8 ops runs as the QDQ model (int8.py)
+    # MLAS's half-precision GEMM accumulates in float16 (half.py)
+    accumulates_in_half = frozenset({"fp16"})
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """fp32; int8 on ONNX Runtime's QDQ kernels (int8.py); fp16 where ONNX Runtime has float16
+        kernels of its own on this CPU (half.py: arm64 with FP16 arithmetic)."""
+        return ("fp32", "int8") + (("fp16",) if half.available()[0] else ())
+
+    @property
+    def plan_precisions(self) -> tuple[str, ...]:
+        """A plan with int8 ops runs as the QDQ model (int8.py), its fp16 ops in float16 between
+        casts (half.py): the same as ``precisions``."""
+        return self.precisions
+
+    def missing_precisions(self) -> dict[str, str]:
+        missing = {"bf16": "ONNX Runtime has no bf16 conv / deconv / fc kernels on CPU (on arm64 its bf16 "
+                           "fast-math GEMM is a plan-level knob of fp32 MatMuls, bf16_fastmath)"}
+        fp16_ok, fp16_why = half.available()
+        if not fp16_ok:
+            missing["fp16"] = fp16_why
+        return missing
 
     @property
     def int8_passes(self) -> frozenset[str]:
@@ -92,7 +112,8 @@ class MlasLibrary(Library):
             return False, f"onnxruntime is not installed ({exc}): pip install onnxruntime"
         if "CPUExecutionProvider" not in ort.get_available_providers():
             return False, "this onnxruntime build has no CPUExecutionProvider"
-        return True, ""
+        fp16_ok, fp16_what = half.available()
+        return True, f"fp16: {fp16_what}" if fp16_ok else f"no fp16 ({fp16_what})"
 
     def version(self) -> str:
         return "onnxruntime " + metadata.version("onnxruntime")
@@ -136,6 +157,8 @@ class MlasLibrary(Library):
     def supports(self, task: Task) -> bool:
         if task.precision == "int8":  # any activation (int8.single_op_model)
             return has_int8_form(task)
+        if task.precision == "fp16":  # where ONNX Runtime runs it in float16 without casts (half.py)
+            return "fp16" in self.precisions and half.runs_in_half(task)
         return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
@@ -179,6 +202,10 @@ class MlasLibrary(Library):
             space.add(Integer("threads", 1, device.cores))
             space.add(Categorical("spinning", (1, 0)))
             return space
+        if task.precision == "fp16":  # ONNX Runtime lays a float16 op out itself
+            space.add(Integer("threads", 1, device.cores))
+            space.add(Categorical("spinning", (1, 0)))
+            return space
         if task.kind == "conv":
             layouts = ("NCHWc", "NCHW") if self.nchwc_possible(task) else ("NCHW",)
             space.add(Categorical("layout", layouts, role="layout"))
@@ -209,6 +236,8 @@ class MlasLibrary(Library):
         config: dict = {}
         if task.precision == "int8":  # what onnxruntime.quantization.quantize_static writes for x86
             return {"activations": "u8", "weights": "per-channel", "threads": device.cores, "spinning": 1}
+        if task.precision == "fp16":
+            return {"threads": device.cores, "spinning": 1}
         if task.kind == "conv":
             config["layout"] = "NCHWc" if self.ort_converts(task) else "NCHW"
             # the NCHWc-only knobs, where ORT runs the conv as NCHWc (the space's `when`)
@@ -242,6 +271,11 @@ class MlasLibrary(Library):
                                            providers=["CPUExecutionProvider"])
             return OrtCandidate(session, {"x_q": feed}, lambda y: int8.dequantize_activation(
                 y.transpose(int8.TO_NCHW) if nhwc else y, params.y_scale, params.y_zero_point, activations))
+
+        if task.precision == "fp16":
+            session = ort.InferenceSession(half.single_op_model(task, inputs).SerializeToString(),
+                                           session_options(config), providers=["CPUExecutionProvider"])
+            return OrtCandidate(session, {"x": inputs["x"]}, lambda y: y)
 
         epilogue = task.epilogue
         if task.kind == "conv" and not task.conv1d:
