@@ -497,7 +497,7 @@ def _bad_inputs(tmp_path, small_model_path, small_plan) -> dict:
         "a directory as plan output": ((*tune, "-o", tmp_path), "is a directory, not a plan file"),
         "an unknown task": (("space", small_model_path, "--library", "mlas", "--task", "T99"), "no task 'T99'"),
         "a precision the library lacks": (("space", small_model_path, "--library", "mlas", "--task", "T01.bf16"),
-                                          "mlas has no bf16 tasks here: no bf16 candidates"),
+                                          "mlas has no bf16 tasks here: ONNX Runtime has no bf16 conv"),
         "a directory as plan": (("bench", small_model_path, "--plan", plan_folder), "plan"),
         "a plan for another model": (("bench", "resnet18", "--plan", plan, "--rounds", "1"), "resnet18"),
         "no model": (("tune",), "model"),

@@ -198,5 +198,5 @@ def measure_in_this_process(library, task: Task, config: dict, settings: Measure
     if tolerance is None:
         tolerance = precision_allowed if precision_allowed is not None else library.tolerance(task, config)
     if not error <= tolerance:
-        return Result("invalid", error=error, reason=f"output differs from reference: error {error:.2e} > {tolerance:.0e}", **summary)
+        return Result("invalid", error=error, reason=f"output differs from reference: error {error:.2e} > {tolerance:.2e}", **summary)
     return Result("ok", error=error, **summary)
