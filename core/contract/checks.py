@@ -118,9 +118,16 @@ class _Subject:
     @cached_property
     def int8_tasks(self):
         """The int8 twins the library supports (none unless it lists int8 in ``precisions``)."""
-        if "int8" not in self.library.precisions:
+        return self.twins("int8")
+
+    def twins(self, precision: str) -> list:
+        """The twins at ``precision`` the library supports (none unless it lists it in ``precisions``)."""
+        if precision not in self.library.precisions:
             return []
-        return [t for t in library_tasks(self.model, self.library, ("int8",)) if t.precision == "int8"]
+        try:
+            return [t for t in library_tasks(self.model, self.library, (precision,)) if t.precision == precision]
+        except KselectError:  # it supports no task at all in that precision
+            return []
 
     @cached_property
     def tuned(self):
@@ -265,36 +272,28 @@ def library_checks(library: Library, budget: int = 3) -> list[Check]:
                     result = worker.measure(conversion_task(label, direction, [1, 16, 12, 12]), {})
                     _require(result.status == "ok", f"conversion {direction} of {label}: {result.status} {result.reason}")
 
+    def defaults_of_twins_match_the_reference(precision: str, twins: list):
+        """Each twin's space holds its default, which measures ok (within the precision's tolerance)."""
+        _require(bool(twins), f"precisions lists {precision} but no {precision} twin of a conv or fc is supported")
+        with MeasureWorker(library, QUICK) as worker:
+            for task in twins:
+                space = library.space(task, s.device)
+                default = space.normalise(library.default_config(task, s.device))
+                _require(default in space, f"{task.id}: the {precision} default {default} is not in its space")
+                result = worker.measure(task, default)
+                _require(result.status == "ok", f"{task.id}: {precision} default {result.status}: {result.reason}")
+
     def int8_defaults_match_the_reference():
         """A library listing int8: each int8 twin it supports has a space holding its default,
         which measures ok within the int8 tolerance (core/precision/quant.py)."""
-        if "int8" not in library.precisions:
-            return
-        _require(bool(s.int8_tasks), "precisions lists int8 but no int8 twin of a conv or fc is supported")
-        with MeasureWorker(library, QUICK) as worker:
-            for task in s.int8_tasks:
-                space = library.space(task, s.device)
-                default = space.normalise(library.default_config(task, s.device))
-                _require(default in space, f"{task.id}: the int8 default {default} is not in its space")
-                result = worker.measure(task, default)
-                _require(result.status == "ok", f"{task.id}: int8 default {result.status}: {result.reason}")
+        if "int8" in library.precisions:
+            defaults_of_twins_match_the_reference("int8", s.int8_tasks)
 
     def half_defaults_match_the_reference():
         """A library listing bf16 or fp16: it supports a twin of at least one conv or fc in each, whose
         space holds its default, which measures ok within that format's tolerance (core/precision/half.py)."""
         for precision in sorted(set(library.precisions) & set(HALF_PRECISIONS)):
-            try:
-                twins = [t for t in library_tasks(s.model, library, (precision,)) if t.precision == precision]
-            except KselectError:  # no task at all
-                twins = []
-            _require(bool(twins), f"precisions lists {precision} but no {precision} twin of a conv or fc is supported")
-            with MeasureWorker(library, QUICK) as worker:
-                for task in twins:
-                    space = library.space(task, s.device)
-                    default = space.normalise(library.default_config(task, s.device))
-                    _require(default in space, f"{task.id}: the {precision} default {default} is not in its space")
-                    result = worker.measure(task, default)
-                    _require(result.status == "ok", f"{task.id}: {precision} default {result.status}: {result.reason}")
+            defaults_of_twins_match_the_reference(precision, s.twins(precision))
 
     checks = [identity, supports_a_conv, spaces_hold_their_defaults, plan_level_dims_are_dims,
               tunes_and_measures_its_defaults, a_plan_names_every_supported_node, default_runner_matches_onnxruntime,

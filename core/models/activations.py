@@ -46,6 +46,15 @@ def _scalar(initializers: dict, name: str):
     return float(value.reshape(()))
 
 
+def consumers_by_index(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """Each tensor name -> the indices of the graph's nodes that read it (``find_epilogue`` takes it)."""
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            consumers.setdefault(name, []).append(index)
+    return consumers
+
+
 def find_epilogue(model, node_index: int, consumers: dict[str, list[int]]) -> tuple[list, list[int]]:
     """The activation steps after node ``node_index`` of the model's graph (empty when none), and
     the indices of the graph nodes they are.

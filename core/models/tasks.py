@@ -174,10 +174,7 @@ def find_ops(model: Model, untuned: list | None = None) -> list[Op]:
         if untuned is not None:
             untuned.append((node.name, node.op_type, why))
 
-    consumers: dict[str, list[int]] = {}
-    for index, node in enumerate(model.proto.graph.node):
-        for name in node.input:
-            consumers.setdefault(name, []).append(index)
+    consumers = activations.consumers_by_index(model.proto.graph)
 
 
     kinds = kinds_by_onnx_op()

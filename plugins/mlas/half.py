@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import copy
 import functools
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from kselect.core.measuring.measure import task_inputs, task_model
+from kselect.core.models.activations import consumers_by_index, find_epilogue
 from kselect.core.models.tasks import Task
+from kselect.plugins.mlas.ort_session import ort_optimized
 
 HALF_SUFFIX = ".fp16"
 # one-node float16 models asked about per op kind (fc: both forms ONNX Runtime runs a layer in)
@@ -89,17 +89,8 @@ def inserted_casts(proto: onnx.ModelProto) -> int:
     """How many Cast nodes ONNX Runtime's session adds to the model (its InsertCastTransformer
     wraps a float16 node it has no kernel for), read from the graph it optimises at the basic
     level."""
-    import onnxruntime as ort  # heavy (~0.3 s): not imported with the plugin
-
-    with tempfile.TemporaryDirectory(prefix="kselect-fp16-") as work:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.log_severity_level = 3
-        options.optimized_model_filepath = str(Path(work) / "optimized.onnx")
-        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(options.optimized_model_filepath)
     count = lambda graph: sum(node.op_type == "Cast" for node in graph.node)  # noqa: E731
-    return count(optimized.graph) - count(proto.graph)
+    return count(ort_optimized(proto, "ORT_ENABLE_BASIC").graph) - count(proto.graph)
 
 
 def _probe(op_type: str) -> onnx.ModelProto:
@@ -155,13 +146,8 @@ def runs_in_half(task: Task) -> bool:
 def half_region(model, nodes: set[str]) -> set[str]:
     """The plan's fp16 op nodes and the activation steps after each (core/models/activations), which
     run in float16 with it."""
-    from kselect.core.models.activations import find_epilogue
-
     graph_nodes = model.proto.graph.node
-    consumers: dict[str, list[int]] = {}
-    for index, node in enumerate(graph_nodes):
-        for name in node.input:
-            consumers.setdefault(name, []).append(index)
+    consumers = consumers_by_index(model.proto.graph)
     region = set(nodes)
     for index, node in enumerate(graph_nodes):
         if node.name in nodes:

@@ -119,14 +119,15 @@ def _has_entry(so: Any, key: str) -> bool:
         return False
 
 
-def ort_optimized(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph ONNX Runtime's default session (ORT_ENABLE_ALL) actually runs."""
+def ort_optimized(model: onnx.ModelProto, level: str = "ORT_ENABLE_ALL") -> onnx.ModelProto:
+    """The graph ONNX Runtime's default session (ORT_ENABLE_ALL, or another optimisation ``level``)
+    actually runs."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="kselect_nchwc_") as tmp:
         path = os.path.join(tmp, "optimized.onnx")
         so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         so.optimized_model_filepath = path
         so.log_severity_level = 3
         so.intra_op_num_threads = 1
