@@ -176,6 +176,24 @@ def test_mlas_plans_run_where_mlas_has_no_nchwc_kernels():
     onnx.checker.check_model(rewritten)
 
 
+
+def test_mlas_offers_nchwc_only_where_it_has_nchwc_kernels():
+    """A conv's space holds the NCHWc layout only where MLAS has NCHWc kernels (block > 1, x86); on
+    aarch64 (block 1) it is NCHW alone, and so is the default, with or without the model prepared."""
+    from kselect.core.measuring.device import this_device
+    from kselect.plugins.mlas.layout import nchwc_block_size
+    from kselect.plugins.mlas.library import MlasLibrary
+
+    from helpers import twin_conv
+
+    conv = twin_conv("fp32", [1, 16, 8, 8], [32, 16, 3, 3], [1, 32, 8, 8], 3)
+    library = MlasLibrary()
+    layouts = {d.name: d for d in library.space(conv, this_device()).dims}["layout"].choices
+    if nchwc_block_size() > 1:
+        assert layouts == ("NCHWc", "NCHW")
+    else:
+        assert layouts == ("NCHW",) and library.default_config(conv, this_device())["layout"] == "NCHW"
+
 # -- ONNX Runtime's Arm64 MLAS knobs: KleidiAI on or off, the bf16 fast-math GEMM (plugins/mlas/arm.py) --
 
 from kselect.plugins.mlas import arm  # noqa: E402

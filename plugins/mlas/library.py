@@ -158,7 +158,7 @@ class MlasLibrary(Library):
         if task.precision == "int8":  # any activation (int8.single_op_model)
             return has_int8_form(task)
         if task.precision == "fp16":  # where ONNX Runtime runs it in float16 without casts (half.py)
-            return "fp16" in self.precisions and half.runs_in_half(task)
+            return half.runs_in_half(task)
         return task.kind in ("conv", "deconv", "fc")
 
     def tolerance(self, task: Task, config: dict) -> float:
@@ -170,8 +170,11 @@ class MlasLibrary(Library):
         return nchwc_block_size()
 
     def nchwc_possible(self, task: Task) -> bool:
-        """Whether kselect can write this conv as an NCHWc node (a 2-D conv only, as in ORT)."""
-        return not task.conv1d and conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], self._block()) is None
+        """Whether kselect can write this conv as an NCHWc node (a 2-D conv only, as in ORT), on a
+        machine where MLAS has NCHWc kernels at all (block 1: none, as on aarch64)."""
+        block = self._block()
+        return (block > 1 and not task.conv1d
+                and conv_nchwc_unsupported(task.weight_shape, task.attrs["group"], block) is None)
 
     def ort_converts(self, task: Task) -> bool:
         """Whether ONNX Runtime's default session runs this task's convs as NCHWc. Known exactly
