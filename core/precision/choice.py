@@ -126,20 +126,23 @@ PREDICTION_MARGIN = 0.10
 def predicted_losers(search) -> list:
     """The points within the budget predicted slower than the fp32 plan by more than
     PREDICTION_MARGIN, when the front's costs were corrected in context (else none: isolated
-    sums are no ground to skip a race on)."""
+    sums are no ground to skip a race on). A uniform point (every op in one half precision) is
+    never one: what it saves is what op times cannot predict (core/precision/mixed.uniform_points)."""
     fp32 = next((p for p in search.front if p.name == "fp32"), None)
     if not search.context or fp32 is None:
         return []
-    return [p for p in search.front if p.within_budget and p.precisions and not p.failed
+    return [p for p in search.front if p.within_budget and p.precisions and not p.failed and not p.uniform
             and p.predicted_us > fp32.predicted_us * (1 + PREDICTION_MARGIN)]
 
 
 def points_to_time(front: list, chosen) -> list:
     """The front points timed end to end, at most FRONT_POINTS_TIMED: the fp32 plan, the point
-    chosen on predicted latency, the other points within the budget (fastest predicted first),
-    and every op in its least precise form (the front's second point) for reference."""
+    chosen on predicted latency, every uniform point within the budget (the whole graph in one
+    half precision), the other points within the budget (fastest predicted first), and every op
+    in its least precise form (the front's second point) for reference."""
     usable = [p for p in front if not p.failed]
     picked = [p for p in (front[0], chosen) if not p.failed]
+    picked += [p for p in usable if p.uniform and p.within_budget and p not in picked]
     within = sorted((p for p in usable if p.within_budget and p not in picked), key=lambda p: p.predicted_us)
     picked += within[:max(0, FRONT_POINTS_TIMED - len(picked) - 1)]
     full = next((p for p in usable if p.name != "fp32"), None)

@@ -21,7 +21,8 @@ The flow (NNCF's accuracy-controlled quantization is the anchor):
    metric is measured again on the whole model (a large model's ops climb in groups); once within
    the budget, the climbs are undone one at a time, the last first, each kept while the budget
    holds. Every step is a point of the front (predicted latency, metric, weight bytes): the fp32
-   plan, every op at its first rung, and the mixed plans between.
+   plan, every op at its first rung, and the mixed plans between; and per half precision the
+   whole graph in it (``uniform_points``: "all-bf16"), which op times summed cannot predict.
    Plan-level settings that change the arithmetic (per-tensor weights, int8 activations) get a
    front of their own where the op times favour them over the library's own (``precision_defaults``).
 4. The chosen plan is the fastest predicted point within the budget; ``core.api`` then times the
@@ -84,6 +85,7 @@ class FrontPoint:
     measured_ms: float | None = None  # end to end, when timed
     failed: str | None = None  # the plan could not be built or run: why (never chosen)
     prediction: dict | None = None  # predicted against measured whole-model time (core/whole_model/prediction.py)
+    uniform: bool = False  # every op measured in one half precision runs in it ("all-bf16"; ``uniform_points``)
 
     @property
     def int8_nodes(self) -> list[str]:
@@ -110,6 +112,8 @@ class FrontPoint:
             data["measured_ms"] = round(self.measured_ms, 4)
         if self.prediction is not None:
             data["prediction"] = self.prediction
+        if self.uniform:
+            data["uniform"] = True
         return data
 
 
@@ -437,6 +441,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         front = [] if "fp32" in plans else [point("fp32", {})]
         noise: dict[tuple[str, str], float] = {}  # SQNR of the outputs, dB: orders ops the metric cannot tell apart
         drops: dict[tuple[str, str], float] = {}
+        failed: set[tuple[str, str]] = set()  # (node, precision) that could not run so in the whole model
         if ladders:
             rungs = sum(len(r) for r in ladders.values())
             say(f"sensitivity of {len(ladders)} ops, each alone in each of its reduced precisions ({rungs} runs)")
@@ -450,6 +455,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                     except Exception as exc:  # this op cannot run so in the whole model: that rung is gone
                         say(f"{node} in {reduced} failed ({one_line(exc)[:200]}): not a candidate in {reduced}")
                         ladders[node].remove(reduced)
+                        failed.add((node, reduced))
                         left_out.setdefault(node, {})[reduced] = f"failed in the whole model: {one_line(exc)[:200]}"
                         continue
                     drops[(node, reduced)] = fp32_on_feeds - metric(outputs, expected, feeds)
@@ -459,6 +465,8 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                 learn_in_context(predict, ladders, settings_of_front, entries, suffix, front)
                 say("every op in its least precise form, then climbing toward fp32 from the most sensitive")
                 front += back_off(ladders, drops, noise, point)
+        if predict is not None and not suffix:  # the whole graph in one precision does not hang on the int8 settings
+            front += uniform_points(predict.options, failed, front, point)
         for (node, reduced), drop in drops.items():
             sensitivity.setdefault(node, {}).setdefault(reduced, drop)
         return front
@@ -571,6 +579,30 @@ def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], f
             if trial.within_budget:
                 current[node] = left
     return front
+
+
+def uniform_points(measured: dict[str, dict[str, object]], failed: set[tuple[str, str]], front: list[FrontPoint],
+                   point: Callable[[str, dict[str, str]], FrontPoint]) -> list[FrontPoint]:
+    """Per half precision, the point with every op that has a config measured in it run so
+    ("all-bf16", "all-fp16"; ``measured``: node -> precision -> its option), but the ops that
+    failed so in the whole model (``failed``): also those left off the ladders as slower than
+    fp32 alone. Op times summed cannot see what one precision through the whole graph saves: no
+    conversion between neighbours, and the library's own whole-graph fusions in that precision
+    (OpenVINO's CPU plugin runs its default in bf16 where the CPU has it); so the point is always
+    on the front, and the race (core/precision/choice.py) times it. None where the front already
+    holds that assignment."""
+    seen = {frozenset(p.precisions.items()) for p in front}
+    points = []
+    for precision in LADDER[1:]:
+        precisions = {node: precision for node, options in measured.items()
+                      if precision in options and (node, precision) not in failed}
+        if not precisions or frozenset(precisions.items()) in seen:
+            continue
+        seen.add(frozenset(precisions.items()))
+        uniform = point(f"all-{precision}", precisions)
+        uniform.uniform = True
+        points.append(uniform)
+    return points
 
 
 def fastest_within_budget(front: list[FrontPoint]) -> FrontPoint:
