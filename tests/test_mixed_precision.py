@@ -505,6 +505,7 @@ def test_weight_granularity_and_activation_type_are_chosen_on_the_front_not_on_s
     assert search.chosen.predicted_us == min(p.predicted_us for p in within)
 
 
+@pytest.mark.slow  # per-op int8 across libraries runs by default (test_int8_per_op_across_libraries_picks_each_ops_library_and_precision_and_runs)
 def test_int8_across_libraries_races_each_librarys_mixed_plan_beside_the_plan_across_them(tmp_path, small_model_path):
     """`--library mlas,xnnpack --precision fp32,int8`: each library chooses its int8 ops under the
     budget; the plan across libraries is made in fp32; ONNX Runtime's default, each library's

@@ -272,6 +272,7 @@ def test_the_ops_openvino_keeps_in_8_bits_between_int8_ops_run_on_u8(library, tm
     assert {name: precision.get(name) for name in passes} == {name: "u8" for name in passes}
 
 
+@pytest.mark.slow  # an OpenVINO tune with int8 runs by default (--precision all, test_an_int8_and_bf16_front_holds_the_whole_graph_in_bf16_and_races_it)
 @needs_int8
 def test_an_int8_tune_keeps_int8_ops_and_its_plan_runs_them_on_integer_kernels_in_plain_openvino(tmp_path):
     """small_cnn on 96x96 inputs (where int8 is well ahead: on 32x32 the two are within the noise

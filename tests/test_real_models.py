@@ -224,6 +224,7 @@ def test_sample_pictures_are_for_the_real_models_only(small_model_path):
     assert "sample pictures are for the real models" in result.stderr
 
 
+@pytest.mark.slow  # a real model in int8 runs by default (waifu2x on XNNPack)
 def test_a_yolov8_detector_runs_its_silu_convs_in_int8_and_exports_a_qdq_model(tmp_path):
     """Every conv of YOLOv8n carries SiLU (Sigmoid * Mul), which does not fold into an int8 output
     clamp: on MLAS each has an int8 twin (QLinearConv, QLinearSigmoid, QLinearMul), the front is

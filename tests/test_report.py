@@ -181,6 +181,7 @@ def test_bad_input_is_one_line_and_writes_no_page(mlas_tuned, tmp_path):
     assert not list(tmp_path.glob("*.html"))
 
 
+@pytest.mark.slow  # a cross-library tune runs by default (test_crossplan.py)
 def test_a_cross_library_plan_shows_its_conversions_and_the_check_that_kept_it(browser, small_model_path, tmp_path):
     db = tmp_path / "records.db"
     result = kselect.tune(str(small_model_path), "mlas,xnnpack", search="random", budget=2, db=db, settings=FAST,

@@ -162,6 +162,7 @@ def _mean_samples_to_optimum(backend, tasks, seeds, prior_of=None, budget=100) -
     return statistics.mean(counts)
 
 
+@pytest.mark.slow  # xgb against random on the recorded table runs by default without transfer
 def test_xgb_with_transfer_beats_random_on_the_recorded_table(table):
     """Real measurements: the 24-config MLAS tasks, xgb warm-started with the other tasks'
     records (leave-one-task-out) needs fewer samples than random to reach the optimum."""

@@ -14,6 +14,13 @@ from kselect.core.measuring.measure import MeasureSettings, time_candidate
 SETTINGS = MeasureSettings(warmup=0, min_repeats=6, min_time_s=0.0, max_time_s=0.5)
 
 
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds``: a sleep this short can take ten times as long on a loaded machine's timer."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _preempting_runs(monkeypatch, preempted_runs: int):
     """A run of 0.2 ms; the first ``preempted_runs`` runs are switched out and take 2 ms."""
     state = {"runs": 0, "switches": 0}
@@ -22,9 +29,9 @@ def _preempting_runs(monkeypatch, preempted_runs: int):
         state["runs"] += 1
         if state["runs"] <= preempted_runs:
             state["switches"] += 1
-            time.sleep(0.002)
+            _spin(0.002)
         else:
-            time.sleep(0.0002)
+            _spin(0.0002)
 
     monkeypatch.setattr(measure, "_involuntary_switches", lambda: state["switches"])
     monkeypatch.setattr(measure, "PREEMPTED_PAUSE_S", 0.0)
@@ -54,5 +61,5 @@ def test_a_timing_preempted_in_every_attempt_is_kept_as_measured(monkeypatch):
 def test_one_repeat_asked_for_is_still_a_timing():
     """``--min-repeats 1`` with the minimum time passed after one run: the stability check needs
     two runs, so two are taken (one had left the check comparing an empty half)."""
-    samples = time_candidate(lambda: time.sleep(0.0002), MeasureSettings(warmup=0, min_repeats=1, min_time_s=0.0))
+    samples = time_candidate(lambda: _spin(0.0002), MeasureSettings(warmup=0, min_repeats=1, min_time_s=0.0))
     assert len(samples) >= 2 and statistics.median(samples) > 0
