@@ -393,8 +393,13 @@ def test_a_bf16_tune_chooses_the_fastest_point_within_the_budget_and_its_plan_ru
                          "--no-verify", "--db", tmp_path / "records.db", "-o", out)
     precision = tuned["libraries"][0]["precision"]
     front = {point["name"]: point for point in precision["front"]}
-    assert list(front)[:2] == ["fp32", "bf16"]
-    assert set(front["bf16"]["ops_by_precision"]) == {"bf16"} and front["bf16"]["ops_by_precision"]["bf16"] > 0
+    # "bf16": the ops faster in bf16 alone (on a Xeon without AMX a few of small_cnn's, in some runs
+    # none: then no such point); "all-bf16": every op with a bf16 config (no such point where that
+    # is every op: the same as "bf16")
+    assert list(front)[0] == "fp32" and list(front)[1] in ("bf16", "all-bf16")
+    assert set(front[list(front)[1]]["ops_by_precision"]) == {"bf16"}
+    every_op = front.get("all-bf16", front.get("bf16"))
+    assert every_op["ops_by_precision"]["bf16"] == len(load_plan_file(out).nodes)
     chosen = front[precision["chosen"]]
     assert chosen["within_budget"] and chosen["drop"] <= 0.05
     assert chosen["predicted_us"] == min(p["predicted_us"] for p in front.values() if p["within_budget"])
