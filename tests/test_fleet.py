@@ -12,6 +12,7 @@ import sys
 import time
 
 import psycopg
+import pytest
 
 from kselect.core.contract import plugins
 from kselect.core.measuring.device import this_device
@@ -46,6 +47,7 @@ def _records(url) -> list:
     return RecordDB(url).records(this_device().fingerprint, "mlas", library.version())
 
 
+@pytest.mark.slow  # two workers on one database run by default (test_a_worker_killed_mid_task_has_its_task_taken_over_after_its_lease)
 def test_two_workers_split_the_tasks_and_neither_measures_a_config_twice(postgres_url, small_model_path, tmp_path):
     plan = tmp_path / "small.plan.json"
     workers = [_worker(small_model_path, postgres_url, plan, name) for name in ("board-1", "board-2")]

@@ -223,6 +223,7 @@ def test_tpe_with_an_sqlite_storage_url(tmp_path, table):
     assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) == 12
 
 
+@pytest.mark.slow  # TPE runs by default on the recorded table (test_tpe_with_an_sqlite_storage_url)
 def test_tpe_finds_the_best_xnnpack_micro_kernel_within_100_samples():
     """Real measurements: mobilenetv2's 1x1 convs on XNNPack (168-432 configs, one or two of
     them within 2% of the best). TPE keeps re-proposing configs it has measured there, so most
