@@ -581,16 +581,18 @@ def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], f
     return front
 
 
-def uniform_points(measured: dict[str, dict[str, object]], failed: set[tuple[str, str]], front: list[FrontPoint],
+def uniform_points(measured: dict[str, dict[str, Option]], failed: set[tuple[str, str]], front: list[FrontPoint],
                    point: Callable[[str, dict[str, str]], FrontPoint]) -> list[FrontPoint]:
-    """Per half precision, the point with every op that has a config measured in it run so
-    ("all-bf16", "all-fp16"; ``measured``: node -> precision -> its option), but the ops that
-    failed so in the whole model (``failed``): also those left off the ladders as slower than
-    fp32 alone. Op times summed cannot see what one precision through the whole graph saves: no
-    conversion between neighbours, and the library's own whole-graph fusions in that precision
-    (OpenVINO's CPU plugin runs its default in bf16 where the CPU has it); so the point is always
-    on the front, and the race (core/precision/choice.py) times it. None where the front already
-    holds that assignment."""
+    """One point per half precision ("all-bf16", "all-fp16") that runs every op in it which has
+    a config measured in that precision (``measured``: node -> precision -> option), including
+    ops left off the ladders as slower than fp32 alone, and leaves fp32 only the ops that failed
+    in it in the whole model (``failed``).
+
+    Op times summed cannot see what one precision through the whole graph saves: no conversion
+    between neighbours, and the library's own whole-graph fusions in that precision (OpenVINO's
+    CPU plugin runs its default in bf16 where the CPU has it). So the point is always on the
+    front, and the race (core/precision/choice.py) times it. A precision whose assignment the
+    front already holds gets no point."""
     seen = {frozenset(p.precisions.items()) for p in front}
     points = []
     for precision in LADDER[1:]:
