@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import tempfile
 import time
@@ -174,7 +175,7 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
     baseline = timed["ORT fp32 default"]["process_ms"]
     for side, figures in sides.items():
         figures.update(side_figures(baseline, timed[side]))
-    return {"model": name, "command": f"benchmarks/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
+    return {"model": name, "command": command_line(),
             "tunes": args.tunes, "budgets": budgets, "configs_per_task": args.budget, "metric": metric_name,
             "synthetic": calibration.synthetic,
             "data": "SYNTHETIC random inputs" if calibration.synthetic else
@@ -295,6 +296,11 @@ def against_defaults(results: list[dict], budgets: list) -> list[dict]:
 TITLE = "Precision per op: kselect against ONNX Runtime and OpenVINO"
 
 
+def command_line() -> str:
+    """This run's command as a shell reads it back (``--tunes 'mlas,onednn;openvino'`` quoted)."""
+    return shlex.join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
 NOTES = "## What the figures say"  # the page's hand-written reading of the tables, kept across runs
 
 
@@ -387,15 +393,16 @@ def main(defaults: dict | None = None, title: str = TITLE, description: str = __
         parser.error(f"--budgets: numbers or the word openvino, not {args.budgets!r}")
     settings = MeasureSettings(min_time_s=args.min_time, max_time_s=15 * args.min_time)
     device = this_device()
-    earlier = []
+    earlier, earlier_libraries = [], {}
     if Path(args.json).is_file():
         previous = json.loads(Path(args.json).read_text())
         if previous.get("device_fingerprint") == device.fingerprint:
             earlier = [m for m in previous["models"] if m["model"] not in args.models.split(",")]
+            earlier_libraries = previous.get("libraries", {})  # the models kept were tuned with these
     results = []
     header = {"device": device.summary(), "device_fingerprint": device.fingerprint,
-              "libraries": {lib.name: lib.version() for tune in args.tunes.split(";")
-                            for lib in plugins.select_libraries(tune)},
+              "libraries": {**earlier_libraries, **{lib.name: lib.version() for tune in args.tunes.split(";")
+                                                    for lib in plugins.select_libraries(tune)}},
               "openvino": plugins.get_library("openvino").version(),
               "min_time_s": args.min_time, "rounds": args.rounds, "runs_per_process": args.runs}
     with tempfile.TemporaryDirectory(prefix="kselect-precision-") as work:
@@ -414,7 +421,7 @@ def main(defaults: dict | None = None, title: str = TITLE, description: str = __
             Path(args.json).write_text(json.dumps({**header, "models": everything,
                                                    "summary": summary(everything, args.budgets)}, indent=2) + "\n")
     document = json.loads(Path(args.json).read_text())
-    write_markdown(document, Path(args.markdown), f"benchmarks/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]), title)
+    write_markdown(document, Path(args.markdown), command_line(), title)
     console.print(f"summary: {json.dumps(summary(earlier + results, args.budgets))}; wrote {args.json} and "
                   f"{args.markdown}")
 
