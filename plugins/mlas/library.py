@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 from importlib import metadata
 from pathlib import Path
 
@@ -132,12 +131,13 @@ class MlasLibrary(Library):
 
     def missing_dims(self) -> dict[str, str]:
         """The Arm64 knobs this machine, onnxruntime build or CPU cannot use (arm.py); the NCHWc
-        knobs where MLAS has no NCHWc kernels (aarch64); and the bf16 fast-math GEMM for a model (``prepare_model``) with no MatMul ONNX Runtime keeps."""
+        knobs where MLAS has no NCHWc kernels (as on aarch64); and the bf16 fast-math GEMM for a
+        model (``prepare_model``) with no MatMul ONNX Runtime keeps."""
         missing = missing_arm_dims()
-        if self._block() == 1:  # MLAS has NCHWc kernels on x86 only (aarch64: block 1)
+        if self._block() == 1:  # the same test as nchwc_possible: no NCHWc layout, so no NCHWc knob
             for dim in ("depthwise_sliding", "pointwise_batch"):
-                missing[dim] = (f"an NCHWc-kernel knob, and MLAS has no NCHWc kernels on {platform.machine()} "
-                                "(MlasNchwcGetBlockSize() is 1)")
+                missing[dim] = ("a knob of MLAS's NCHWc kernels, and ONNX Runtime has none on this machine "
+                                "(its NCHWc block size here is 1)")
         if "bf16_fastmath" not in missing and self.ort_matmul_nodes == set():
             missing["bf16_fastmath"] = ("ONNX Runtime's bf16 fast-math GEMM reaches MatMul only, and it runs no MatMul "
                                         "in this model (its fully connected layers are Gemm, or MatMul + Add fused "
