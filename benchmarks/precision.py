@@ -306,10 +306,16 @@ NOTES = "## What the figures say"  # the page's hand-written reading of the tabl
 
 def write_markdown(document: dict, path: Path, command: str, title: str = TITLE) -> None:
     """The results page: how it was run, one table per model, the summary against the targets,
-    then the page's own ``NOTES`` section as it stood (written by hand, not by this script)."""
+    then the page's own ``NOTES`` section as it stood (written by hand, not by this script). A page
+    that exists keeps its own title (a machine's page, docs/precision-benchmark-xeon-amx.md, is
+    named by hand too)."""
     notes = ""
-    if path.is_file() and f"\n{NOTES}\n" in path.read_text():
-        notes = NOTES + "\n" + path.read_text().split(f"\n{NOTES}\n", 1)[1]
+    if path.is_file():
+        page = path.read_text()
+        if f"\n{NOTES}\n" in page:
+            notes = NOTES + "\n" + page.split(f"\n{NOTES}\n", 1)[1]
+        if page.startswith("# "):
+            title = page.splitlines()[0].removeprefix("# ")
     lines = [f"# {title}", "",
              f"Each model's run is named under its heading (the last: `{command}`), on {document['device']} (libraries: "
              + ", ".join(f"{name} {version}" for name, version in document["libraries"].items())

@@ -203,6 +203,10 @@ def test_kselect_space_lists_each_precision_exactly_where_openvino_runs_it_and_n
         assert runs["bf16"] == bool({"avx512_bf16", "amx_bf16"} & flags)
     # the plan-level properties not chosen are named with why: one stream (latency), one core type here
     assert space["missing_dims"]["streams"].startswith("NUM_STREAMS is 1")
+    # a per-node memory format is probed (both routes, ir.memory_formats_taken) and named with what it found
+    taken = ir.memory_formats_taken()
+    assert space["missing_dims"]["memory_format"].startswith("InputMemoryFormats / OutputMemoryFormats take no effect"
+                                                             if not any(taken.values()) else "OpenVINO ")
     if len(this_device().clusters) == 1:
         assert space["missing_dims"]["core_type"].startswith("SCHEDULING_CORE_TYPE has nothing to choose")
 

@@ -37,8 +37,8 @@ MAX_NDIMS = 12
 
 # -- enums with the same values in the 2.x and 3.x headers (the others are in dnnl2.py / dnnl3.py) --
 SUCCESS, UNIMPLEMENTED, LAST_IMPLEMENTATION = 0, 3, 4  # dnnl_status_t
-BF16, F32 = 2, 3  # dnnl_data_type_t
-ITEM_SIZE = {BF16: 2, F32: 4}
+F16, BF16, F32 = 1, 2, 3  # dnnl_data_type_t
+ITEM_SIZE = {F16: 2, BF16: 2, F32: 4}
 CPU_ENGINE = 1
 STREAM_DEFAULT_FLAGS = 1
 FORWARD_INFERENCE = 96

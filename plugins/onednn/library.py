@@ -102,13 +102,14 @@ class OnednnLibrary(Library):
     def missing_precisions(self) -> dict[str, str]:
         """Each reduced precision oneDNN has no kernels for in kselect here, and why."""
         missing = {precision: f"no {precision} candidates in kselect's oneDNN plugin"
-                   for precision in PRECISIONS if precision not in ("fp32", "bf16")}
+                   for precision in PRECISIONS if precision not in ("fp32", "bf16", "fp16")}
         if dnnl.availability()[0]:
             reason = prim.bf16_missing()
             if reason is not None:
                 missing["bf16"] = reason
+            missing["fp16"] = prim.fp16_missing()
         else:
-            missing["bf16"] = "oneDNN is not available"
+            missing["bf16"] = missing["fp16"] = "oneDNN is not available"
         return missing
 
     def missing_dims(self) -> dict[str, str]:

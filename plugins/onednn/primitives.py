@@ -32,7 +32,7 @@ LAYOUTS = ("nhwc", "nChw16c", "nChw8c", "nchw")
 LABELS = {"nchw": "NCHW", "nhwc": "NHWC", "nChw8c": "nChw8c", "nChw16c": "nChw16c"}
 FLOAT_MAX = float(np.finfo(np.float32).max)
 # the data type of a task's input and weights, by its precision
-COMPUTE_TYPES = {"fp32": dnnl.F32, "bf16": dnnl.BF16}
+COMPUTE_TYPES = {"fp32": dnnl.F32, "bf16": dnnl.BF16, "fp16": dnnl.F16}
 # Packed weights kept for reuse, by (packed descriptor, the ONNX weights' bytes), most recent last,
 # up to PACKED_BYTES_MAX: a precision search builds each op in the same format once per whole-model
 # run (one per op and per front point), and packing is most of a build. An evicted memory lives on
@@ -295,6 +295,29 @@ def bf16_missing() -> str | None:
             return (f"no bf16 {KIND_NAMES[probe.kind]} kernel in this oneDNN build for {isa} "
                     f"(only {', '.join(dict.fromkeys(names)) or 'none'})")
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def fp16_missing() -> str:
+    """Why kselect's oneDNN plugin offers no fp16 candidates here: what this build has for an f16
+    convolution and inner product (probed: Debian 12's 2.6.3 has none on x86, not even its
+    reference one), and where it has some, that the plugin does not offer them."""
+    major, minor, patch = dnnl.version()
+    build = f"oneDNN {major}.{minor}.{patch} on {dnnl.effective_isa()}"
+    offered = {}  # what -> every implementation yielded for it, reference ones too
+    for probe in (probe_task("conv", "fp16"), probe_task("fc", "fp16")):
+        names = []
+        for layout in (None,) if probe.kind == "fc" else LAYOUTS:
+            for dst_type in (dnnl.F32, dnnl.F16):  # f16 kernels may write f16 only, or f32 too
+                pds = dnnl.implementations(operation(probe, layout, dst_type=dst_type))
+                names += [pd.impl for pd in pds]
+                for pd in pds:
+                    pd.close()
+        offered[KIND_NAMES[probe.kind]] = list(dict.fromkeys(names))
+    if not any(offered.values()):
+        return f"no f16 convolution or inner product in {build}, not even a reference one"
+    kernels = "; ".join(f"{what}: {', '.join(names) or 'none'}" for what, names in offered.items())
+    return f"{build} has f16 implementations ({kernels}), but kselect's oneDNN plugin offers no fp16 candidates"
 
 
 def _names(task: Task, layout: str | None) -> list[str]:

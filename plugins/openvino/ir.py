@@ -229,3 +229,51 @@ def replicated(proto: onnx.ModelProto, copies: int) -> tuple[onnx.ModelProto, li
     model = helper.make_model(helper.make_graph(nodes, "copies", inputs, outputs, initializers),
                               opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
     return model, [f"c{copy}.op" for copy in range(copies)]
+
+
+# The per-node memory format attributes the CPU plugin reads (utils/rt_info/memory_formats_attribute.hpp).
+MEMORY_FORMAT_ATTRIBUTES = ("InputMemoryFormats", "OutputMemoryFormats")
+
+
+@functools.lru_cache(maxsize=1)
+def memory_formats_taken() -> dict[str, bool]:
+    """Whether a per-node memory format asked for takes effect, by route: written into the IR's
+    ``<rt_info>`` (as ``primitives_priority`` is) and set from Python on the node's rt_info. Probed
+    on a 3x3 conv asking for the plain layout it does not pick unasked (or blocked, if it does).
+    The plugin reads the attributes only as its own C++ class (``is<InputMemoryFormats>()``),
+    which neither route makes, so both are expected False; a release that honours them makes
+    this True and ``OpenvinoLibrary.missing_dims`` says so."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+    ov = openvino()
+
+    weight = numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], [weight])
+    converted = ConvertedModel(helper.make_model(graph), {}, ["conv"])
+    compute = converted.layers["conv"][0]
+    properties = {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": STREAMS}
+
+    def layout(model) -> str:
+        compiled = core().compile_model(model, "CPU", properties)
+        return next(op.get_rt_info()["outputLayouts"].astype(str) for op in compiled.get_runtime_model().get_ordered_ops()
+                    if compute in op.get_rt_info()["originalLayersNames"].astype(str).split(","))
+
+    own = layout(converted.read({}))
+    wanted = "cpu:nChw8c" if own == "abcd" else "cpu:nchw"
+    root = ET.fromstring(converted.xml)
+    layer = next(layer for layer in root.iter("layer") if layer.get("name") == compute)
+    rt_info = layer.find("rt_info")
+    rt_info = ET.SubElement(layer, "rt_info") if rt_info is None else rt_info
+    for name in MEMORY_FORMAT_ATTRIBUTES:
+        ET.SubElement(rt_info, "attribute", name=name, version="0", value=wanted)
+    weights = ov.Tensor(np.frombuffer(converted.weights, np.uint8))
+    through_ir = layout(core().read_model(ET.tostring(root, encoding="unicode"), weights)) != own
+    model = converted.read({})
+    for op in model.get_ops():
+        if op.get_friendly_name() == compute:
+            for name in MEMORY_FORMAT_ATTRIBUTES:
+                op.get_rt_info()[name] = wanted
+    return {"ir": through_ir, "python": layout(model) != own}

@@ -231,7 +231,15 @@ class OpenvinoLibrary(Library):
     def missing_dims(self) -> dict[str, str]:
         """The CPU plugin's plan-level properties kselect does not choose, and why."""
         clusters = len(this_device().clusters)
+        taken = ir.memory_formats_taken()
+        version = openvino().__version__.split("-")[0]
         return {
+            "memory_format": (
+                f"InputMemoryFormats / OutputMemoryFormats take no effect in OpenVINO {version}: written into the "
+                "IR or set on a node from Python, a conv keeps the layout the plugin picks (it reads them only as "
+                "its own C++ attribute class, which neither route makes)" if not any(taken.values()) else
+                f"OpenVINO {version} takes a per-node memory format ({' and '.join(r for r, t in taken.items() if t)}"
+                " route), but kselect's OpenVINO plugin does not offer it yet"),
             "streams": f"NUM_STREAMS is {ir.STREAMS}: one inference at a time on every core (latency); more "
                        "streams run each inference on a share of the cores, which `threads` already chooses",
             "core_type": ("SCHEDULING_CORE_TYPE has nothing to choose: one kind of core here" if clusters <= 1 else
