@@ -306,13 +306,9 @@ def fp16_missing() -> str:
     build = f"oneDNN {major}.{minor}.{patch} on {dnnl.effective_isa()}"
     offered = {}  # what -> every implementation yielded for it, reference ones too
     for probe in (probe_task("conv", "fp16"), probe_task("fc", "fp16")):
-        names = []
-        for layout in (None,) if probe.kind == "fc" else LAYOUTS:
-            for dst_type in (dnnl.F32, dnnl.F16):  # f16 kernels may write f16 only, or f32 too
-                pds = dnnl.implementations(operation(probe, layout, dst_type=dst_type))
-                names += [pd.impl for pd in pds]
-                for pd in pds:
-                    pd.close()
+        names = [name for layout in ((None,) if probe.kind == "fc" else LAYOUTS)
+                 for dst_type in (dnnl.F32, dnnl.F16)  # f16 kernels may write f16 only, or f32 too
+                 for name in _names(probe, layout, dst_type)]
         offered[KIND_NAMES[probe.kind]] = list(dict.fromkeys(names))
     if not any(offered.values()):
         return f"no f16 convolution or inner product in {build}, not even a reference one"
@@ -320,8 +316,8 @@ def fp16_missing() -> str:
     return f"{build} has f16 implementations ({kernels}), but kselect's oneDNN plugin offers no fp16 candidates"
 
 
-def _names(task: Task, layout: str | None) -> list[str]:
-    pds = dnnl.implementations(operation(task, layout))
+def _names(task: Task, layout: str | None, dst_type: int = dnnl.F32) -> list[str]:
+    pds = dnnl.implementations(operation(task, layout, dst_type=dst_type))
     names = [pd.impl for pd in pds]
     for pd in pds:
         pd.close()

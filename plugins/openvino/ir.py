@@ -93,21 +93,16 @@ class ConvertedModel:
         """The IR XML with ``hints`` (ONNX node -> Hint) written into its layers' rt_info."""
         root = ET.fromstring(self.xml)
         by_name = {layer.get("name"): layer for layer in root.iter("layer")}
-        def rt_info(name: str):
-            layer = by_name[name]
-            found = layer.find("rt_info")
-            return found if found is not None else ET.SubElement(layer, "rt_info")
-
         for node, hint in hints.items():
             compute, *after = self.layers[node]
             # on the compute layer alone: the plugin merges the hints of the layers it fuses, and
             # a FullyConnected fused from a MatMul and its bias Add both hinted takes neither
             if hint.impl:
-                ET.SubElement(rt_info(compute), "attribute", name="primitives_priority", version="0",
+                ET.SubElement(_rt_info(by_name[compute]), "attribute", name="primitives_priority", version="0",
                               value=f"cpu:{hint.impl}")
             if hint.keep_f32:
                 for name in dict.fromkeys((compute, *after, *self.fused_layers[node])):
-                    ET.SubElement(rt_info(name), "attribute", name="precise", version="0")
+                    ET.SubElement(_rt_info(by_name[name]), "attribute", name="precise", version="0")
         return ET.tostring(root, encoding="unicode")
 
     @functools.cached_property
@@ -119,11 +114,15 @@ class ConvertedModel:
 
     def read(self, hints: dict[str, Hint]):
         """The ov.Model of the IR with ``hints``, as plain ``core.read_model`` reads it."""
+        return self.read_xml(self.hinted_xml(hints))
+
+    def read_xml(self, xml: str):
+        """The ov.Model of ``xml`` (this IR, edited) on this model's weights."""
         import numpy as np
         ov = openvino()
 
         weights = ov.Tensor(np.frombuffer(self.weights, np.uint8)) if self.weights else ov.Tensor(np.zeros(0, np.uint8))
-        return core().read_model(self.hinted_xml(hints), weights)
+        return core().read_model(xml, weights)
 
     def compile(self, hints: dict[str, Hint], properties: dict):
         return core().compile_model(self.read(hints), "CPU", properties)
@@ -131,6 +130,12 @@ class ConvertedModel:
     def runtime_choices(self, compiled) -> dict[str, RuntimeChoice]:
         """ONNX node -> the implementation and precision its layer ran with."""
         return runtime_choices(compiled, self.layers)
+
+
+def _rt_info(layer: ET.Element) -> ET.Element:
+    """The IR layer's ``<rt_info>`` element, added if it has none."""
+    found = layer.find("rt_info")
+    return found if found is not None else ET.SubElement(layer, "rt_info")
 
 
 def runtime_choices(compiled, layers: dict[str, tuple[str, ...]]) -> dict[str, RuntimeChoice]:
@@ -243,9 +248,8 @@ def memory_formats_taken() -> dict[str, bool]:
     The plugin reads the attributes only as its own C++ class (``is<InputMemoryFormats>()``),
     which neither route makes, so both are expected False; a release that honours them makes
     this True and ``OpenvinoLibrary.missing_dims`` says so."""
-    from onnx import TensorProto, helper, numpy_helper
     import numpy as np
-    ov = openvino()
+    from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")
     graph = helper.make_graph(
@@ -264,13 +268,10 @@ def memory_formats_taken() -> dict[str, bool]:
     own = layout(converted.read({}))
     wanted = "cpu:nChw8c" if own == "abcd" else "cpu:nchw"
     root = ET.fromstring(converted.xml)
-    layer = next(layer for layer in root.iter("layer") if layer.get("name") == compute)
-    rt_info = layer.find("rt_info")
-    rt_info = ET.SubElement(layer, "rt_info") if rt_info is None else rt_info
+    rt_info = _rt_info(next(layer for layer in root.iter("layer") if layer.get("name") == compute))
     for name in MEMORY_FORMAT_ATTRIBUTES:
         ET.SubElement(rt_info, "attribute", name=name, version="0", value=wanted)
-    weights = ov.Tensor(np.frombuffer(converted.weights, np.uint8))
-    through_ir = layout(core().read_model(ET.tostring(root, encoding="unicode"), weights)) != own
+    through_ir = layout(converted.read_xml(ET.tostring(root, encoding="unicode"))) != own
     model = converted.read({})
     for op in model.get_ops():
         if op.get_friendly_name() == compute:
