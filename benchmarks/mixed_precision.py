@@ -45,6 +45,7 @@ from kselect.core.precision.accuracy import default_metric, get_metric, run_outp
 from kselect.core.precision.calibration import Calibration, calibration_for, quantize_qdq, synthetic_feeds
 from kselect.core.whole_model.alone import side_figures, timed_alone
 from model_names import tunable_model_names  # benchmarks/model_names.py: the script's folder is on sys.path
+from results_file import earlier_results  # benchmarks/results_file.py
 
 console = Console(width=None if sys.stdout.isatty() else 10_000)  # a pipe gets whole lines
 ORT_DROP = "ort"  # a budget: ONNX Runtime's static INT8's own drop on the model
@@ -180,11 +181,8 @@ def main() -> None:
     budgets = [ORT_DROP if b == ORT_DROP else float(b) for b in args.budgets.split(",")]
     device = this_device()
     results = []
-    earlier = []  # models of an earlier run on this device, kept unless run again (one run per model)
-    if Path(args.json).is_file():
-        previous = json.loads(Path(args.json).read_text())
-        if previous.get("device_fingerprint") == device.fingerprint:
-            earlier = [m for m in previous["models"] if m["model"] not in args.models.split(",")]
+    # models of an earlier run on this device, kept unless run again (one run per model)
+    earlier = earlier_results(args.json, args.markdown, device, args.models.split(","))["models"]
     with tempfile.TemporaryDirectory(prefix="kselect-mixed-") as work:
         for name in args.models.split(","):
             result = run_model(name, budgets, args, settings, Path(work))
