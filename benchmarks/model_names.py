@@ -16,15 +16,16 @@ def tunable_model_names(models: str) -> list[str]:
     cache) and its tasks extracted; on the first that fails, ``error: <reason>`` on stderr and exit status 2."""
     names = [name.strip() for name in models.split(",") if name.strip()]
     if not names:
-        _fail("--models names no model")
+        fail("--models names no model")
     for name in names:
         try:
             extract_tasks(load_model(name))
         except KselectError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     return names
 
 
-def _fail(reason: str) -> None:
+def fail(reason: str) -> None:
+    """A benchmark's refusal: ``error: <reason>`` on stderr, exit status 2, no traceback."""
     print(f"error: {reason}", file=sys.stderr)
     raise SystemExit(2)

@@ -202,8 +202,7 @@ def model_budgets(requested: list, openvino_drop: float) -> list[float]:
     """The accuracy budgets a model's plans are tuned under: the numbers asked for, and for the
     word ``openvino`` OpenVINO default's own drop on this model where it is looser than the
     tightest number and not one of them. That drop is rounded up to 6 places, so that OpenVINO's
-    own uniform bf16 is within it (rounded down, centerface's 0.0045193 became 0.004519 and kept
-    its tune from choosing OpenVINO's own form) and kselect may lose less than 1e-6 more."""
+    own uniform bf16 is within it and kselect may lose less than 1e-6 more."""
     numbers = [b for b in requested if b != "openvino"]
     own = to_6_places(openvino_drop)
     if "openvino" not in requested or own in numbers or own <= min(numbers, default=0.0):
@@ -255,10 +254,8 @@ def summary(results: list[dict], budgets: list) -> dict:
     """Per numeric budget, the geomean speedup over ORT fp32 of kselect's fastest kept plan per
     model; per model, whether its plan at the loosest budget no looser than OpenVINO default's own
     drop is at least as fast as OpenVINO's default: by the median of the per-round speedups of the
-    one over the other (``versus``; both timed in the same rounds), with its bounds. Each side's
-    speedup over ONNX Runtime's default carries that default's noise as well: on centerface those
-    medians read 1.80x against 2.11x where the two sides ran in 7.45 and 7.42 ms and the paired
-    median read 1.09x."""
+    one over the other (``versus``; both timed in the same rounds), with its bounds, not by the two
+    sides' speedups over ONNX Runtime's default, which carry that default's noise as well."""
     out = {"geomean": {}, "against_openvino_default": {}}
     for budget in [b for b in budgets if b != "openvino"]:
         ratios = [kselect_best(r, budget).get("speedup") for r in results]

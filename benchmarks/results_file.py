@@ -8,8 +8,9 @@ never writes over another machine's figures."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+
+from model_names import fail  # benchmarks/model_names.py: the script's folder is on sys.path
 
 
 def earlier_results(json_path: str, markdown_path: str, device, models: list[str]) -> dict:
@@ -18,22 +19,17 @@ def earlier_results(json_path: str, markdown_path: str, device, models: list[str
     results, page = Path(json_path), Path(markdown_path)
     if not results.is_file():
         if page.is_file():
-            _fail(f"{page} exists but its results file {results} does not: this run would replace the page "
-                  "with its own models only; name a new --markdown, or give the page's results file as --json")
+            fail(f"{page} exists but its results file {results} does not: this run would replace the page "
+                 "with its own models only; name a new --markdown, or give the page's results file as --json")
         return {"models": []}
     try:
         previous = json.loads(results.read_text())
         fingerprint, entries = previous["device_fingerprint"], previous["models"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        _fail(f"{results} is not a results file of this benchmark ({type(exc).__name__}: {exc}); "
-              "name a new --json and --markdown")
+        fail(f"{results} is not a results file of this benchmark ({type(exc).__name__}: {exc}); "
+             "name a new --json and --markdown")
     if fingerprint != device.fingerprint:
-        _fail(f"{results} holds the figures of another device ({previous.get('device', '?')} [{fingerprint}]), "
-              f"not this one ({device.summary()} [{device.fingerprint}]): name a new --json and --markdown "
-              "for this device")
+        fail(f"{results} holds the figures of another device ({previous.get('device', '?')} [{fingerprint}]), "
+             f"not this one ({device.summary()} [{device.fingerprint}]): name a new --json and --markdown "
+             "for this device")
     return {**previous, "models": [entry for entry in entries if entry.get("model") not in models]}
-
-
-def _fail(reason: str) -> None:
-    print(f"error: {reason}", file=sys.stderr)
-    raise SystemExit(2)
