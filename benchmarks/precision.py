@@ -171,7 +171,8 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
                        "libraries": sorted(plan.libraries), "kept": result.kept, "score": score,
                        "drop": fp32_score - score, "weight_bytes": wbytes,
                        "tune_s": round(time.perf_counter() - start, 1),
-                       "implementations": other_implementations(plan)}
+                       "implementations": other_implementations(plan),
+                       "precision_search": precision_search(plan)}
 
     timed = timed_alone(model, candidates, rounds=args.rounds, runs_per_process=args.runs)
     baseline = timed["ORT fp32 default"]["process_ms"]
@@ -183,6 +184,15 @@ def run_model(name: str, args, settings: MeasureSettings, work: Path) -> dict:
             "data": "SYNTHETIC random inputs" if calibration.synthetic else
             f"{calibration.source}" + (f", {calibration.caveat}" if calibration.caveat else ""),
             "held_out": len(calibration.held_out), "calibration_feeds": len(calibration.calibrate), "sides": sides}
+
+
+def precision_search(plan) -> dict:
+    """What the tune's budgeted search saw and why it kept what it kept: its front (each point's
+    ops per precision, predicted and measured time, drop), the point chosen and the end-to-end
+    check against the fp32 plan, without the per-op precisions and calibration ranges."""
+    search = plan.extra.get("precision") or {}
+    return {"chosen": search.get("chosen"), "check": search.get("check"),
+            "front": [{k: v for k, v in point.items() if k != "precisions"} for point in search.get("front", [])]}
 
 
 def to_6_places(drop: float, rounding=math.ceil) -> float:
