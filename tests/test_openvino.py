@@ -276,6 +276,60 @@ def test_the_ops_openvino_keeps_in_8_bits_between_int8_ops_run_on_u8(library, tm
     assert {name: precision.get(name) for name in passes} == {name: "u8" for name in passes}
 
 
+@needs_int8
+def test_an_int8_plans_activations_fuse_into_its_int8_convs_with_one_quantize_each():
+    """Conv -> Clip(0, 6) three times (dense, depthwise, 1x1, as in MobileNetV2), every conv int8
+    in the plan: the QDQ model the plan compiles quantizes each conv's output once, after its
+    Clip (Conv -> Clip -> Q, as NNCF writes it), not also before it; OpenVINO runs each conv as
+    one integer kernel with the Clip and its dequantize fused in, and the output stays near
+    fp32's."""
+    from kselect.core.precision.calibration import Calibration, compute_ranges
+    from kselect.plugins.openvino.library import plan_model
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "input"
+    for i, (cin, cout, k, group) in enumerate([(3, 16, 3, 1), (16, 16, 3, 16), (16, 24, 1, 1)]):
+        y = conv(nodes, inits, rng, f"c{i}", x, cin, cout, k, group=group, relu=False)
+        inits += [onnx.numpy_helper.from_array(np.float32(0), f"c{i}.lo"),
+                  onnx.numpy_helper.from_array(np.float32(6), f"c{i}.hi")]
+        nodes.append(helper.make_node("Clip", [y, f"c{i}.lo", f"c{i}.hi"], [f"c{i}.clip"], name=f"c{i}.clip"))
+        x = f"c{i}.clip"
+    nodes.append(helper.make_node("Identity", [x], ["output"], name="out"))
+    proto = graph_model(nodes, inits, (1, 3, 32, 32), outputs=["output"], name="clipped", input_name="input")
+    clipped = model_from_proto("clipped", proto)
+    feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(3)]
+    ranges = compute_ranges(clipped, Calibration(calibrate=feeds[:2], held_out=feeds[2:], source="python"))
+    convs = ["c0", "c1", "c2"]
+    plan = Plan(model={}, device={}, libraries={"openvino": ""}, emulated=False,
+                tasks=[{"precision": "int8", "nodes": [node]} for node in convs], plan_level={},
+                nodes={node: {"library": "openvino", "config": _config("", precision="i8")} for node in convs},
+                extra={"precision": {"ranges": ranges}})
+    qdq = plan_model(clipped, plan)
+    quantized = [node.input[0] for node in qdq.graph.node if node.op_type == "QuantizeLinear"]
+    assert sorted(quantized) == ["c0.clip", "c1.clip", "input"]  # c2.clip is the model's float output
+    compiled = ir.ConvertedModel(qdq, {}, []).compile({}, {"INFERENCE_PRECISION_HINT": "f32"})
+    fused = {}
+    for node in compiled.get_runtime_model().get_ordered_ops():
+        layers = node.get_rt_info()["originalLayersNames"].astype(str).split(",")
+        for name in convs:
+            if name in layers:
+                fused[name] = (node.get_rt_info()["primitiveType"].astype(str), layers)
+    assert set(fused) == set(convs)
+    for name, (primitive, layers) in fused.items():
+        assert primitive.endswith("_I8"), (name, primitive)
+        assert f"{name}.y_DequantizeLinear" not in layers  # no quantize of the conv's own output
+    assert "c0.clip_DequantizeLinear" in fused["c0"][1] and "c1.clip_DequantizeLinear" in fused["c1"][1]
+    got = compiled({compiled.inputs[0]: feeds[2]["input"]})[compiled.outputs[0]]
+    want = reference_session_output(proto, feeds[2])
+    cosine = float(np.dot(got.ravel(), want.ravel()) / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cosine > 0.99, cosine
+
+
+def reference_session_output(proto, feed) -> np.ndarray:
+    import onnxruntime as ort
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+
 @pytest.mark.slow  # an OpenVINO tune with int8 runs by default (--precision all, test_an_int8_and_bf16_front_holds_the_whole_graph_in_bf16_and_races_it)
 @needs_int8
 def test_an_int8_tune_keeps_int8_ops_and_its_plan_runs_them_on_integer_kernels_in_plain_openvino(tmp_path):

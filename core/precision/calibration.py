@@ -302,11 +302,15 @@ class _Reader:
 
 def quantize_qdq(proto, output: Path, feeds: list[dict] | None = None, *, cache: Path | None = None,
                  method: str = "minmax", per_channel: bool = True, signed_activations: bool = False,
-                 nodes_to_quantize: list[str] | None = None, op_types: list[str] | None = None) -> None:
+                 nodes_to_quantize: list[str] | None = None, op_types: list[str] | None = None,
+                 unquantized_outputs: tuple[str, ...] = ()) -> None:
     """onnxruntime.quantization.quantize_static as kselect calls it: QDQ format, int8 weights,
     uint8 (or int8) activations, calibrated on ``feeds`` or read from the calibration ``cache``
     (written there when it does not exist yet); on a copy of the model at opset 13, quietly.
-    ``op_types``: the op types it quantizes (default: every type it knows)."""
+    ``op_types``: the op types it quantizes (default: every type it knows).
+    ``unquantized_outputs``: op types whose outputs get no QuantizeLinear of their own (its
+    ``OpTypesToExcludeOutputQuantization``), so the tensor is quantized once, after the op
+    that follows (a convolution's Clip or Relu) instead of before and after it."""
     import onnxruntime.quantization as q
 
     with tempfile.TemporaryDirectory(prefix="kselect-quantize-") as tmp, quiet_quantizer():
@@ -318,7 +322,8 @@ def quantize_qdq(proto, output: Path, feeds: list[dict] | None = None, *, cache:
                           weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes_to_quantize,
                           op_types_to_quantize=op_types,
                           calibrate_method=getattr(q.CalibrationMethod, METHODS[method]),
-                          calibration_cache_path=cache)
+                          calibration_cache_path=cache,
+                          extra_options={"OpTypesToExcludeOutputQuantization": list(unquantized_outputs)})
 
 
 def compute_ranges(model: Model, calibration: Calibration) -> dict:

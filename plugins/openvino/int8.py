@@ -77,14 +77,18 @@ def quantized_model(model, plan, int8_passes: frozenset[str]) -> onnx.ModelProto
     (``int8_passes``) are quantized: a quantize after an activation (a SiLU's Sigmoid and Mul)
     keeps the CPU plugin from fusing the activation into the int8 convolution and runs as a
     node of its own, where an activation left in float is fused and its output quantized by the
-    convolution itself, as in NNCF's models."""
+    convolution itself, as in NNCF's models. For the same reason a convolution's or matrix
+    product's own output is not quantized: the quantize comes after the activation that follows
+    it (Conv -> Clip -> Q, as NNCF writes it), not before and after it (Conv -> Q/DQ -> Clip ->
+    Q/DQ), which rounds the tensor twice and gives the convolution extra post-ops."""
     with tempfile.TemporaryDirectory(prefix="kselect-openvino-int8-") as folder:
         cache, output = Path(folder) / "ranges.json", Path(folder) / "model.int8.onnx"
         cache.write_text(json.dumps(plan.extra["precision"]["ranges"]))
         quantize_qdq(model.proto, output, cache=cache,
                      method=plan.extra["precision"].get("calibration", {}).get("method", "minmax"),
                      nodes_to_quantize=nodes_to_quantize(model, int8_nodes(plan)),
-                     op_types=sorted({*COMPUTE_OP_TYPES, *int8_passes}))
+                     op_types=sorted({*COMPUTE_OP_TYPES, *int8_passes}),
+                     unquantized_outputs=COMPUTE_OP_TYPES)
         return onnx.load(str(output))
 
 
