@@ -17,7 +17,7 @@ import pytest
 from onnx import helper
 from graphs import conv, small_cnn
 from graphs import model as graph_model
-from helpers import feeds_folder, kselect_json
+from helpers import feeds_folder, kselect_json, plan_and_onnxruntime_outputs
 
 import kselect
 from kselect.core.contract import plugins
@@ -26,10 +26,12 @@ from kselect.core.measuring.measure import MeasureSettings, measure_in_this_proc
 from kselect.core.measuring.worker import MeasureWorker
 from kselect.core.models.model import model_from_proto
 from kselect.core.models.tasks import extract_tasks
-from kselect.core.plans.plan import Plan, load_plan_file, reduced_nodes
+from kselect.core.plans.plan import Plan, load_plan_file, plan_node, plan_task, reduced_nodes
 from kselect.core.plans.runtime import load_plan
 from kselect.plugins.openvino import ir
-from kselect.core.precision.calibration import quantize_qdq
+from kselect.plugins.openvino.library import plan_model
+from kselect.core.precision.accuracy import cosine
+from kselect.core.precision.calibration import Calibration, compute_ranges, quantize_qdq
 from kselect.core.precision.half import half_tolerance
 from kselect.core.precision.quant import int8_tolerance, quant_params
 from kselect.core.whole_model.context import IN_CONTEXT
@@ -277,15 +279,12 @@ def test_the_ops_openvino_keeps_in_8_bits_between_int8_ops_run_on_u8(library, tm
 
 
 @needs_int8
-def test_an_int8_plans_activations_fuse_into_its_int8_convs_with_one_quantize_each():
+def test_an_int8_plans_activations_fuse_into_its_int8_convs_with_one_quantize_each(library):
     """Conv -> Clip(0, 6) three times (dense, depthwise, 1x1, as in MobileNetV2), every conv int8
     in the plan: the QDQ model the plan compiles quantizes each conv's output once, after its
     Clip (Conv -> Clip -> Q, as NNCF writes it), not also before it; OpenVINO runs each conv as
     one integer kernel with the Clip and its dequantize fused in, and the output stays near
     fp32's."""
-    from kselect.core.precision.calibration import Calibration, compute_ranges
-    from kselect.plugins.openvino.library import plan_model
-
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "input"
     for i, (cin, cout, k, group) in enumerate([(3, 16, 3, 1), (16, 16, 3, 16), (16, 24, 1, 1)]):
@@ -300,9 +299,12 @@ def test_an_int8_plans_activations_fuse_into_its_int8_convs_with_one_quantize_ea
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(3)]
     ranges = compute_ranges(clipped, Calibration(calibrate=feeds[:2], held_out=feeds[2:], source="python"))
     convs = ["c0", "c1", "c2"]
-    plan = Plan(model={}, device={}, libraries={"openvino": ""}, emulated=False,
-                tasks=[{"precision": "int8", "nodes": [node]} for node in convs], plan_level={},
-                nodes={node: {"library": "openvino", "config": _config("", precision="i8")} for node in convs},
+    twins = {node: _task(clipped, node).at_precision("int8") for node in convs}
+    configs = {node: library.default_config(twin, this_device()) for node, twin in twins.items()}
+    plan = Plan(model={}, device={}, libraries={"openvino": library.version()}, emulated=False, plan_level={},
+                tasks=[plan_task(twin, [node], "openvino", configs[node], 1.0, configs[node], 1.0, 1, False)
+                       for node, twin in twins.items()],
+                nodes={node: plan_node(twin, "openvino", configs[node]) for node, twin in twins.items()},
                 extra={"precision": {"ranges": ranges}})
     qdq = plan_model(clipped, plan)
     quantized = [node.input[0] for node in qdq.graph.node if node.op_type == "QuantizeLinear"]
@@ -319,15 +321,8 @@ def test_an_int8_plans_activations_fuse_into_its_int8_convs_with_one_quantize_ea
         assert primitive.endswith("_I8"), (name, primitive)
         assert f"{name}.y_DequantizeLinear" not in layers  # no quantize of the conv's own output
     assert "c0.clip_DequantizeLinear" in fused["c0"][1] and "c1.clip_DequantizeLinear" in fused["c1"][1]
-    got = compiled({compiled.inputs[0]: feeds[2]["input"]})[compiled.outputs[0]]
-    want = reference_session_output(proto, feeds[2])
-    cosine = float(np.dot(got.ravel(), want.ravel()) / (np.linalg.norm(got) * np.linalg.norm(want)))
-    assert cosine > 0.99, cosine
-
-
-def reference_session_output(proto, feed) -> np.ndarray:
-    import onnxruntime as ort
-    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got, want = plan_and_onnxruntime_outputs(plan, clipped, feeds[2])
+    assert cosine([[got]], [[want]], feeds[2:]) > 0.99
 
 
 @pytest.mark.slow  # an OpenVINO tune with int8 runs by default (--precision all, test_an_int8_and_bf16_front_holds_the_whole_graph_in_bf16_and_races_it)
