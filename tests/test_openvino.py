@@ -408,6 +408,49 @@ def test_a_bf16_twin_is_measured_in_bf16_within_the_half_tolerance(library, mode
         assert 1e-4 < result.error <= tolerance, config
 
 
+def _upsampling_model() -> onnx.ModelProto:
+    """stem conv -> ConvTranspose "up" (2x2, stride 2) -> head conv: a decoder's upsampling, as
+    in centerface."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = conv(nodes, inits, rng, "stem", "x", 3, 24, 3)
+    inits.append(onnx.numpy_helper.from_array((rng.standard_normal((24, 24, 2, 2)) * 0.2).astype(np.float32), "up.w"))
+    nodes.append(helper.make_node("ConvTranspose", [x, "up.w"], ["up.y"], name="up", strides=[2, 2], kernel_shape=[2, 2]))
+    y = conv(nodes, inits, rng, "head", "up.y", 24, 8, 3, relu=False)
+    nodes.append(helper.make_node("Identity", [y], ["y"], name="out"))
+    return graph_model(nodes, inits, input_shape=(1, 3, 32, 32), name="upsampling")
+
+
+@needs_bf16
+def test_a_deconvs_bf16_twin_is_measured_in_bf16_and_a_plan_runs_it_in_bf16():
+    """OpenVINO keeps a graph's tail in f32 under bf16 up to the last conv, and a lone
+    ConvTranspose is all tail: its twin is measured with its output in bf16, so the plugin runs it
+    in bf16 as inside a model. Each implementation of the twin is ok in bf16 within the half
+    tolerance, and a plan with every op in bf16 runs the deconv in bf16."""
+    library, device = plugins.get_library("openvino"), this_device()
+    upsampling = model_from_proto("upsampling", _upsampling_model())
+    tasks = extract_tasks(upsampling)
+    twin = next(t for t in tasks if t.kind == "deconv").at_precision("bf16")
+    assert library.supports(twin)
+    configs = library.space(twin, device).enumerate()
+    default = library.default_config(twin, device)
+    assert default["precision"] == "bf16" and default in configs
+    inputs = task_inputs(twin)
+    tolerance = half_tolerance(twin, inputs, reference_output(twin, inputs), "bf16")
+    at_defaults = [c for c in configs if (c["threads"], c["pinning"]) == (default["threads"], default["pinning"])]
+    for config in at_defaults:
+        result = measure_in_this_process(library, twin, config, QUICK, {})
+        assert result.status == "ok", (config, result.reason)
+        assert 1e-4 < result.error <= tolerance, config
+    configs = {node: library.default_config(task.at_precision("bf16"), device) for task in tasks for node in task.nodes}
+    runner = library.model_runner(upsampling, _plan(configs))
+    try:
+        ran = {node: choice.precision for node, choice in runner.ran.items()}
+    finally:
+        runner.close()
+    assert ran == {"stem": "bf16", "up": "bf16", "head": "bf16"}
+
+
 @needs_bf16
 def test_a_plan_keeps_in_f32_the_conv_a_residual_add_is_fused_into(library, model):
     """Every op of small_cnn in bf16 but block.conv2, whose output OpenVINO sums with the residual

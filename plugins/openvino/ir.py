@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from kselect.core.errors import KselectError
@@ -42,6 +43,13 @@ RUNTIME_TYPES = ("Convolution", "Deconvolution", "FullyConnected", "MatMul")
 # The suffix of an integer kernel's primitive type ("brgconv_avx512_I8"), whatever its runtime
 # precision says of its activations (u8 or i8).
 INT8_SUFFIX = "_I8"
+# Kinds of one-op models whose output is given in the reduced precision they are compiled in.
+# Under a reduced INFERENCE_PRECISION_HINT the CPU plugin keeps a graph's tail in f32: the nodes
+# between an output and the last Convolution, FullyConnected or MatMul before it
+# (Graph::EnforceInferencePrecision, "to maintain accuracy"), unless the output itself is in the
+# reduced precision. Deconvolution is not on that list, so a lone deconv computes in f32 however
+# the model is compiled, while inside a model (a conv after it) the default bf16 runs it in bf16.
+REDUCED_OUTPUT_KINDS = ("deconv",)
 STREAMS = 1  # one stream: every core works on the one inference at a time (latency)
 
 
@@ -68,13 +76,24 @@ class RuntimeChoice:
     fused: tuple[str, ...] = ()  # the IR layers the executed node holds (originalLayersNames)
 
 
+def output_array(tensor) -> np.ndarray:
+    """An output tensor's data; a bf16 one's as float32 (its ``data`` holds its bits, typed float16)."""
+    if tensor.element_type == openvino().Type.bf16:
+        bits = np.ascontiguousarray(tensor.data).view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    return tensor.data
+
+
 class ConvertedModel:
     """An ONNX model converted to OpenVINO once and held as IR text and weights, with the IR layers
     of each tuned ONNX node (``layers``: ONNX node name -> the compute layer's name, then those of
     the bias and scaling ops after it, which the CPU plugin fuses into one executed node, naming
-    it after any of them: a Gemm's FullyConnected takes its bias Add's name)."""
+    it after any of them: a Gemm's FullyConnected takes its bias Add's name).
+    ``output_precision`` ("bf16", "f16"): the model's outputs are given in that precision, not
+    f32 (see ``REDUCED_OUTPUT_KINDS``)."""
 
-    def __init__(self, proto: onnx.ModelProto, input_shapes: dict[str, list[int]], nodes: list[str]):
+    def __init__(self, proto: onnx.ModelProto, input_shapes: dict[str, list[int]], nodes: list[str],
+                 output_precision: str | None = None):
         ov = openvino()
 
         with tempfile.TemporaryDirectory() as folder:
@@ -83,6 +102,11 @@ class ConvertedModel:
             model = ov.convert_model(str(onnx_path))
             if input_shapes:
                 model.reshape({name: ov.PartialShape(shape) for name, shape in input_shapes.items()})
+            if output_precision:
+                steps = ov.preprocess.PrePostProcessor(model)
+                for index in range(len(model.outputs)):
+                    steps.output(index).tensor().set_element_type(getattr(ov.Type, output_precision))
+                model = steps.build()
             self.layers = _compute_layers(model, proto, nodes)
             ov.save_model(model, str(Path(folder) / "model.xml"), compress_to_fp16=False)
             self.xml = (Path(folder) / "model.xml").read_text()
@@ -118,7 +142,6 @@ class ConvertedModel:
 
     def read_xml(self, xml: str):
         """The ov.Model of ``xml`` (this IR, edited) on this model's weights."""
-        import numpy as np
         ov = openvino()
 
         weights = ov.Tensor(np.frombuffer(self.weights, np.uint8)) if self.weights else ov.Tensor(np.zeros(0, np.uint8))
@@ -248,7 +271,6 @@ def memory_formats_taken() -> dict[str, bool]:
     The plugin reads the attributes only as its own C++ class (``is<InputMemoryFormats>()``),
     which neither route makes, so both are expected False; a release that honours them makes
     this True and ``OpenvinoLibrary.missing_dims`` says so."""
-    import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")

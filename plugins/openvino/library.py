@@ -141,7 +141,7 @@ def _offer(task_json: str, precision: str) -> Offer | None:
     # hinted jit_gemm in bf16 takes it alone, not beside a copy): it is compiled once per hint.
     copies = 1 if task.kind == "fc" else max(1, min(len(names), PROBE_BYTES // data_bytes))
     properties = compile_properties(precision, None, None)
-    alone = ir.ConvertedModel(single, {}, ["op"])
+    alone = converted_op(task, single, ["op"], precision)
     try:
         unhinted = alone.runtime_choices(alone.compile({}, properties))["op"]
     except Exception:  # the plugin refuses this op in that form (an int8 one on aarch64): not offered
@@ -155,7 +155,7 @@ def _offer(task_json: str, precision: str) -> Offer | None:
             converted, nodes = alone, ["op"]
         else:
             proto, nodes = ir.replicated(single, len(chunk))
-            converted = ir.ConvertedModel(proto, {}, nodes)
+            converted = converted_op(task, proto, nodes, precision)
         ran = converted.runtime_choices(converted.compile(dict(zip(nodes, map(ir.Hint, chunk))), properties))
         hinted += [name for node, name in zip(nodes, chunk) if (ran[node].impl, ran[node].precision) == (name, precision)]
     return Offer(own, tuple(name for name in hinted if name != own))
@@ -165,6 +165,14 @@ def op_model(task: Task, inputs: dict):
     """The one-op model of a candidate: the op in float, or, for an int8 task, between a
     dequantize of its input and a quantize of its output (int8.py)."""
     return int8.single_op_model(task, inputs) if task.precision == "int8" else task_model(task, inputs)
+
+
+def converted_op(task: Task, proto, nodes: list[str], precision: str) -> ir.ConvertedModel:
+    """A one-op model (or copies of it) converted for compiling in ``precision``: a deconv's
+    output is given in a reduced precision it computes in, or the plugin computes it in f32
+    (ir.REDUCED_OUTPUT_KINDS)."""
+    reduced = task.kind in ir.REDUCED_OUTPUT_KINDS and precision in ("bf16", "f16")
+    return ir.ConvertedModel(proto, {}, nodes, output_precision=precision if reduced else None)
 
 
 def offer(task: Task, precision: str) -> Offer | None:
@@ -293,7 +301,7 @@ class OpenvinoLibrary(Library):
         ov = openvino()
 
         proto = op_model(task, inputs)
-        converted = ir.ConvertedModel(proto, {}, ["op"])
+        converted = converted_op(task, proto, ["op"], config["precision"])
         compiled = converted.compile({"op": hint(config)},
                                      compile_properties(config["precision"], config["threads"], config["pinning"]))
         ran = converted.runtime_choices(compiled)["op"]
@@ -306,7 +314,7 @@ class OpenvinoLibrary(Library):
         request.set_input_tensor(ov.Tensor(np.ascontiguousarray(x.reshape(x_shape))))
 
         def output():
-            y = request.get_output_tensor(0).data.reshape(task.output_shape).copy()
+            y = ir.output_array(request.get_output_tensor(0)).reshape(task.output_shape).copy()
             return int8.dequantized_output(y, inputs["quant"]) if task.precision == "int8" else y
         candidate = CallCandidate(request.infer, output)
         candidate.compiled = compiled  # kept alive as long as its request
