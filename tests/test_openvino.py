@@ -472,6 +472,37 @@ def test_a_plan_keeps_in_f32_the_conv_a_residual_add_is_fused_into(library, mode
 
 
 @needs_bf16
+@needs_int8
+def test_a_bf16_plan_keeps_in_f32_a_conv_reading_an_int8_ops_output(library, model):
+    """block.conv1 int8, block.conv2 after it f32, the others bf16 or f32: compiling for f32, the
+    plugin fuses the dequantize of block.conv1's output into block.conv2 as a layer it made (no
+    IR layer to mark ``precise``). The plan compiles and runs each node in its precision (it
+    failed with a KeyError on that layer's name, as 5 points of centerface's front did)."""
+    device = this_device()
+    rng = np.random.default_rng(0)
+    feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(3)]
+    ranges = compute_ranges(model, Calibration(calibrate=feeds[:2], held_out=feeds[2:], source="python"))
+    wanted = {"stem": "fp32", "block.conv1": "int8", "block.conv2": "fp32", "down": "bf16", "dw": "fp32",
+              "pw": "bf16", "fc": "bf16"}
+    twins = {node: _task(model, node) if p == "fp32" else _task(model, node).at_precision(p)
+             for node, p in wanted.items()}
+    configs = {node: library.default_config(twin, device) for node, twin in twins.items()}
+    plan = Plan(model={}, device={}, libraries={"openvino": library.version()}, emulated=False, plan_level={},
+                tasks=[plan_task(twin, [node], "openvino", configs[node], 1.0, configs[node], 1.0, 1, False)
+                       for node, twin in twins.items()],
+                nodes={node: plan_node(twin, "openvino", configs[node]) for node, twin in twins.items()},
+                extra={"precision": {"ranges": ranges}})
+    runner = library.model_runner(model, plan)
+    try:
+        ran = {node: choice.precision for node, choice in runner.ran.items()}
+        output = runner(feeds[2])[0]
+    finally:
+        runner.close()
+    assert ran == {node: {"fp32": "f32", "int8": "i8"}.get(p, p) for node, p in wanted.items()}
+    assert output.shape == (1, 10) and np.all(np.isfinite(output))
+
+
+@needs_bf16
 def test_a_bf16_tune_chooses_the_fastest_point_within_the_budget_and_its_plan_runs_its_bf16_ops_in_bf16(tmp_path):
     """small_cnn on 96x96 inputs (on 32x32 the whole runs that correct the front's costs in context
     read the two precisions within their noise) tuned on OpenVINO with --precision fp32,bf16 under

@@ -126,7 +126,10 @@ class ConvertedModel:
                               value=f"cpu:{hint.impl}")
             if hint.keep_f32:
                 for name in dict.fromkeys((compute, *after, *self.fused_layers[node])):
-                    ET.SubElement(_rt_info(by_name[name]), "attribute", name="precise", version="0")
+                    # a layer the plugin made while compiling (the Multiply of a dequantize it
+                    # decomposed, fused into an f32 conv reading an int8 op's output) is no IR layer
+                    if name in by_name:
+                        ET.SubElement(_rt_info(by_name[name]), "attribute", name="precise", version="0")
         return ET.tostring(root, encoding="unicode")
 
     @functools.cached_property
