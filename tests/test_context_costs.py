@@ -77,6 +77,31 @@ def test_the_corrections_reproduce_the_two_runs_they_were_learned_from():
     assert correction.ratio("c", "bf16") == pytest.approx(np.median([0.9, 1.25]))  # unseen: the median fp32 ratio
 
 
+def test_with_a_half_precision_run_the_corrections_reproduce_all_three_runs():
+    """A front whose least precise plan mixes int8 (a) and bf16 (b) learns from a third run, every
+    op in bf16: its bf16 ratios come from that run (a's, which neither other run has), and the
+    untuned time moves at its own rate per share of bf16 ops and of int8 ops, and b's bf16 ratio
+    from the half run's to the reduced run's with the share of int8 ops, so each of the three runs
+    is predicted as it was measured."""
+    isolated = {("a", "fp32"): 100.0, ("b", "fp32"): 200.0, ("a", "int8"): 80.0, ("a", "bf16"): 90.0,
+                ("b", "bf16"): 150.0}
+    fp32_run = InContext(500.0, {"a": 90.0, "b": 250.0}, 0.0, 100.0)
+    reduced_run = InContext(300.0, {"a": 120.0, "b": 60.0}, 40.0, 70.0)
+    half_run = InContext(200.0, {"a": 45.0, "b": 75.0}, 0.0, 40.0)
+    correction = ContextCorrection.learn(fp32_run, reduced_run, isolated, {"a": "int8", "b": "bf16"}, 20.0,
+                                         half=(half_run, {"a": "bf16", "b": "bf16"}))
+    assert correction.ratio("a", "bf16") == pytest.approx(0.5)  # from the half run
+    assert correction.ratio("b", "bf16") == pytest.approx(0.4)  # the reduced run's, beside a's int8
+    assert correction.half_ratios == {("b", "bf16"): pytest.approx(0.5)}
+    assert correction.untuned_rates == pytest.approx((-60.0, 0.0))
+    assert correction.predicted_us({"a": ("fp32", 100.0), "b": ("fp32", 200.0)}, 0.0) == pytest.approx(90 + 250 + 100)
+    assert correction.predicted_us({"a": ("int8", 80.0), "b": ("bf16", 150.0)}, 20.0) == \
+        pytest.approx(120 + 60 + 40 + 70)
+    assert correction.predicted_us({"a": ("bf16", 90.0), "b": ("bf16", 150.0)}, 0.0) == pytest.approx(45 + 75 + 40)
+    assert correction.to_json()["untuned_us_per_share"] == {"half": -60.0, "int8": 0.0}
+    assert set(correction.runs) == {"fp32", "reduced", "half"}
+
+
 def test_a_plan_is_never_predicted_below_zero_when_a_default_timing_inflated_the_reference_sum():
     """The difference rule (reference measured + difference of isolated sums) gives way to the ratio
     of the sums when the sums lie further apart than the reference's whole run (a mobilenetv2

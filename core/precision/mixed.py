@@ -361,14 +361,14 @@ class _Predictor:
             return self.isolated_us(precisions)
         return self.scale * self.correction.predicted_us(*self.ops_and_conversions(precisions))
 
-    def learn_in_context(self, library, model, fp32_plan: Plan, reduced_plan: Plan,
-                         reduced: dict[str, str]) -> ContextCorrection | None:
-        """The corrections of core/whole_model/context.py, from whole runs of the fp32 plan and of
-        ``reduced_plan`` (every op in ``reduced``'s precision) timed per node by the library's
-        runner, each in a fresh process; None (and isolated sums kept) when the runner cannot
-        time its nodes."""
+    def learn_in_context(self, library, model, fp32_plan: Plan, reduced_plan: Plan, reduced: dict[str, str],
+                         half_plan: Plan | None = None, half: dict[str, str] | None = None) -> ContextCorrection | None:
+        """The corrections of core/whole_model/context.py, from whole runs of the fp32 plan, of
+        ``reduced_plan`` (every op in ``reduced``'s precision) and of ``half_plan`` if any (every
+        op in ``half``'s) timed per node by the library's runner, each in a fresh process; None
+        (and isolated sums kept) when the runner cannot time its nodes."""
         runs = []
-        for plan in (fp32_plan, reduced_plan):
+        for plan in (fp32_plan, reduced_plan) + ((half_plan,) if half_plan is not None else ()):
             timed = node_times_alone(model, library.name, plan, CONTEXT_RUNS)
             if timed is None:
                 return None
@@ -376,7 +376,8 @@ class _Predictor:
         isolated = {(node, precision): option.time_us for node, by_precision in self.options.items()
                     for precision, option in by_precision.items()}
         self.correction = ContextCorrection.learn(runs[0], runs[1], isolated, reduced,
-                                                  self.ops_and_conversions(reduced)[1])
+                                                  self.ops_and_conversions(reduced)[1],
+                                                  half=(runs[2], half) if half_plan is not None else None)
         return self.correction
 
 
@@ -473,15 +474,20 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
 
     def learn_in_context(predict: _Predictor, ladders: dict[str, list[str]], settings_of_front: dict,
                          entries: dict, suffix: str, front: list[FrontPoint]) -> None:
-        """The front's costs corrected in context (core/whole_model/context.py) from its fp32 plan
-        and its plan with every op on its first rung, before the back-off predicts any point; the
-        fp32 point, already made, predicted again."""
+        """The front's costs corrected in context (core/whole_model/context.py) from its fp32 plan,
+        its plan with every op on its first rung and, where that one has int8 ops and some op has
+        a half-precision rung, its plan with every op on its first half-precision rung, before the
+        back-off predicts any point; the fp32 point, already made, predicted again."""
         start = {node: rungs[0] for node, rungs in ladders.items()}
-        say("timing the fp32 plan and the least precise plan per node in whole runs (costs in context)")
+        half = {node: next(r for r in rungs if r != "int8") for node, rungs in ladders.items()
+                if any(r != "int8" for r in rungs)} if "int8" in start.values() else {}
+        half_plan = mixed_plan(fp32_plan, entries, settings_of_front, half, precision) if half else None
+        say("timing the fp32 plan and the least precise plan" + (" and the half-precision plan" if half else "")
+            + " per node in whole runs (costs in context)")
         try:
             correction = predict.learn_in_context(library, model, plans["fp32"],
                                                   mixed_plan(fp32_plan, entries, settings_of_front, start, precision),
-                                                  start)
+                                                  start, half_plan, half or None)
         except Exception as exc:  # a runner that cannot time a run per node: the isolated sums stand
             say(f"costs in context not learned ({one_line(exc)[:200]}): isolated sums are used")
             return

@@ -13,14 +13,18 @@ Runtime's profiler for MLAS, the XNNPack and oneDNN executors' steps timed in pl
 as conversions; the rest of the whole run (untuned nodes, reorders the runtime inserted, the time
 between nodes) as untuned.
 
-``ContextCorrection`` is what a precision front learns from two such runs, the fp32 plan and the
-plan with every op in its least precise form: per op and precision, the ratio of its time in
-context to its isolated time; the untuned nodes' time in both runs; and the ratio of the reduced
-run's conversions to those the planner counts for it. A point of the front is then predicted as
-the untuned time (moving from the fp32 run's toward the reduced run's with its share of reduced
-ops), plus each op's isolated time in its precision times its ratio (an op in a precision neither
-run used takes its fp32 ratio), plus the planner's conversions times their ratio: both runs are
-reproduced, and the points between them are predictions. ``core/whole_model/prediction.py``
+``ContextCorrection`` is what a precision front learns from such runs: the fp32 plan, the plan
+with every op in its least precise form, and, where that one mixes int8 with a half precision,
+the plan with every op in the half precision too: per op and precision, the ratio of its time
+in context to its isolated time; the untuned nodes' time in each run; and the ratio of the
+reduced run's conversions to those the planner counts for it. A point of the front is then
+predicted as the untuned time (moving from the fp32 run's with the point's shares of int8 ops
+and of half-precision ops, at the rates the runs show), plus each op's isolated time in its
+precision times its ratio (an op in a precision no run used takes its fp32 ratio), plus the
+planner's conversions times their ratio: the runs are reproduced, and the points between them
+are predictions. The half run is needed where a library runs a half precision through the
+whole graph: OpenVINO's bf16 ops and untuned ops in context are far faster than their isolated
+times, which a ratio learned from an int8 run, or the fp32 ratio, does not know. ``core/whole_model/prediction.py``
 predicts a whole model measured end to end from a plan measured in the same race plus the
 difference of two such figures.
 
@@ -115,29 +119,57 @@ def in_context(model, whole_us: float, per_node: dict[str, float]) -> InContext:
 
 @dataclass
 class ContextCorrection:
-    """What a front learns from its fp32 run and its least precise run (module docstring)."""
+    """What a front learns from its fp32 run, its least precise run and its half run (module docstring)."""
 
     ratios: dict[tuple[str, str], float]  # (node, precision) -> time in context / isolated time
     untuned_us: tuple[float, float]  # the untuned nodes' time in the fp32 run and in the reduced run
     conversion_ratio: float  # the reduced run's conversions / the planner's conversions for it
-    runs: dict[str, dict] = field(default_factory=dict)  # the two runs, as measured (JSON)
+    runs: dict[str, dict] = field(default_factory=dict)  # the runs, as measured (JSON)
+    # the untuned time's change per share of ops in a half precision and per share in int8 (us):
+    # None, one rate for any reduced op (the reduced run's change over its share)
+    untuned_rates: tuple[float, float] | None = None
+    untuned_bounds: tuple[float, float] = (float("-inf"), float("inf"))  # the runs' least and most
+    # (node, half precision) -> its ratio in the half run, where the reduced run has one too: a
+    # point's ratio moves from this one to the reduced run's with its share of int8 ops
+    half_ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    reduced_int8_share: float = 0.0
 
     @classmethod
     def learn(cls, fp32_run: InContext, reduced_run: InContext, isolated: dict[tuple[str, str], float],
-              reduced_precisions: dict[str, str], reduced_conversions_us: float) -> "ContextCorrection":
+              reduced_precisions: dict[str, str], reduced_conversions_us: float,
+              half: tuple[InContext, dict[str, str]] | None = None) -> "ContextCorrection":
         """``isolated``: (node, precision) -> the op's isolated time; ``reduced_precisions``: each
         reduced node's precision in the reduced run; ``reduced_conversions_us``: the conversions
-        the planner counts for it. A runner that times no conversion of its own (it counts them in
+        the planner counts for it; ``half``: the run with every op in a half precision and each
+        node's precision in it. A runner that times no conversion of its own (it counts them in
         the ops they feed) leaves the planner's conversions out (ratio 0)."""
-        ratios = {}
-        for run, precisions in ((fp32_run, {}), (reduced_run, reduced_precisions)):
-            for node, us in run.ops_us.items():
-                key = (node, precisions.get(node, "fp32"))
-                if isolated.get(key):
-                    ratios[key] = us / isolated[key]
+        def ratios_in(run: InContext, precisions: dict[str, str]) -> dict[tuple[str, str], float]:
+            keys = {node: (node, precisions.get(node, "fp32")) for node in run.ops_us}
+            return {key: run.ops_us[node] / isolated[key] for node, key in keys.items() if isolated.get(key)}
+
+        ratios = {**ratios_in(fp32_run, {}), **ratios_in(reduced_run, reduced_precisions)}
+        in_half_run = ratios_in(half[0], half[1]) if half else {}
+        half_ratios = {key: r for key, r in in_half_run.items() if key[1] != "fp32" and key in ratios}
+        ratios = {**in_half_run, **ratios}
         conversion_ratio = reduced_run.conversions_us / reduced_conversions_us if reduced_conversions_us > 0 else 0.0
-        return cls(ratios, (fp32_run.untuned_us, reduced_run.untuned_us), conversion_ratio,
-                   {"fp32": fp32_run.to_json(), "reduced": reduced_run.to_json()})
+        measured = {"fp32": fp32_run.to_json(), "reduced": reduced_run.to_json()}
+        correction = cls(ratios, (fp32_run.untuned_us, reduced_run.untuned_us), conversion_ratio, measured)
+        if half:
+            half_run, half_precisions = half
+            measured["half"] = half_run.to_json()
+            nodes = len({node for node, _ in isolated}) or 1  # the planner's tuned ops
+            half_share = len(half_precisions) / nodes
+            in_half, in_int8 = shares(reduced_precisions, nodes)
+            if half_share > 0:
+                per_half = (half_run.untuned_us - fp32_run.untuned_us) / half_share
+                per_int8 = ((reduced_run.untuned_us - fp32_run.untuned_us - per_half * in_half) / in_int8
+                            if in_int8 > 0 else per_half)
+                correction.untuned_rates = (per_half, per_int8)
+                untuned = (fp32_run.untuned_us, reduced_run.untuned_us, half_run.untuned_us)
+                correction.untuned_bounds = (min(untuned), max(untuned))
+            if in_int8 > 0:
+                correction.half_ratios, correction.reduced_int8_share = half_ratios, in_int8
+        return correction
 
     def ratio(self, node: str, precision: str) -> float:
         """The op's ratio in that precision; else its fp32 ratio; else the median fp32 ratio."""
@@ -152,17 +184,39 @@ class ContextCorrection:
         """A plan's time in context: ``ops`` node -> (precision, isolated us), ``conversions_us``
         the planner's conversions for it. The untuned nodes' time moves from the fp32 run's to the
         reduced run's with the share of ops in a reduced precision (their neighbours decide
-        whether they run 8-bit or float)."""
-        reduced_share = sum(precision != "fp32" for precision, _ in ops.values()) / max(len(ops), 1)
-        untuned = self.untuned_us[0] + reduced_share * (self.untuned_us[1] - self.untuned_us[0])
-        return (untuned + sum(self.ratio(node, precision) * us for node, (precision, us) in ops.items())
+        whether they run 8-bit or float); learned with a half run too, at the rates the runs show
+        per share of half-precision ops and of int8 ops, within the runs' least and most, and a
+        half-precision op's ratio moves from its half run's to its reduced run's with the share
+        of int8 ops (its neighbours in int8 or in the half precision)."""
+        in_half, in_int8 = shares({node: p for node, (p, _) in ops.items()}, max(len(ops), 1))
+        if self.untuned_rates is None:
+            untuned = self.untuned_us[0] + (in_half + in_int8) * (self.untuned_us[1] - self.untuned_us[0])
+        else:
+            untuned = self.untuned_us[0] + in_half * self.untuned_rates[0] + in_int8 * self.untuned_rates[1]
+            untuned = min(max(untuned, self.untuned_bounds[0]), self.untuned_bounds[1])  # no run read beyond
+        toward_reduced = min(1.0, in_int8 / self.reduced_int8_share) if self.reduced_int8_share else 1.0
+
+        def ratio(node: str, precision: str) -> float:
+            reduced = self.ratio(node, precision)
+            half = self.half_ratios.get((node, precision), reduced)
+            return half + toward_reduced * (reduced - half)
+        return (untuned + sum(ratio(node, precision) * us for node, (precision, us) in ops.items())
                 + self.conversion_ratio * conversions_us)
 
     def to_json(self) -> dict:
-        return {"untuned_us": [round(us, 1) for us in self.untuned_us],
+        rates = {} if self.untuned_rates is None else {
+            "untuned_us_per_share": {"half": round(self.untuned_rates[0], 1), "int8": round(self.untuned_rates[1], 1)}}
+        return {"untuned_us": [round(us, 1) for us in self.untuned_us], **rates,
                 "conversion_ratio": round(self.conversion_ratio, 4),
                 "op_ratio_median": round(statistics.median(self.ratios.values()), 4) if self.ratios else None,
                 "runs": self.runs}
+
+
+def shares(precisions: dict[str, str], nodes: int) -> tuple[float, float]:
+    """The shares of ``nodes`` tuned ops in a half precision and in int8 (``precisions``: node ->
+    precision; fp32 nodes may be left out)."""
+    half = sum(p not in ("fp32", "int8") for p in precisions.values())
+    return half / nodes, sum(p == "int8" for p in precisions.values()) / nodes
 
 
 def op_ratios(run: InContext, isolated_us: dict[str, float]) -> dict[str, float]:
