@@ -9,7 +9,7 @@ from kselect.core.contract import plugins
 from kselect.core.models.model import load_model
 from kselect.core.models.tasks import find_ops
 from kselect.core.whole_model.alone import node_times_alone
-from kselect.core.whole_model.context import ContextCorrection, InContext, in_context, owners, resolve
+from kselect.core.whole_model.context import IN_CONTEXT, ContextCorrection, InContext, in_context, owners, resolve
 
 REAL_MODEL = "pplcnet-doc-orientation"  # PP-LCNet: 33 convs and an fc, each with HardSwish / ReLU / SE around it
 
@@ -108,7 +108,8 @@ def test_a_plan_is_never_predicted_below_zero_when_a_default_timing_inflated_the
     oneDNN variant had been predicted at -14.8 ms against a library default whose sum a noisy
     timing had inflated)."""
     from kselect.core.plans.plan import Plan
-    from kselect.core.whole_model.prediction import predicted_ms
+    from kselect.core.plans.plan import ISOLATED_US, PREDICTED_BASIS, PREDICTED_US
+    from kselect.core.whole_model.prediction import predicted_ms, prediction
 
     def plan(us: float) -> Plan:
         return Plan({}, {}, {"onednn": "x"}, False, {}, [{"id": "T0", "nodes": ["Conv_0"], "time_us": us}],
@@ -116,3 +117,11 @@ def test_a_plan_is_never_predicted_below_zero_when_a_default_timing_inflated_the
 
     assert predicted_ms(plan(1_000), plan(2_000), 7.0) == pytest.approx(6.0)  # the difference, as before
     assert predicted_ms(plan(1_000), plan(23_000), 7.0) == pytest.approx(7.0 * 1_000 / 23_000)
+    # the isolated-sums figure beside a prediction in context follows the same rule (centerface's
+    # int8 point had read -8.45 ms there)
+    in_context, reference = plan(1_000), plan(1_000)
+    in_context.extra.update({PREDICTED_US: 11_287.5, PREDICTED_BASIS: IN_CONTEXT, ISOLATED_US: 4_000.0})
+    reference.extra.update({PREDICTED_US: 27_012.0, PREDICTED_BASIS: IN_CONTEXT, ISOLATED_US: 37_000.0})
+    figure = prediction(in_context, "fp32 plan", reference, 24.7, 9.56)
+    assert figure["isolated_predicted_ms"] == pytest.approx(24.7 * 4_000 / 37_000, abs=1e-4)
+    assert figure["predicted_ms"] == pytest.approx(24.7 * 11_287.5 / 27_012.0, abs=1e-4)

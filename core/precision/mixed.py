@@ -61,7 +61,8 @@ from kselect.core.precision.accuracy import Metric, default_metric, get_metric, 
 from kselect.core.precision.calibration import Calibration
 from kselect.core.records.store import RecordDB
 from kselect.core.whole_model.alone import node_times_alone
-from kselect.core.whole_model.context import CONTEXT_RUNS, IN_CONTEXT, ContextCorrection, in_context
+from kselect.core.whole_model.context import (CONTEXT_ROUNDS, CONTEXT_RUNS, IN_CONTEXT, ContextCorrection, in_context,
+                                              median_run)
 
 # The rungs an op climbs toward fp32, least precise first: int8 (8 bits), bf16 (8 significant
 # bits, fp32's range), fp16 (11 significant bits, a narrower range).
@@ -365,14 +366,18 @@ class _Predictor:
                          half_plan: Plan | None = None, half: dict[str, str] | None = None) -> ContextCorrection | None:
         """The corrections of core/whole_model/context.py, from whole runs of the fp32 plan, of
         ``reduced_plan`` (every op in ``reduced``'s precision) and of ``half_plan`` if any (every
-        op in ``half``'s) timed per node by the library's runner, each in a fresh process; None
-        (and isolated sums kept) when the runner cannot time its nodes."""
-        runs = []
-        for plan in (fp32_plan, reduced_plan) + ((half_plan,) if half_plan is not None else ()):
-            timed = node_times_alone(model, library.name, plan, CONTEXT_RUNS)
-            if timed is None:
-                return None
-            runs.append(in_context(model, *timed))
+        op in ``half``'s) timed per node by the library's runner, each in a fresh process, the
+        plans taking turns for ``CONTEXT_ROUNDS`` rounds (their medians); None (and isolated sums
+        kept) when the runner cannot time its nodes."""
+        plans = (fp32_plan, reduced_plan) + ((half_plan,) if half_plan is not None else ())
+        rounds: list[list] = [[] for _ in plans]
+        for _ in range(CONTEXT_ROUNDS):
+            for index, plan in enumerate(plans):
+                timed = node_times_alone(model, library.name, plan, CONTEXT_RUNS)
+                if timed is None:
+                    return None
+                rounds[index].append(in_context(model, *timed))
+        runs = [median_run(of_plan) for of_plan in rounds]
         isolated = {(node, precision): option.time_us for node, by_precision in self.options.items()
                     for precision, option in by_precision.items()}
         self.correction = ContextCorrection.learn(runs[0], runs[1], isolated, reduced,
@@ -463,7 +468,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
                     noise[(node, reduced)] = sqnr(outputs, expected, feeds)
             ladders = {node: rungs for node, rungs in ladders.items() if rungs}
             if ladders:
-                learn_in_context(predict, ladders, settings_of_front, entries, suffix, front)
+                learn_in_context(predict, ladders, failed, settings_of_front, entries, suffix, front)
                 say("every op in its least precise form, then climbing toward fp32 from the most sensitive")
                 front += back_off(ladders, drops, noise, point)
         if predict is not None and not suffix:  # the whole graph in one precision does not hang on the int8 settings
@@ -472,15 +477,16 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
             sensitivity.setdefault(node, {}).setdefault(reduced, drop)
         return front
 
-    def learn_in_context(predict: _Predictor, ladders: dict[str, list[str]], settings_of_front: dict,
-                         entries: dict, suffix: str, front: list[FrontPoint]) -> None:
+    def learn_in_context(predict: _Predictor, ladders: dict[str, list[str]], failed: set[tuple[str, str]],
+                         settings_of_front: dict, entries: dict, suffix: str, front: list[FrontPoint]) -> None:
         """The front's costs corrected in context (core/whole_model/context.py) from its fp32 plan,
-        its plan with every op on its first rung and, where that one has int8 ops and some op has
-        a half-precision rung, its plan with every op on its first half-precision rung, before the
-        back-off predicts any point; the fp32 point, already made, predicted again."""
+        its plan with every op on its first rung and, where that one has int8 ops and a half
+        precision was measured, the plan of the first such precision's uniform point ("all-bf16":
+        every op measured in it, also those left off the ladders), before the back-off predicts
+        any point; the fp32 point, already made, predicted again."""
         start = {node: rungs[0] for node, rungs in ladders.items()}
-        half = {node: next(r for r in rungs if r != "int8") for node, rungs in ladders.items()
-                if any(r != "int8" for r in rungs)} if "int8" in start.values() else {}
+        halves = [p for p in LADDER[1:] if any(p in options for options in predict.options.values())]
+        half = uniform_assignment(predict.options, failed, halves[0]) if halves and "int8" in start.values() else {}
         half_plan = mixed_plan(fp32_plan, entries, settings_of_front, half, precision) if half else None
         say("timing the fp32 plan and the least precise plan" + (" and the half-precision plan" if half else "")
             + " per node in whole runs (costs in context)")
@@ -587,6 +593,14 @@ def back_off(ladders: dict[str, list[str]], sensitivity: dict[tuple[str, str], f
     return front
 
 
+def uniform_assignment(measured: dict[str, dict[str, Option]], failed: set[tuple[str, str]],
+                       precision: str) -> dict[str, str]:
+    """Every op with a config measured in ``precision`` that did not fail in it in the whole model,
+    in it: the assignment of the point "all-<precision>"."""
+    return {node: precision for node, options in measured.items()
+            if precision in options and (node, precision) not in failed}
+
+
 def uniform_points(measured: dict[str, dict[str, Option]], failed: set[tuple[str, str]], front: list[FrontPoint],
                    point: Callable[[str, dict[str, str]], FrontPoint]) -> list[FrontPoint]:
     """One point per half precision ("all-bf16", "all-fp16") that runs every op in it which has
@@ -602,8 +616,7 @@ def uniform_points(measured: dict[str, dict[str, Option]], failed: set[tuple[str
     seen = {frozenset(p.precisions.items()) for p in front}
     points = []
     for precision in LADDER[1:]:
-        precisions = {node: precision for node, options in measured.items()
-                      if precision in options and (node, precision) not in failed}
+        precisions = uniform_assignment(measured, failed, precision)
         if not precisions or frozenset(precisions.items()) in seen:
             continue
         seen.add(frozenset(precisions.items()))

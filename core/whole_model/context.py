@@ -46,6 +46,10 @@ from kselect.core.models.tasks import find_ops
 
 IN_CONTEXT = "ops and conversions, corrected in context"  # a plan's PREDICTED_BASIS (core/plans/plan.py)
 CONTEXT_RUNS = 20  # whole runs timed per node for a correction, each plan in a fresh process
+# Fresh processes per plan for a precision front's correction, the plans taking turns: one
+# process's 20 runs read a period of the machine (centerface's int8 plan on OpenVINO: 11.3 ms in
+# one tune, 8.6 ms in the next, the race 9.5 ms both times), the median over rounds does not.
+CONTEXT_ROUNDS = 3
 
 # What runtimes append to a node's name when they rewrite it (ONNX Runtime: the NCHWc transformer,
 # the QDQ fusions, generated names), stripped one at a time until a name of the model is found.
@@ -65,6 +69,14 @@ class InContext:
     def to_json(self) -> dict:
         return {"whole_us": round(self.whole_us, 1), "ops_us": {n: round(us, 1) for n, us in self.ops_us.items()},
                 "conversions_us": round(self.conversions_us, 1), "untuned_us": round(self.untuned_us, 1)}
+
+
+def median_run(runs: list[InContext]) -> InContext:
+    """Per field and per node, the median over runs of one plan (each in its own process)."""
+    nodes = dict.fromkeys(node for run in runs for node in run.ops_us)
+    return InContext(statistics.median(r.whole_us for r in runs),
+                     {node: statistics.median(r.ops_us[node] for r in runs if node in r.ops_us) for node in nodes},
+                     statistics.median(r.conversions_us for r in runs), statistics.median(r.untuned_us for r in runs))
 
 
 def owners(model, ops: list | None = None) -> dict[str, str]:

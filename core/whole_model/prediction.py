@@ -44,11 +44,15 @@ def predicted_ms(plan, reference_plan, reference_ms: float) -> float:
     (plan_us, plan_basis), (reference_us, reference_basis) = summed_us(plan), summed_us(reference_plan)
     if plan_basis == reference_basis == IN_CONTEXT and reference_us > 0:
         return reference_ms * plan_us / reference_us
-    plan_sum_us, reference_sum_us = isolated_us(plan), isolated_us(reference_plan)
+    return by_sums(isolated_us(plan), isolated_us(reference_plan), reference_ms)
+
+
+def by_sums(plan_sum_us: float, reference_sum_us: float, reference_ms: float) -> float:
+    """The reference's measured time plus the difference of the two sums; their ratio where the
+    sums lie further apart than the reference's whole run (a noisy default timing among them)."""
     by_difference = reference_ms + (plan_sum_us - reference_sum_us) / 1000
     if by_difference > 0 or reference_sum_us <= 0:
         return by_difference
-    # sums further apart than the reference's whole run (a noisy default timing among them): their ratio
     return reference_ms * plan_sum_us / reference_sum_us
 
 
@@ -61,6 +65,6 @@ def prediction(plan, reference: str, reference_plan, reference_ms: float, measur
               "error": round(predicted / measured_ms - 1, 4)}
     if ISOLATED_US in plan.extra and ISOLATED_US in reference_plan.extra:
         # the same prediction from the isolated sums the context corrected: what the correction changed
-        isolated = reference_ms + (plan.extra[ISOLATED_US] - reference_plan.extra[ISOLATED_US]) / 1000
+        isolated = by_sums(plan.extra[ISOLATED_US], reference_plan.extra[ISOLATED_US], reference_ms)
         figure.update({"isolated_predicted_ms": round(isolated, 4), "isolated_error": round(isolated / measured_ms - 1, 4)})
     return figure
