@@ -117,8 +117,7 @@ def test_a_plan_is_never_predicted_below_zero_when_a_default_timing_inflated_the
 
     assert predicted_ms(plan(1_000), plan(2_000), 7.0) == pytest.approx(6.0)  # the difference, as before
     assert predicted_ms(plan(1_000), plan(23_000), 7.0) == pytest.approx(7.0 * 1_000 / 23_000)
-    # the isolated-sums figure beside a prediction in context follows the same rule (centerface's
-    # int8 point had read -8.45 ms there)
+    # the isolated-sums figure beside a prediction in context follows the same rule
     in_context, reference = plan(1_000), plan(1_000)
     in_context.extra.update({PREDICTED_US: 11_287.5, PREDICTED_BASIS: IN_CONTEXT, ISOLATED_US: 4_000.0})
     reference.extra.update({PREDICTED_US: 27_012.0, PREDICTED_BASIS: IN_CONTEXT, ISOLATED_US: 37_000.0})

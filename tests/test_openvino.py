@@ -476,8 +476,8 @@ def test_a_plan_keeps_in_f32_the_conv_a_residual_add_is_fused_into(library, mode
 def test_a_bf16_plan_keeps_in_f32_a_conv_reading_an_int8_ops_output(library, model):
     """block.conv1 int8, block.conv2 after it f32, the others bf16 or f32: compiling for f32, the
     plugin fuses the dequantize of block.conv1's output into block.conv2 as a layer it made (no
-    IR layer to mark ``precise``). The plan compiles and runs each node in its precision (it
-    failed with a KeyError on that layer's name, as 6 points of centerface's front did)."""
+    IR layer to mark ``precise``). The plan compiles and runs each node in its precision (it had
+    failed with a KeyError on that layer's name)."""
     device = this_device()
     rng = np.random.default_rng(0)
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(3)]

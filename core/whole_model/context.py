@@ -24,9 +24,9 @@ precision times its ratio (an op in a precision no run used takes its fp32 ratio
 planner's conversions times their ratio: the runs are reproduced, and the points between them
 are predictions. The half run is needed where a library runs a half precision through the
 whole graph: OpenVINO's bf16 ops and untuned ops in context are far faster than their isolated
-times, which a ratio learned from an int8 run, or the fp32 ratio, does not know. ``core/whole_model/prediction.py``
-predicts a whole model measured end to end from a plan measured in the same race plus the
-difference of two such figures.
+times, which a ratio learned from an int8 run, or the fp32 ratio, does not know.
+``core/whole_model/prediction.py`` predicts a whole model measured end to end from a plan
+measured in the same race plus the difference of two such figures.
 
 ``op_ratios`` is what a plan across libraries learns from each library's own plan run whole: per
 tuned node, its time in that run over its isolated time. The planner scales every option of that
@@ -47,8 +47,8 @@ from kselect.core.models.tasks import find_ops
 IN_CONTEXT = "ops and conversions, corrected in context"  # a plan's PREDICTED_BASIS (core/plans/plan.py)
 CONTEXT_RUNS = 20  # whole runs timed per node for a correction, each plan in a fresh process
 # Fresh processes per plan for a precision front's correction, the plans taking turns: one
-# process's 20 runs read a period of the machine (centerface's int8 plan on OpenVINO: 11.3 ms in
-# one tune, 8.6 ms in the next, the race 9.5 ms both times), the median over rounds does not.
+# process's 20 runs read one period of a noisy machine (a plan's whole run can differ by a third
+# between two processes), the median over rounds does not.
 CONTEXT_ROUNDS = 3
 
 # What runtimes append to a node's name when they rewrite it (ONNX Runtime: the NCHWc transformer,
