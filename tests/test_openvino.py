@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from graphs import conv, small_cnn
+from graphs import conv, small_cnn, weights
 from graphs import model as graph_model
 from helpers import feeds_folder, kselect_json, plan_and_onnxruntime_outputs
 
@@ -70,6 +70,34 @@ def _plan(nodes: dict[str, dict]) -> Plan:
     return Plan(model={}, device={}, libraries={"openvino": ""}, emulated=False, tasks=[],
                 plan_level={"threads": this_device().cores, "pinning": True},
                 nodes={node: {"library": "openvino", "config": config} for node, config in nodes.items()})
+
+
+def _twin_plan(library, twins: dict, ranges: dict) -> Plan:
+    """A plan running each node of ``twins`` (node -> its task or twin) on OpenVINO's own pick,
+    with the calibration ranges its int8 nodes quantize with."""
+    configs = {node: library.default_config(twin, this_device()) for node, twin in twins.items()}
+    return Plan(model={}, device={}, libraries={"openvino": library.version()}, emulated=False, plan_level={},
+                tasks=[plan_task(twin, [node], "openvino", configs[node], 1.0, configs[node], 1.0, 1, False)
+                       for node, twin in twins.items()],
+                nodes={node: plan_node(twin, "openvino", configs[node]) for node, twin in twins.items()},
+                extra={"precision": {"ranges": ranges}})
+
+
+def _each_implementation_within_half_tolerance(library, twin) -> list[dict]:
+    """Measures every config of a bf16 twin at its default threads and pinning through the core's
+    measuring path, asserting each ok with an error above fp32's and within the half tolerance;
+    returns those configs."""
+    device = this_device()
+    configs = library.space(twin, device).enumerate()
+    default = library.default_config(twin, device)
+    inputs = task_inputs(twin)
+    tolerance = half_tolerance(twin, inputs, reference_output(twin, inputs), "bf16")
+    at_defaults = [c for c in configs if (c["threads"], c["pinning"]) == (default["threads"], default["pinning"])]
+    for config in at_defaults:
+        result = measure_in_this_process(library, twin, config, QUICK, {})
+        assert result.status == "ok", (config, result.reason)
+        assert 1e-4 < result.error <= tolerance, config
+    return at_defaults
 
 
 def test_a_hint_openvino_takes_is_a_candidate_and_one_it_ignores_is_not(library, model):
@@ -299,13 +327,7 @@ def test_an_int8_plans_activations_fuse_into_its_int8_convs_with_one_quantize_ea
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(3)]
     ranges = compute_ranges(clipped, Calibration(calibrate=feeds[:2], held_out=feeds[2:], source="python"))
     convs = ["c0", "c1", "c2"]
-    twins = {node: _task(clipped, node).at_precision("int8") for node in convs}
-    configs = {node: library.default_config(twin, this_device()) for node, twin in twins.items()}
-    plan = Plan(model={}, device={}, libraries={"openvino": library.version()}, emulated=False, plan_level={},
-                tasks=[plan_task(twin, [node], "openvino", configs[node], 1.0, configs[node], 1.0, 1, False)
-                       for node, twin in twins.items()],
-                nodes={node: plan_node(twin, "openvino", configs[node]) for node, twin in twins.items()},
-                extra={"precision": {"ranges": ranges}})
+    plan = _twin_plan(library, {node: _task(clipped, node).at_precision("int8") for node in convs}, ranges)
     qdq = plan_model(clipped, plan)
     quantized = [node.input[0] for node in qdq.graph.node if node.op_type == "QuantizeLinear"]
     assert sorted(quantized) == ["c0.clip", "c1.clip", "input"]  # c2.clip is the model's float output
@@ -396,16 +418,10 @@ def test_a_bf16_twin_is_measured_in_bf16_within_the_half_tolerance(library, mode
     assert {c["precision"] for c in configs} == {"bf16"}
     default = library.default_config(twin, device)
     assert default["precision"] == "bf16" and not default["hinted"] and default in configs
-    inputs = task_inputs(twin)
-    tolerance = half_tolerance(twin, inputs, reference_output(twin, inputs), "bf16")
     fp32 = measure_in_this_process(library, task, library.default_config(task, device), QUICK, {})
     assert fp32.status == "ok" and fp32.error < 1e-5
-    at_defaults = [c for c in configs if (c["threads"], c["pinning"]) == (default["threads"], default["pinning"])]
-    assert len(at_defaults) > 1  # the own pick and at least one hinted implementation
-    for config in at_defaults:
-        result = measure_in_this_process(library, twin, config, QUICK, {})
-        assert result.status == "ok", (config, result.reason)
-        assert 1e-4 < result.error <= tolerance, config
+    # the own pick and at least one hinted implementation
+    assert len(_each_implementation_within_half_tolerance(library, twin)) > 1
 
 
 def _upsampling_model() -> onnx.ModelProto:
@@ -414,7 +430,7 @@ def _upsampling_model() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     nodes, inits = [], []
     x = conv(nodes, inits, rng, "stem", "x", 3, 24, 3)
-    inits.append(onnx.numpy_helper.from_array((rng.standard_normal((24, 24, 2, 2)) * 0.2).astype(np.float32), "up.w"))
+    inits.append(weights(rng, "up.w", (24, 24, 2, 2)))
     nodes.append(helper.make_node("ConvTranspose", [x, "up.w"], ["up.y"], name="up", strides=[2, 2], kernel_shape=[2, 2]))
     y = conv(nodes, inits, rng, "head", "up.y", 24, 8, 3, relu=False)
     nodes.append(helper.make_node("Identity", [y], ["y"], name="out"))
@@ -422,26 +438,19 @@ def _upsampling_model() -> onnx.ModelProto:
 
 
 @needs_bf16
-def test_a_deconvs_bf16_twin_is_measured_in_bf16_and_a_plan_runs_it_in_bf16():
+def test_a_deconvs_bf16_twin_is_measured_in_bf16_and_a_plan_runs_it_in_bf16(library):
     """OpenVINO keeps a graph's tail in f32 under bf16 up to the last conv, and a lone
     ConvTranspose is all tail: its twin is measured with its output in bf16, so the plugin runs it
     in bf16 as inside a model. Each implementation of the twin is ok in bf16 within the half
     tolerance, and a plan with every op in bf16 runs the deconv in bf16."""
-    library, device = plugins.get_library("openvino"), this_device()
+    device = this_device()
     upsampling = model_from_proto("upsampling", _upsampling_model())
     tasks = extract_tasks(upsampling)
     twin = next(t for t in tasks if t.kind == "deconv").at_precision("bf16")
     assert library.supports(twin)
-    configs = library.space(twin, device).enumerate()
     default = library.default_config(twin, device)
-    assert default["precision"] == "bf16" and default in configs
-    inputs = task_inputs(twin)
-    tolerance = half_tolerance(twin, inputs, reference_output(twin, inputs), "bf16")
-    at_defaults = [c for c in configs if (c["threads"], c["pinning"]) == (default["threads"], default["pinning"])]
-    for config in at_defaults:
-        result = measure_in_this_process(library, twin, config, QUICK, {})
-        assert result.status == "ok", (config, result.reason)
-        assert 1e-4 < result.error <= tolerance, config
+    assert default["precision"] == "bf16" and default in library.space(twin, device).enumerate()
+    assert default in _each_implementation_within_half_tolerance(library, twin)
     configs = {node: library.default_config(task.at_precision("bf16"), device) for task in tasks for node in task.nodes}
     runner = library.model_runner(upsampling, _plan(configs))
     try:
@@ -478,7 +487,6 @@ def test_a_bf16_plan_keeps_in_f32_a_conv_reading_an_int8_ops_output(library, mod
     plugin fuses the dequantize of block.conv1's output into block.conv2 as a layer it made (no
     IR layer to mark ``precise``). The plan compiles and runs each node in its precision (it had
     failed with a KeyError on that layer's name)."""
-    device = this_device()
     rng = np.random.default_rng(0)
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(3)]
     ranges = compute_ranges(model, Calibration(calibrate=feeds[:2], held_out=feeds[2:], source="python"))
@@ -486,13 +494,7 @@ def test_a_bf16_plan_keeps_in_f32_a_conv_reading_an_int8_ops_output(library, mod
               "pw": "bf16", "fc": "bf16"}
     twins = {node: _task(model, node) if p == "fp32" else _task(model, node).at_precision(p)
              for node, p in wanted.items()}
-    configs = {node: library.default_config(twin, device) for node, twin in twins.items()}
-    plan = Plan(model={}, device={}, libraries={"openvino": library.version()}, emulated=False, plan_level={},
-                tasks=[plan_task(twin, [node], "openvino", configs[node], 1.0, configs[node], 1.0, 1, False)
-                       for node, twin in twins.items()],
-                nodes={node: plan_node(twin, "openvino", configs[node]) for node, twin in twins.items()},
-                extra={"precision": {"ranges": ranges}})
-    runner = library.model_runner(model, plan)
+    runner = library.model_runner(model, _twin_plan(library, twins, ranges))
     try:
         ran = {node: choice.precision for node, choice in runner.ran.items()}
         output = runner(feeds[2])[0]

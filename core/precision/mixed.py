@@ -493,7 +493,7 @@ def search_precision(model: Model, library: Library, device, db: RecordDB, setti
         try:
             correction = predict.learn_in_context(library, model, plans["fp32"],
                                                   mixed_plan(fp32_plan, entries, settings_of_front, start, precision),
-                                                  start, half_plan, half or None)
+                                                  start, half_plan, half)
         except Exception as exc:  # a runner that cannot time a run per node: the isolated sums stand
             say(f"costs in context not learned ({one_line(exc)[:200]}): isolated sums are used")
             return
